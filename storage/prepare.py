@@ -1,0 +1,116 @@
+"""prepare(): turn a dataset name plus options into a built store path (idempotent)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from storage.build import build
+from storage.csr import Preprocessing
+from storage.paths import default_data_dir, default_store_path, options_digest, raw_dir
+from storage.progress import stderr_progress
+from storage.schema import FEATURE_DTYPES, StoreError
+from storage.sources.base import GraphSource
+from storage.sources.download import fetch_ogb
+from storage.sources.edgelist import edgelist_source
+from storage.sources.ogb_layout import identity_files, ogb_layout_source
+from storage.sources.ogb_meta import ogb_info, ogb_table
+from storage.sources.synthetic import SyntheticSpec, synthetic_source
+
+PathLike = str | Path | None
+
+
+def _path(p: PathLike) -> Path | None:
+    return None if p is None else Path(p).expanduser().resolve()
+
+
+def _file_id(p: Path | None) -> list[Any] | None:
+    if p is None:
+        return None
+    if not p.exists():
+        raise StoreError(f"{p} does not exist. Fix: check the path")
+    if p.is_dir():
+        return [str(p), {q.name: q.stat().st_size for q in sorted(p.iterdir()) if q.is_file()}]
+    return [str(p), p.stat().st_size]
+
+
+def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
+            data_dir: PathLike = None, out: PathLike = None, symmetrize: bool = False,
+            self_loops: bool = False, dedup: bool = False, drop_self_loops: bool = False,
+            feature_dtype: str = "float32", nodes: int | None = None,
+            avg_degree: float | None = None, features: int | None = None,
+            classes: int | None = None, seed: int = 0, edges: PathLike = None,
+            node_features: PathLike = None, labels: PathLike = None, splits: PathLike = None,
+            progress: Callable[[str], None] | None = None, force: bool = False) -> Path:
+    """Build (or find) the store for `name` and these options; return its path.
+
+    name: an OGB node-property dataset (downloaded, or read from `from_dir`), "synthetic",
+    "edgelist" (or any name with `edges`), or any name with `from_dir` (an OGB-layout folder).
+    Default location: <data_dir>/stores/<name>-<hash of inputs and options>.
+    """
+    progress = progress or stderr_progress
+    if feature_dtype not in FEATURE_DTYPES:
+        raise StoreError(f"feature dtype {feature_dtype!r} is not supported. Fix: use one of {FEATURE_DTYPES}")
+    if from_dir is not None and mirror is not None:
+        raise StoreError("--from-dir and --mirror exclude each other. Fix: pass only one")
+    if self_loops and drop_self_loops:
+        raise StoreError("--self-loops and --drop-self-loops contradict each other. Fix: pass only one")
+    data_dir = _path(data_dir) or default_data_dir().resolve()
+    from_dir, edges = _path(from_dir), _path(edges)
+    node_features, labels, splits = _path(node_features), _path(labels), _path(splits)
+    argv = ["ntp", "data", "prepare", name]
+    info = ogb_info(name)
+
+    if name == "synthetic":
+        try:
+            spec = SyntheticSpec(nodes=nodes or 10_000, avg_degree=10.0 if avg_degree is None else avg_degree,
+                                 features=features or 32, classes=classes or 8, seed=seed)
+        except ValueError as e:
+            raise StoreError(f"synthetic graph: {e}. Fix: adjust --nodes/--avg-degree/--features/--classes") from None
+        identity: dict[str, Any] = {"kind": "synthetic", **asdict(spec)}
+        argv += ["--nodes", str(spec.nodes), "--avg-degree", str(spec.avg_degree),
+                 "--features", str(spec.features), "--classes", str(spec.classes), "--seed", str(spec.seed)]
+        make_source: Callable[[], GraphSource] = lambda: synthetic_source(spec)
+    elif edges is not None or name == "edgelist":
+        if edges is None:
+            raise StoreError("the edgelist source needs an edge file. Fix: pass --edges FILE (Parquet or CSV "
+                             "with src,dst[,weight] columns)")
+        identity = {"kind": "edgelist", "edges": _file_id(edges), "node_features": _file_id(node_features),
+                    "labels": _file_id(labels), "splits": _file_id(splits), "nodes": nodes, "classes": classes}
+        for flag, value in (("--edges", edges), ("--node-features", node_features), ("--labels", labels),
+                            ("--splits", splits), ("--nodes", nodes), ("--classes", classes)):
+            argv += [flag, str(value)] if value is not None else []
+        make_source = lambda: edgelist_source(name, edges, node_features, labels, splits, nodes, classes)
+    elif from_dir is not None:
+        if not from_dir.is_dir():
+            raise StoreError(f"--from-dir {from_dir} is not a directory. Fix: pass an unzipped OGB dataset folder")
+        identity = {"kind": "ogb-layout", "name": name, "path": str(from_dir), "files": identity_files(from_dir)}
+        argv += ["--from-dir", str(from_dir)]
+        make_source = lambda: ogb_layout_source(from_dir, name, info)
+    elif info is not None:
+        if info.is_hetero:
+            raise StoreError(f"{name} is a heterogeneous graph: not supported yet. "
+                             "Fix: choose a homogeneous dataset such as ogbn-arxiv")
+        identity = {"kind": "ogb", "name": name, "release": info.version}
+        argv += ["--data-dir", str(data_dir)] + (["--mirror", mirror] if mirror else [])
+        make_source = lambda: ogb_layout_source(fetch_ogb(info, raw_dir(data_dir), mirror, progress), name, info)
+    else:
+        known = ", ".join(sorted(ogb_table()))
+        raise StoreError(f"unknown dataset {name!r} (OGB lists: {known}). Fix: pass --from-dir DIR for an "
+                         "OGB-layout folder, --edges FILE for your own graph, or use 'synthetic'")
+
+    inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic")
+    prep = Preprocessing(symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops)
+    options = {**prep.to_dict(), "feature_dtype": feature_dtype}
+    digest = options_digest(identity, options)
+    target = _path(out) or default_store_path(data_dir, name, digest)
+    for flag, on in (("--symmetrize", symmetrize), ("--self-loops", self_loops), ("--dedup", dedup),
+                     ("--drop-self-loops", drop_self_loops)):
+        argv += [flag] if on else []
+    if feature_dtype != "float32":
+        argv += ["--feature-dtype", feature_dtype]
+    argv += ["--out", str(target), "--force"]
+    return build(make_source, target, prep=prep, feature_dtype=feature_dtype, build_key=digest,
+                 rebuild_command=shlex.join(argv), progress=progress, force=force)

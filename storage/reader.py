@@ -1,0 +1,209 @@
+"""Open and read a graph store: the only way training code reads graph data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from storage import schema as S
+from storage.layout import expected_chunk_files
+from storage.schema import StoreError, StoreMeta, parse_meta, store_problem
+
+GENERIC_FIX = "delete it and run `ntp data prepare` again with the original options"
+
+
+@dataclass
+class CSRBlock:
+    """Rows [row_start, row_stop) of the in-edge CSR; indptr is rebased to start at 0."""
+
+    row_start: int
+    row_stop: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    weights: np.ndarray | None
+
+
+def _read_attrs(path: Path) -> dict[str, Any]:
+    meta_file = path / "zarr.json"
+    if not path.is_dir():
+        raise store_problem(path, "no such store directory", "build it with `ntp data prepare NAME`")
+    try:
+        doc = json.loads(meta_file.read_text())
+    except FileNotFoundError:
+        raise store_problem(path, "zarr.json is missing (not a store, or an unfinished build)",
+                            GENERIC_FIX) from None
+    except (OSError, ValueError) as e:
+        raise store_problem(path, f"zarr.json is unreadable ({e})", GENERIC_FIX) from None
+    attrs = doc.get("attributes") if isinstance(doc, dict) else None
+    if doc.get("node_type") != "group" or not isinstance(attrs, dict):
+        raise store_problem(path, "zarr.json does not describe a graph store group", GENERIC_FIX)
+    return attrs
+
+
+def _fix_from(attrs: dict[str, Any]) -> str:
+    cmd = attrs.get("rebuild_command")
+    return f"rebuild it with `{cmd}`" if isinstance(cmd, str) and cmd else GENERIC_FIX
+
+
+def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
+    n, e = meta.num_nodes, meta.num_edges
+    feat = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}[meta.feature_dtype]
+    arrays = {
+        S.INDPTR: ((n + 1,), "int64"), S.INDICES: ((e,), meta.index_dtype),
+        S.IN_DEGREE: ((n,), "int64"), S.OUT_DEGREE: ((n,), "int64"),
+        S.FEATURES: ((n, meta.feature_dim), feat),
+        S.LABELS: ((n,), "int64") if meta.task_type == "multiclass" else ((n, meta.num_tasks), "float32"),
+    }
+    if meta.has_edge_weights:
+        arrays[S.WEIGHTS] = ((e,), "float32")
+    for name in meta.split_names:
+        arrays[S.SPLIT_PREFIX + name] = (None, "int64")  # length known only from the array
+    return arrays
+
+
+class GraphStore:
+    """A validated, read-only graph store. Every method reads only the chunks it needs."""
+
+    def __init__(self, path: Path, meta: StoreMeta) -> None:
+        self.path = path
+        self.meta = meta
+        self._fix = f"rebuild it with `{meta.rebuild_command}`" if meta.rebuild_command else GENERIC_FIX
+        self._group = zarr.open_group(str(path), mode="r")
+        self._arrays: dict[str, zarr.Array] = {}
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return f"GraphStore({str(self.path)!r}, {m.name}: {m.num_nodes} nodes, {m.num_edges} edges)"
+
+    def _array(self, name: str) -> zarr.Array:
+        if name not in self._arrays:
+            try:
+                self._arrays[name] = self._group[name]
+            except (KeyError, FileNotFoundError, ValueError) as e:
+                raise store_problem(self.path, f"array {name!r} is missing ({e})", self._fix) from None
+        return self._arrays[name]
+
+    def _read(self, name: str, sel: Any = slice(None)) -> np.ndarray:
+        try:
+            return np.asarray(self._array(name)[sel])
+        except StoreError:
+            raise
+        except Exception as e:  # checksum mismatch, truncated or missing chunk
+            raise store_problem(self.path, f"array {name!r} cannot be read: {e}", self._fix) from None
+
+    # Topology -----------------------------------------------------------------------------
+    def indptr(self) -> np.ndarray:
+        return self._read(S.INDPTR)
+
+    def indices(self) -> np.ndarray:
+        return self._read(S.INDICES)
+
+    def edge_weights(self) -> np.ndarray | None:
+        return self._read(S.WEIGHTS) if self.meta.has_edge_weights else None
+
+    def topology(self, row_start: int = 0, row_stop: int | None = None) -> CSRBlock:
+        """Rows [row_start, row_stop) of the in-edge CSR (sources of edges into those rows)."""
+        n = self.meta.num_nodes
+        row_stop = n if row_stop is None else row_stop
+        if not 0 <= row_start <= row_stop <= n:
+            raise ValueError(f"row range [{row_start}, {row_stop}) is not inside [0, {n}]")
+        ptr = self._read(S.INDPTR, slice(row_start, row_stop + 1))
+        a, b = int(ptr[0]), int(ptr[-1])
+        weights = self._read(S.WEIGHTS, slice(a, b)) if self.meta.has_edge_weights else None
+        return CSRBlock(row_start, row_stop, ptr - a, self._read(S.INDICES, slice(a, b)), weights)
+
+    def in_degrees(self) -> np.ndarray:
+        return self._read(S.IN_DEGREE)
+
+    def out_degrees(self) -> np.ndarray:
+        return self._read(S.OUT_DEGREE)
+
+    # Node data ----------------------------------------------------------------------------
+    def features(self, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
+        """Features [rows, cols] as float32 (fp16/bf16 stores are upcast)."""
+        sel = (_check_slice(rows, "rows"), _check_slice(cols, "cols"))
+        data = self._read(S.FEATURES, sel)
+        if self.meta.feature_dtype == "bfloat16":
+            return (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return data.astype(np.float32, copy=False)
+
+    def labels(self) -> np.ndarray:
+        return self._read(S.LABELS)
+
+    def split(self, name: str) -> np.ndarray:
+        """Sorted int64 vertex ids of a split ("train", "valid", "test")."""
+        if name not in self.meta.split_names:
+            raise ValueError(f"store {self.path} has no split {name!r}; it has {self.meta.split_names}")
+        return self._read(S.SPLIT_PREFIX + name)
+
+    # Validation ---------------------------------------------------------------------------
+    def check_structure(self) -> None:
+        """Fast check: arrays exist with the right shapes and dtypes, every chunk file has its size."""
+        for name, (shape, dtype) in _expected_arrays(self.meta).items():
+            arr = self._array(name)
+            if shape is not None and tuple(arr.shape) != shape:
+                raise store_problem(self.path, f"array {name!r} has shape {tuple(arr.shape)} but the "
+                                    f"metadata says {shape} (mismatched counts)", self._fix)
+            if np.dtype(arr.dtype) != np.dtype(dtype):
+                raise store_problem(self.path, f"array {name!r} has dtype {arr.dtype}, expected {dtype}",
+                                    self._fix)
+            self._check_chunks(name, arr)
+        ptr = self._read(S.INDPTR, slice(self.meta.num_nodes, self.meta.num_nodes + 1))
+        if int(ptr[0]) != self.meta.num_edges:
+            raise store_problem(self.path, f"indptr ends at {int(ptr[0])} but the metadata says "
+                                f"{self.meta.num_edges} edges (mismatched counts)", self._fix)
+
+    def _check_chunks(self, name: str, arr: zarr.Array) -> None:
+        coords, size = expected_chunk_files(tuple(arr.shape), tuple(arr.chunks), arr.dtype.itemsize)
+        base = self.path / name / "c"
+        for c in coords:
+            f = base.joinpath(*map(str, c))
+            try:
+                actual = os.stat(f).st_size
+            except FileNotFoundError:
+                raise store_problem(self.path, f"chunk {f.relative_to(self.path)} of array {name!r} "
+                                    "is missing", self._fix) from None
+            if actual != size:
+                raise store_problem(self.path, f"chunk {f.relative_to(self.path)} of array {name!r} "
+                                    f"has {actual} bytes, expected {size} (truncated or corrupt)",
+                                    self._fix)
+
+    def verify(self) -> None:
+        """Deep check: read every array (chunk checksums) and compare content hashes."""
+        for name, expected in self.meta.checksums.items():
+            arr = self._array(name)
+            h = hashlib.blake2b(digest_size=16)
+            step = arr.chunks[0] * (8 if arr.ndim == 1 else 1)
+            for start in range(0, arr.shape[0], step):
+                h.update(np.ascontiguousarray(self._read(name, slice(start, start + step))).tobytes())
+            if h.hexdigest() != expected:
+                raise store_problem(self.path, f"array {name!r} does not match its checksum", self._fix)
+
+
+def _check_slice(s: slice | None, what: str) -> slice:
+    if s is None:
+        return slice(None)
+    if not isinstance(s, slice) or s.step not in (None, 1):
+        raise ValueError(f"{what} must be None or slice(start, stop) with step 1, got {s!r}")
+    return s
+
+
+def open_store(path: str | os.PathLike[str]) -> GraphStore:
+    """Open a store, validating its metadata and structure; raise StoreError naming the fix."""
+    path = Path(path)
+    attrs = _read_attrs(path)
+    fix = _fix_from(attrs)
+    try:
+        meta = parse_meta(attrs)
+    except ValueError as e:
+        raise store_problem(path, str(e), fix) from None
+    store = GraphStore(path, meta)
+    store.check_structure()
+    return store
