@@ -492,16 +492,49 @@ def start_training_run(
         c.set_terminated(tr.run_id, "FINISHED")
 
 
-def log_evaluation(run_id: str, metrics: Mapping[str, Any], *, prefix: str = "eval", uri: str | None = None) -> None:
-    """Log ``evaluate_model`` output (``{"train", "valid", "test", "metric"}``) as ``eval/<split>`` metrics."""
+def log_evaluation(run_id: str | None, metrics: Mapping[str, Any], *, model_path: str | Path | None = None,
+                   store: str | Path | None = None, experiment: str | None = None, prefix: str = "eval",
+                   uri: str | None = None) -> str:
+    """Log ``evaluate_model`` output (``{"train", "valid", "test", "metric"}``) as ``eval/<split>`` metrics into
+    ``run_id``, or into a new FINISHED run of kind "evaluate" (experiment: given, else the store's name)."""
     from mlflow.entities import Metric
 
     c = client(uri)
+    if run_id is None:
+        name = experiment or _store_name(store) or "ntp"
+        run = c.create_run(experiment_id(name, c), run_name=f"evaluate-{Path(str(model_path)).stem}",
+                           tags={TAG_KIND: "evaluate", TAG_GIT: git_commit() or ""})
+        run_id = run.info.run_id
+        c.log_param(run_id, "model_path", str(model_path))
+        c.log_param(run_id, "store", str(store))
+        finish = True
+    else:
+        finish = False
     ts = int(time.time() * 1000)
-    items = [Metric(f"{prefix}/{k}", float(v), ts, 0) for k, v in metrics.items() if isinstance(v, (int, float))]
+    items = [Metric(f"{prefix}/{k}", float(v), ts, 0) for k, v in metrics.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)]
     c.log_batch(run_id, metrics=items)
     if metrics.get("metric"):
         c.set_tag(run_id, f"{prefix}.metric", str(metrics["metric"]))
+    if finish:
+        c.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def _store_name(store: str | Path | None) -> str | None:
+    if store is None:
+        return None
+    try:
+        from storage import open_store
+
+        return open_store(store).meta.name
+    except Exception:
+        return Path(str(store)).name
+
+
+def run_store(run_id: str, uri: str | None = None) -> str:
+    """The store path a training run used (its ``store`` param)."""
+    return client(uri).get_run(run_id).data.params["store"]
 
 
 def download_model(run_id: str, dst: str | Path, *, uri: str | None = None) -> tuple[Path, dict[str, Any]]:
@@ -529,6 +562,7 @@ class TrackedTraining:
     wall_s: float
     summary: dict[str, float]
     world_size: int
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 def train_tracked(
@@ -558,7 +592,7 @@ def train_tracked(
     world_size = 1 if cfg.mode == "single" else nproc * nnodes
     if node_rank != 0:
         res = launch_training(cfg, **launch)
-        return TrackedTraining(None, Path(res.results_path), res.model_path, res.wall_s, {}, world_size)
+        return TrackedTraining(None, Path(res.results_path), res.model_path, res.wall_s, {}, world_size, cfg.to_dict())
 
     from storage import open_store
 
@@ -585,4 +619,5 @@ def train_tracked(
         if model_path is not None and model_path.is_file():
             run.log_model(model_path, config=cfg.to_dict(), store_meta=meta)
         run.log_metrics({"wall_s": res.wall_s})
-    return TrackedTraining(run.run_id, Path(res.results_path), model_path, res.wall_s, summary, world_size)
+    return TrackedTraining(run.run_id, Path(res.results_path), model_path, res.wall_s, summary, world_size,
+                           cfg.to_dict())

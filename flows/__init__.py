@@ -1,0 +1,1 @@
+"""Prefect flows. Import the submodules (flows.pipeline, ...) explicitly: this package imports no Prefect."""
