@@ -1,0 +1,128 @@
+"""`ntp pipeline NAME [options]`: run the pipeline flow locally (ephemeral Prefect, no server needed).
+
+This module imports no Prefect at import time: the console script registers the command cheaply.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import types
+import typing
+from typing import Any, get_args, get_origin
+
+from ntp.config import add_config_arguments, config_from_args, load_config_file
+
+#: DatasetOptions fields whose flag differs from the field name (TrainConfig already owns --seed).
+_RENAMED = {"seed": "data-seed"}
+
+
+def _flag(name: str) -> str:
+    return "--" + _RENAMED.get(name, name.replace("_", "-"))
+
+
+def _base_type(annotation: Any) -> Any:
+    """``X`` of ``X | None``."""
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        return next(a for a in get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def add_dataset_arguments(parser: Any) -> None:
+    """NAME and the `ntp data prepare` options, generated from ``flows.params.DatasetOptions``."""
+    from flows.params import DatasetOptions
+
+    parser.add_argument("name", metavar="NAME", help=DatasetOptions.model_fields["name"].description)
+    for name, f in DatasetOptions.model_fields.items():
+        if name == "name":
+            continue
+        base = _base_type(f.annotation)
+        help_text = f"{f.description} (default: {f.default})"
+        dest = f"data_{name}"
+        if base is bool:
+            parser.add_argument(_flag(name), dest=dest, action="store_true", help=help_text)
+        elif get_origin(base) is typing.Literal:
+            parser.add_argument(_flag(name), dest=dest, choices=get_args(base), default=f.default, help=help_text)
+        else:
+            parser.add_argument(_flag(name), dest=dest, type=base, default=f.default, help=help_text,
+                                metavar=_RENAMED.get(name, name).replace("-", "_").upper())
+
+
+def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `pipeline` on an argparse subparsers object (``func`` returns the exit code)."""
+    p = subparsers.add_parser(
+        "pipeline", help="prepare -> train -> evaluate as a Prefect flow, tracked in MLflow",
+        description="Run the pipeline flow locally: build (or reuse) the store, train with torchrun, evaluate the "
+                    "best model; MLflow holds the run (default: sqlite under the data directory, or "
+                    "$MLFLOW_TRACKING_URI). Uses $PREFECT_API_URL when set, else an ephemeral Prefect.")
+    add_dataset_arguments(p.add_argument_group("dataset (as `ntp data prepare`)"))
+    add_config_arguments(p.add_argument_group("training (as `ntp train`)"))  # type: ignore[arg-type]
+    launch = p.add_argument_group("launch")
+    launch.add_argument("--nproc", type=int, default=None, help="processes per node (default: visible GPUs, else CPU cores)")
+    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    launch.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
+    launch.add_argument("--rdzv-endpoint", default=None, help="rendezvous HOST:PORT for multi-node jobs")
+    launch.add_argument("--job-timeout", type=float, default=None, help="kill the training job after SECONDS")
+    launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")
+    p.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
+    p.set_defaults(func=run_pipeline_cli)
+    return p
+
+
+def params_from_args(args: argparse.Namespace) -> Any:
+    """The ``PipelineParams`` of parsed `ntp pipeline` arguments."""
+    from flows.params import DatasetOptions, LaunchOptions, PipelineParams, TrainingOptions
+
+    if getattr(args, "store", None):
+        raise ValueError("ntp pipeline builds its own store; use --out STORE to choose its path, not --store")
+    cfg = config_from_args(args).to_dict()
+    cfg.pop("store")
+    file_values = load_config_file(args.config) if getattr(args, "config", None) else {}
+    if args.mode is None and "mode" not in file_values:
+        cfg["mode"] = None  # tp when nproc > 1, else single
+    dataset = {name: getattr(args, f"data_{name}") for name in DatasetOptions.model_fields if name != "name"}
+    return PipelineParams(
+        dataset=DatasetOptions(name=args.name, **dataset),
+        training=TrainingOptions(**cfg),
+        launch=LaunchOptions(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                             rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.job_timeout, retries=args.retries),
+        experiment=args.experiment,
+    )
+
+
+def run_pipeline_cli(args: argparse.Namespace) -> int:
+    """Run the pipeline flow in this process; print the store, MLflow run and metrics; 1 on failure."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    try:
+        params = params_from_args(args)
+    except (ValueError, TypeError) as exc:  # ConfigError and pydantic's ValidationError are ValueErrors
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from flows.pipeline import pipeline
+
+    try:
+        out = pipeline(params)
+    except Exception as exc:  # the flow run is already marked failed; the message holds the rank's traceback
+        print(f"error: pipeline failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"store: {out['store']}")
+    if out.get("run_id"):
+        from ntp.tracking import run_url
+
+        ev = out.get("evaluation") or {}
+        print("evaluation: " + ", ".join(f"{k} {ev[k]:.4f}" for k in ("train", "valid", "test") if k in ev)
+              + (f" ({ev['metric']})" if "metric" in ev else ""))
+        print(f"mlflow run: {out['run_id']}")
+        print(f"mlflow link: {run_url(out['run_id'])}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ntp")
+    add_pipeline_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
