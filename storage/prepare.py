@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from storage.build import build
 from storage.csr import Preprocessing
+from storage.layout import Layout
 from storage.paths import default_data_dir, default_store_path, options_digest, raw_dir
 from storage.progress import stderr_progress
 from storage.schema import FEATURE_DTYPES, StoreError
@@ -43,12 +44,14 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
             avg_degree: float | None = None, features: int | None = None,
             classes: int | None = None, seed: int = 0, edges: PathLike = None,
             node_features: PathLike = None, labels: PathLike = None, splits: PathLike = None,
-            progress: Callable[[str], None] | None = None, force: bool = False) -> Path:
+            progress: Callable[[str], None] | None = None, force: bool = False,
+            layout: Layout | None = None) -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
     name: an OGB node-property dataset (downloaded, or read from `from_dir`), "synthetic",
     "edgelist" (or any name with `edges`), or any name with `from_dir` (an OGB-layout folder).
     Default location: <data_dir>/stores/<name>-<hash of inputs and options>.
+    layout: chunk sizes (storage.layout.Layout); they do not change content or the store's path.
     """
     progress = progress or stderr_progress
     if feature_dtype not in FEATURE_DTYPES:
@@ -113,4 +116,4 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
         argv += ["--feature-dtype", feature_dtype]
     argv += ["--out", str(target), "--force"]
     return build(make_source, target, prep=prep, feature_dtype=feature_dtype, build_key=digest,
-                 rebuild_command=shlex.join(argv), progress=progress, force=force)
+                 rebuild_command=shlex.join(argv), progress=progress, force=force, layout=layout)

@@ -16,7 +16,7 @@ from storage.lock import file_lock
 from storage.schema import StoreError
 from storage.sources.ogb_meta import OgbInfo
 
-TIMEOUT_S = 30.0
+TIMEOUT_ENV = "NTP_DOWNLOAD_TIMEOUT"  # seconds without data before a download gives up (default 30)
 _CHUNK = 1 << 20
 
 
@@ -26,8 +26,9 @@ def archive_url(info: OgbInfo, mirror: str | None) -> str:
 
 
 def fetch_ogb(info: OgbInfo, raw: Path, mirror: str | None, progress: Callable[[str], None],
-              timeout: float = TIMEOUT_S) -> Path:
+              timeout: float | None = None) -> Path:
     """Return the unzipped dataset folder under `raw`, downloading and unzipping if needed."""
+    timeout = timeout or float(os.environ.get(TIMEOUT_ENV, "30"))
     folder = raw / info.download_name
     if (folder / "raw").is_dir():
         return folder

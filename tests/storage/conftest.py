@@ -1,0 +1,42 @@
+"""Fixtures for the storage tests."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ holds no packages: make store_helpers importable
+
+from storage import prepare  # noqa: E402
+from store_helpers import SMALL_CHUNKS, quiet  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def shared_datasets() -> Path:
+    """../shared/datasets next to the repository; skip if it is not there."""
+    path = REPO.parent / "shared" / "datasets"
+    if not (path / "ogb-layout").is_dir() or not (path / "planetoid").is_dir():
+        pytest.skip(f"shared test data not found at {path} (expected ogb-layout/ and planetoid/)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic store with several chunks per array (do not modify: copy it)."""
+    out = tmp_path_factory.mktemp("small") / "store"
+    prepare("synthetic", nodes=1000, avg_degree=6, features=20, classes=4, out=out, progress=quiet,
+            layout=SMALL_CHUNKS)
+    return out
+
+
+@pytest.fixture
+def store_copy(small_store: Path, tmp_path: Path) -> Path:
+    """A private copy of the small store that a test may damage."""
+    dest = tmp_path / "store"
+    shutil.copytree(small_store, dest)
+    return dest

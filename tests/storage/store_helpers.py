@@ -1,0 +1,12 @@
+"""Helpers shared by the storage tests (imported as a plain module: tests/ has no packages)."""
+
+from __future__ import annotations
+
+from storage.layout import Layout
+
+# Small chunks so that even small test graphs span many chunk files.
+SMALL_CHUNKS = Layout(row_chunk=256, edge_chunk=1024, feature_row_chunk=128, feature_col_chunk=8)
+
+
+def quiet(line: str) -> None:
+    """Progress sink for tests."""
