@@ -1,0 +1,204 @@
+"""Graph kernels: CSR sparse-dense products with exact, transpose-based backward passes.
+
+All graph aggregation of the engine goes through this module, so a faster kernel (a custom CPU kernel, Triton on
+GPU) can replace :func:`csr_matmul` and :func:`edge_dot` without touching the models.
+
+Conventions: ``A`` is stored as CSR over in-edges; row ``v`` lists the sources ``u`` of edges ``u -> v`` and
+``(A @ H)[v] = sum_u A[v, u] H[u]``. The backward of ``A @ H`` is ``A^T @ G`` (never ``A @ G``: graphs may be
+directed), computed with a precomputed CSR of ``A^T``. Gradients never flow into fixed sparse values.
+Products run row block by row block (``chunk_rows``), so the memory of one product can be bounded.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+# -- the kernel interface -----------------------------------------------------------------------------------------
+def csr_matmul(block: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``block @ h`` for a torch sparse CSR ``block`` and a dense ``h``."""
+    return torch.sparse.mm(block, h) if h.shape[1] else h.new_zeros(block.shape[0], 0)
+
+
+def edge_dot(g: torch.Tensor, h: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, edge_chunk: int = 1 << 20) -> torch.Tensor:
+    """``out[e] = <g[dst[e]], h[src[e]]>`` computed in edge chunks to bound memory."""
+    out = g.new_empty(dst.shape[0])
+    for e0 in range(0, dst.shape[0], edge_chunk):
+        e1 = min(e0 + edge_chunk, dst.shape[0])
+        out[e0:e1] = (g[dst[e0:e1]] * h[src[e0:e1]]).sum(dim=1)
+    return out
+
+
+# -- topology -------------------------------------------------------------------------------------------------------
+@dataclass
+class CSR:
+    """A square CSR matrix over in-edges (int64 index tensors), optionally with the CSR of its transpose."""
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    num_nodes: int
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    def in_degrees(self) -> torch.Tensor:
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def edge_rows(self) -> torch.Tensor:
+        """Destination vertex of every edge, in CSR order."""
+        return torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degrees())
+
+    @staticmethod
+    def from_numpy(indptr: np.ndarray, indices: np.ndarray) -> "CSR":
+        return CSR(torch.from_numpy(np.asarray(indptr, dtype=np.int64)),
+                   torch.from_numpy(np.asarray(indices, dtype=np.int64)), len(indptr) - 1)
+
+
+def transpose(csr: CSR) -> tuple[CSR, torch.Tensor]:
+    """The CSR of ``A^T`` and ``perm`` such that edge ``e`` of ``A^T`` is edge ``perm[e]`` of ``A``."""
+    perm = torch.argsort(csr.indices, stable=True)
+    indices_t = csr.edge_rows()[perm]
+    counts = torch.bincount(csr.indices, minlength=csr.num_nodes)
+    indptr_t = torch.zeros(csr.num_nodes + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr_t[1:])
+    return CSR(indptr_t, indices_t, csr.num_nodes), perm
+
+
+def with_self_loops(csr: CSR, keep_existing: bool = False) -> CSR:
+    """``A + I`` as a pattern: one self-loop added per vertex (last in its row).
+
+    By default existing self-loops are removed first (PyG's "remaining" self-loops for unweighted graphs);
+    ``keep_existing`` keeps them (the sum of GIN counts them on top of the root term)."""
+    rows = csr.edge_rows()
+    keep = torch.ones_like(rows, dtype=torch.bool) if keep_existing else csr.indices != rows
+    n = csr.num_nodes
+    all_rows = torch.cat([rows[keep], torch.arange(n)])
+    all_cols = torch.cat([csr.indices[keep], torch.arange(n)])
+    order = torch.argsort(all_rows, stable=True)
+    counts = torch.bincount(all_rows, minlength=n)
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    return CSR(indptr, all_cols[order], n)
+
+
+# -- normalisations (pure functions: edge values for a pattern) -------------------------------------------------------
+def gcn_values(pattern: CSR) -> torch.Tensor:
+    """``D^-1/2 A D^-1/2`` with ``D`` the in-degrees of the pattern (pass it ``with_self_loops`` for GCN)."""
+    deg = pattern.in_degrees().to(torch.float64)
+    dinv = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
+    return (dinv[pattern.edge_rows()] * dinv[pattern.indices]).to(torch.float32)
+
+
+def mean_values(pattern: CSR) -> torch.Tensor:
+    """``D^-1 A``: the mean over in-neighbours (vertices without in-edges aggregate to zero)."""
+    deg = pattern.in_degrees().to(torch.float32).clamp(min=1)
+    return (1.0 / deg)[pattern.edge_rows()]
+
+
+def sum_values(pattern: CSR) -> torch.Tensor:
+    return torch.ones(pattern.num_edges, dtype=torch.float32)
+
+
+# -- operators ------------------------------------------------------------------------------------------------------
+def _row_blocks(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, n: int, chunk_rows: int,
+                device: torch.device) -> list[torch.Tensor]:
+    step = chunk_rows if chunk_rows > 0 else max(n, 1)
+    blocks = []
+    for r0 in range(0, n, step):
+        r1 = min(r0 + step, n)
+        e0, e1 = int(indptr[r0]), int(indptr[r1])
+        blocks.append(torch.sparse_csr_tensor(
+            (indptr[r0 : r1 + 1] - e0).to(device), indices[e0:e1].to(device), values[e0:e1].to(device),
+            size=(r1 - r0, n)))
+    return blocks
+
+
+def _blockwise(blocks: list[torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    if len(blocks) == 1:
+        return csr_matmul(blocks[0], h)
+    return torch.cat([csr_matmul(b, h) for b in blocks], dim=0)
+
+
+class SparseOperator:
+    """A fixed sparse matrix ``A`` (values carry no gradient); :meth:`__call__` is ``A @ h`` with backward ``A^T @ g``."""
+
+    def __init__(self, pattern: CSR, values: torch.Tensor, chunk_rows: int = 0, device: torch.device | None = None) -> None:
+        device = device or torch.device("cpu")
+        self.num_nodes = pattern.num_nodes
+        self.nnz = pattern.num_edges
+        self.chunk_rows = chunk_rows
+        t, perm = transpose(pattern)
+        self.forward_blocks = _row_blocks(pattern.indptr, pattern.indices, values, pattern.num_nodes, chunk_rows, device)
+        self.backward_blocks = _row_blocks(t.indptr, t.indices, values[perm], t.num_nodes, chunk_rows, device)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return _FixedSpMM.apply(h, self)
+
+
+class _FixedSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, op: SparseOperator) -> torch.Tensor:
+        ctx.op = op
+        return _blockwise(op.forward_blocks, h)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _blockwise(ctx.op.backward_blocks, grad.contiguous()), None
+
+
+class EdgeWeightedTopology:
+    """A pattern whose edge values are computed (attention): ``A(values) @ h`` with gradients for both."""
+
+    def __init__(self, pattern: CSR, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.pattern = pattern
+        self.num_nodes = pattern.num_nodes
+        t, perm = transpose(pattern)
+        self.indptr = pattern.indptr.to(self.device)
+        self.src = pattern.indices.to(self.device)
+        self.dst = pattern.edge_rows().to(self.device)
+        self.t_indptr, self.t_indices, self.perm = t.indptr.to(self.device), t.indices.to(self.device), perm.to(self.device)
+
+    def matmul(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return _EdgeWeightedSpMM.apply(values, h, self)
+
+    def softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Softmax of per-edge ``logits`` [E, heads] over the in-edges of each destination vertex."""
+        n, heads = self.num_nodes, logits.shape[1]
+        index = self.dst.unsqueeze(1).expand(-1, heads)
+        peak = torch.full((n, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
+        peak = peak.scatter_reduce(0, index, logits.detach(), reduce="amax", include_self=True)
+        ex = (logits - peak[self.dst]).exp()  # shifting by a constant leaves softmax and its gradient unchanged
+        denom = torch.zeros((n, heads), dtype=logits.dtype, device=logits.device).index_add(0, self.dst, ex)
+        return ex / denom[self.dst]
+
+
+class _EdgeWeightedSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, h: torch.Tensor, topo: EdgeWeightedTopology) -> torch.Tensor:
+        ctx.topo = topo
+        ctx.save_for_backward(values, h)
+        a = torch.sparse_csr_tensor(topo.indptr, topo.src, values, size=(topo.num_nodes, topo.num_nodes))
+        return csr_matmul(a, h)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        values, h = ctx.saved_tensors
+        topo = ctx.topo
+        grad = grad.contiguous()
+        grad_values = grad_h = None
+        if ctx.needs_input_grad[1]:
+            at = torch.sparse_csr_tensor(topo.t_indptr, topo.t_indices, values[topo.perm],
+                                         size=(topo.num_nodes, topo.num_nodes))
+            grad_h = csr_matmul(at, grad)
+        if ctx.needs_input_grad[0]:
+            grad_values = edge_dot(grad, h, topo.dst, topo.src)
+        return grad_values, grad_h, None

@@ -1,0 +1,193 @@
+"""Typed training configuration: one object, validated, recorded with the results.
+
+A config comes from command-line flags, a YAML/TOML file (``--config FILE``), or both (flags win).
+Every check raises :class:`ConfigError` with a message that says how to fix the input.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+Model = Literal["gcn", "sgc", "appnp", "sage", "gin", "gat"]
+Arch = Literal["decoupled", "coupled"]
+Mode = Literal["single", "tp", "data"]
+Optimizer = Literal["adam", "adamw"]
+Norm = Literal["none", "batch", "layer"]
+
+#: Models whose propagation has no weights between steps: they only exist decoupled.
+DECOUPLED_ONLY = ("sgc", "appnp")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says how to fix it."""
+
+
+def opt(default: Any, help: str) -> Any:
+    """A config field with its --help text."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Everything that defines a training run."""
+
+    store: str = opt("", "Path of the graph store (from `ntp data prepare`).")
+    model: Model = opt("gcn", "gcn, sgc, appnp, sage, gin or gat.")
+    arch: Arch = opt("decoupled", "decoupled: NN stage then propagation (4 all-to-all per epoch); coupled: classic GNN layers.")
+    mode: Mode = opt("single", "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned data parallel.")
+    epochs: int = opt(100, "Number of training epochs.")
+    hidden: int = opt(64, "Hidden width of the NN stage / GNN layers.")
+    nn_layers: int = opt(2, "Decoupled: Linear layers in the NN stage. Coupled: number of GNN layers.")
+    prop_steps: int = opt(2, "Decoupled: propagation steps after the NN stage (independent of nn_layers).")
+    dropout: float = opt(0.5, "Dropout probability in the NN stage (masks do not depend on the number of workers).")
+    lr: float = opt(0.01, "Learning rate.")
+    weight_decay: float = opt(5e-4, "L2 weight decay (Adam) or decoupled decay (AdamW).")
+    optimizer: Optimizer = opt("adam", "adam or adamw.")
+    norm: Norm = opt("none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer.")
+    alpha: float = opt(0.1, "APPNP teleport probability.")
+    heads: int = opt(4, "GAT attention heads.")
+    seed: int = opt(0, "Seed for parameters, dropout and anything random.")
+    eval_every: int = opt(1, "Evaluate train/valid/test every N epochs (and at the last epoch).")
+    patience: int = opt(0, "Early stopping: stop after this many evaluations without a better validation metric (0: off).")
+    results: str | None = opt(None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record).")
+    checkpoint_dir: str | None = opt(None, "Directory for checkpoints (written atomically).")
+    checkpoint_every: int = opt(10, "Write a checkpoint every N epochs (needs checkpoint_dir).")
+    model_out: str | None = opt(None, "Where rank 0 saves the best model (weights + config) at the end of training.")
+    resume: bool = opt(False, "Continue from the latest checkpoint in checkpoint_dir.")
+    chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: whole graph in one chunk).")
+    timeout_s: float = opt(300.0, "Timeout of every collective; a rank that waits longer fails the job.")
+    threads: int = opt(0, "Intra-op threads per rank (0: cores / ranks on this node).")
+    fail_at_epoch: int = opt(-1, "Testing aid: this rank fails (raises) at this epoch; see fail_rank.")
+    fail_rank: int = opt(-1, "Testing aid: the rank that fails at fail_at_epoch (-1: none).")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for f in fields(self):
+            choices = _literal_choices(f.type)
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(f"--{_flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
+        _positive(self, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads")
+        _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"--dropout {self.dropout} must be in [0, 1); e.g. --dropout 0.5")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"--alpha {self.alpha} must be in [0, 1]; APPNP commonly uses 0.1")
+        if self.lr <= 0:
+            raise ConfigError(f"--lr {self.lr} must be positive; e.g. --lr 0.01")
+        if self.weight_decay < 0:
+            raise ConfigError(f"--weight-decay {self.weight_decay} must be >= 0")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"--timeout-s {self.timeout_s} must be positive (seconds)")
+        if self.arch == "coupled" and self.model in DECOUPLED_ONLY:
+            raise ConfigError(f"--model {self.model} is decoupled by nature; use --arch decoupled (or a coupled model: gcn, sage, gin, gat)")
+        if self.arch == "decoupled" and self.prop_steps == 0 and self.model == "gat":
+            raise ConfigError("--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)")
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        clean = {k.replace("-", "_"): v for k, v in data.items()}
+        unknown = sorted(set(clean) - known)
+        if unknown:
+            raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {', '.join(sorted(known))}")
+        return cls(**clean)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
+        return cls.from_dict({**load_config_file(path), **overrides})
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or TOML configuration file into a dict."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist; pass an existing .yaml/.toml file to --config")
+    text = p.read_text()
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of option names to values")
+    return data
+
+
+_LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm}
+
+
+def _literal_choices(type_name: str) -> tuple[str, ...]:
+    literal = _LITERALS.get(type_name)
+    return tuple(get_args(literal)) if literal is not None else ()
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one --flag per TrainConfig field (defaults None so a --config file can fill them)."""
+    parser.add_argument("--config", help="YAML or TOML file with options; flags given on the command line win")
+    for f in fields(TrainConfig):
+        flag = f"--{_flag(f.name)}"
+        help_text = f"{f.metadata['help']} (default: {f.default})"
+        choices = _literal_choices(f.type) or None
+        if f.type == "bool":
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        elif f.type in ("int", "float"):
+            parser.add_argument(flag, type=int if f.type == "int" else float, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, choices=choices, default=None, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Merge a --config file with the flags that were given."""
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    base = load_config_file(args.config) if getattr(args, "config", None) else {}
+    return TrainConfig.from_dict({**base, **given})
+
+
+def config_to_argv(cfg: TrainConfig) -> list[str]:
+    """The flags that reproduce ``cfg`` (used to hand a config to torchrun workers)."""
+    argv: list[str] = []
+    for f in fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        if value is None or value == f.default:
+            continue
+        if f.type == "bool":
+            argv += [f"--{_flag(f.name)}"] if value else []
+        else:
+            argv += [f"--{_flag(f.name)}", str(value)]
+    return argv
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _positive(cfg: TrainConfig, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{_flag(name)} {getattr(cfg, name)} must be at least 1")
+
+
+def _non_negative(cfg: TrainConfig, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{_flag(name)} {getattr(cfg, name)} must be >= 0")

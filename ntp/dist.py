@@ -1,0 +1,68 @@
+"""Process-group setup: backend and device chosen automatically, a timeout on every collective."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    device: torch.device
+    backend: str | None  # None: a single process without a process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_distributed(timeout_s: float) -> DistEnv:
+    """Join the torchrun job (gloo on CPU, NCCL on CUDA, one GPU per rank); a lone process gets world size 1."""
+    cuda = torch.cuda.is_available()
+    if not launched_by_torchrun():
+        return DistEnv(0, 1, 0, 1, torch.device("cuda:0" if cuda else "cpu"), None)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if cuda:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a stuck NCCL collective aborts, not hangs
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if cuda else None)
+    return DistEnv(rank, world, local_rank, local_world, device, backend)
+
+
+def shutdown(env: DistEnv) -> None:
+    if env.backend is not None and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_gather_objects(env: DistEnv, obj: object) -> list:
+    """Small Python objects from every rank (metrics records, signatures)."""
+    if env.backend is None:
+        return [obj]
+    out: list = [None] * env.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_same_on_all_ranks(env: DistEnv, what: str, value: object) -> None:
+    """Fail fast, before any shape-dependent collective, if ranks disagree (e.g. different stores or configs)."""
+    values = all_gather_objects(env, value)
+    if any(v != values[0] for v in values):
+        raise RuntimeError(f"ranks disagree on {what}: {values}; every rank must use the same store and options")

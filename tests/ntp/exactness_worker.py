@@ -1,0 +1,33 @@
+"""What each rank runs in the exactness tests: a few epochs of every model, recording losses, gradients, logits."""
+from __future__ import annotations
+
+import torch
+
+from ntp.config import TrainConfig
+from ntp.dist import init_distributed, shutdown
+from ntp.train import setup, train_step
+from tests.ntp.graphs import loader
+
+
+def trace(cfg: TrainConfig, graph: dict, epochs: int, job_env=None) -> dict:
+    """Losses per epoch, every parameter's gradient after the first backward, final eval logits of own rows."""
+    job = setup(cfg, job_env, loader(graph))
+    losses, grads = [], None
+    for epoch in range(epochs):
+        losses.append(train_step(job, epoch))
+        if grads is None:
+            grads = {n: p.grad.detach().clone() for n, p in job.model.named_parameters()}
+    job.model.eval()
+    with torch.no_grad():
+        logits = job.model(job.x, job.ctx)
+    return {"losses": losses, "grads": grads, "logits": logits, "bytes": dict(job.comm.stats.bytes_sent),
+            "calls": dict(job.comm.stats.calls)}
+
+
+def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
+    """Run every config on this rank (one process group for all of them)."""
+    env = init_distributed(60)
+    try:
+        return [trace(TrainConfig(**c), graph, epochs, env) for c in configs]
+    finally:
+        shutdown(env)

@@ -1,0 +1,48 @@
+"""Tensor parallel == single process: losses over epochs, every gradient, final predictions (world sizes 1-4)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.ntp.exactness_worker import trace_all
+from tests.ntp.graphs import random_graph
+from tests.ntp.spawn import run_on_ranks
+
+EPOCHS = 3
+BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.05, seed=3)
+CONFIGS = (
+    [dict(BASE, model=m, arch="decoupled") for m in ("gcn", "sgc", "appnp", "sage", "gin", "gat")]
+    + [dict(BASE, model=m, arch="coupled") for m in ("gcn", "sage", "gin", "gat")]
+    + [dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch"),
+       dict(BASE, model="gat", arch="coupled", nn_layers=3, heads=3, hidden=9)]
+)
+GRAPHS = {"directed": random_graph(directed=True, seed=1), "symmetric": random_graph(directed=False, seed=2)}
+
+
+def _name(c: dict) -> str:
+    return f"{c['arch']}-{c['model']}" + (f"-L{c['nn_layers']}" if c["nn_layers"] != 2 else "") + (
+        f"-{c.get('norm')}" if c.get("norm") else "")
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return {g: trace_all([dict(c, mode="single") for c in CONFIGS], graph, EPOCHS) for g, graph in GRAPHS.items()}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+def test_tensor_parallel_equals_single(world: int, graph_name: str, reference: dict) -> None:
+    per_rank = run_on_ranks(trace_all, world, [dict(c, mode="tp") for c in CONFIGS], GRAPHS[graph_name], EPOCHS)
+    for i, cfg in enumerate(CONFIGS):
+        ref = reference[graph_name][i]
+        ranks = [r[i] for r in per_rank]
+        where = f"{_name(cfg)} on {graph_name} graph, world {world}"
+        for rank_result in ranks:
+            torch.testing.assert_close(torch.tensor(rank_result["losses"]), torch.tensor(ref["losses"]),
+                                       rtol=1e-5, atol=1e-6, msg=lambda m: f"losses differ: {where}\n{m}")
+            for name, g in ref["grads"].items():
+                torch.testing.assert_close(rank_result["grads"][name], g, rtol=1e-4, atol=1e-6,
+                                           msg=lambda m: f"gradient of {name} differs: {where}\n{m}")
+        logits = torch.cat([r["logits"] for r in ranks])
+        torch.testing.assert_close(logits, ref["logits"], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"final predictions differ: {where}\n{m}")
