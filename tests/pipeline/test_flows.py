@@ -1,0 +1,118 @@
+"""Flows in ephemeral mode with real training runs on Cora (2 ranks, tensor parallel, a few epochs)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ntp import tracking
+from tests.pipeline.conftest import CORA, need_engine
+
+pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
+
+TINY = {"epochs": 3, "hidden": 16, "eval_every": 1, "dropout": 0.5, "lr": 0.01}
+
+
+@pytest.fixture(scope="module")
+def pipeline_result() -> dict[str, Any]:
+    need_engine()
+    if not CORA.is_dir():
+        pytest.skip(f"{CORA} is missing")
+    from flows.params import PipelineParams
+    from flows.pipeline import pipeline
+
+    params = PipelineParams(dataset={"name": "cora", "from_dir": str(CORA)}, training=TINY,
+                            launch={"nproc": 2, "timeout_s": 120}, experiment="pipeline-test")
+    return pipeline(params)
+
+
+def test_pipeline_tracks_parent_children_metrics_plots_model(pipeline_result: dict[str, Any]) -> None:
+    c = tracking.client()
+    run = c.get_run(pipeline_result["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["mode"] == "tp" and run.data.params["world_size"] == "2"
+    assert run.data.params["store_fingerprint"] and run.data.tags.get(tracking.TAG_FLOW_RUN)
+    assert len(c.get_metric_history(run.info.run_id, "loss")) == 3
+    for key in ("valid_metric", "final_test_metric", "epoch_s_median", "workers/compute_s_max",
+                "workers/bytes_sent_min", "eval/train", "eval/valid", "eval/test"):
+        assert key in run.data.metrics, key
+    assert 0.0 <= run.data.metrics["eval/test"] <= 1.0
+    children = tracking.TrainingRun(run.info.run_id, run.info.experiment_id, c, tracking.tracking_uri()).children()
+    assert sorted(ch.data.tags["ntp.rank"] for ch in children) == ["0", "1"]
+    assert all(len(c.get_metric_history(ch.info.run_id, "compute_s")) == 3 for ch in children)
+    paths = {a.path for d in ("plots", "timing", "model", "config") for a in c.list_artifacts(run.info.run_id, d)}
+    assert {"plots/curves.png", "plots/workers.png", "timing/worker_timing.parquet", "timing/worker_timing.csv",
+            "model/model.json", "config/config.yaml"} <= paths
+    assert any(p.startswith("model/") and not p.endswith(".json") for p in paths)
+    assert run.inputs.dataset_inputs[0].dataset.name == "cora"
+
+
+def test_pipeline_publishes_markdown_artifact(pipeline_result: dict[str, Any]) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def latest() -> Any:
+        async with get_client() as client:
+            arts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-cora"])))
+            return arts[-1]
+
+    import asyncio
+
+    art = asyncio.run(latest())
+    assert art.type == "markdown" and pipeline_result["run_id"] in art.data and "| world size | 2 |" in art.data
+
+
+def test_evaluate_flow_from_run_id(pipeline_result: dict[str, Any]) -> None:
+    from flows.evaluate import evaluate
+
+    metrics = evaluate(run_id=pipeline_result["run_id"])
+    assert metrics["run_id"] == pipeline_result["run_id"]
+    assert metrics["test"] == pytest.approx(pipeline_result["evaluation"]["test"])
+
+
+def test_evaluate_flow_from_model_path(pipeline_result: dict[str, Any], tmp_path: Path) -> None:
+    from flows.evaluate import evaluate
+
+    model, _info = tracking.download_model(pipeline_result["run_id"], tmp_path)
+    metrics = evaluate(model_path=str(model), store=pipeline_result["store"], experiment="pipeline-test")
+    assert metrics["run_id"] != pipeline_result["run_id"]
+    assert tracking.client().get_run(metrics["run_id"]).data.metrics["eval/test"] == pytest.approx(metrics["test"])
+
+
+def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: str) -> None:
+    need_engine()
+    from flows.params import LaunchOptions, TrainingOptions
+    from flows.train import train
+    from ntp.launch import TrainingFailed
+
+    start = time.monotonic()
+    with pytest.raises(TrainingFailed) as err:
+        train(store=cora_store, training=TrainingOptions(**{**TINY, "fail_rank": 1, "fail_at_epoch": 1}),
+              launch=LaunchOptions(nproc=2, timeout_s=120), experiment="crash-test")
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, f"the crash took {elapsed:.0f} s to fail the flow"
+    assert "Traceback" in str(err.value) and "rank 1" in str(err.value).lower()
+    c = tracking.client()
+    exp = c.get_experiment_by_name("crash-test")
+    runs = c.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert "Traceback" in runs[0].data.tags[tracking.TAG_ERROR] or "rank" in runs[0].data.tags[tracking.TAG_ERROR]
+
+
+def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    need_engine()
+    from flows.pipeline_cli import main
+
+    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--epochs", "2", "--hidden", "16",
+                 "--experiment", "cli-test"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    run_id = next(line.split()[-1] for line in out.out.splitlines() if line.startswith("mlflow run:"))
+    assert tracking.client().get_run(run_id).info.status == "FINISHED"
+    assert f"store: {cora_store}" in out.out
+
+    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--epochs", "3", "--hidden", "16",
+                 "--fail-rank", "1", "--fail-at-epoch", "1", "--experiment", "cli-test"])
+    assert code == 1 and "pipeline failed" in capsys.readouterr().err
