@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,18 @@ def _read_attrs(path: Path) -> dict[str, Any]:
     return attrs
 
 
-def _fix_from(attrs: dict[str, Any]) -> str:
+def _fix_from(attrs: dict[str, Any], path: Path) -> str:
+    """The recorded rebuild command, pointed at where the store is now (it may have moved)."""
     cmd = attrs.get("rebuild_command")
-    return f"rebuild it with `{cmd}`" if isinstance(cmd, str) and cmd else GENERIC_FIX
+    if not isinstance(cmd, str) or not cmd:
+        return GENERIC_FIX
+    try:
+        argv = shlex.split(cmd)
+    except ValueError:
+        return f"rebuild it with `{cmd}`"
+    if "--out" in argv[:-1]:
+        argv[argv.index("--out") + 1] = str(path)
+    return f"rebuild it with `{shlex.join(argv)}`"
 
 
 def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -74,7 +84,7 @@ class GraphStore:
     def __init__(self, path: Path, meta: StoreMeta) -> None:
         self.path = path
         self.meta = meta
-        self._fix = f"rebuild it with `{meta.rebuild_command}`" if meta.rebuild_command else GENERIC_FIX
+        self._fix = _fix_from({"rebuild_command": meta.rebuild_command}, path)
         self._group = zarr.open_group(str(path), mode="r")
         self._arrays: dict[str, zarr.Array] = {}
 
@@ -199,7 +209,7 @@ def open_store(path: str | os.PathLike[str]) -> GraphStore:
     """Open a store, validating its metadata and structure; raise StoreError naming the fix."""
     path = Path(path)
     attrs = _read_attrs(path)
-    fix = _fix_from(attrs)
+    fix = _fix_from(attrs, path)
     try:
         meta = parse_meta(attrs)
     except ValueError as e:
