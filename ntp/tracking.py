@@ -237,7 +237,7 @@ def plot_curves(results: Results, path: str | Path) -> Path:
         pts = [(e["epoch"], e[key]) for e in results.epochs if e.get(key) is not None]
         if pts:
             ax_metric.plot(*zip(*pts), marker=".", label=label)
-    metric = (results.final or {}).get("config", {}).get("metric") or "metric"
+    metric = (results.final or {}).get("metric") or "metric"
     ax_metric.set(xlabel="epoch", ylabel=metric, title="Train / valid / test")
     ax_metric.legend(loc="lower right")
     fig.tight_layout()
