@@ -8,6 +8,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,7 @@ from ntp.context import GraphContext
 from ntp.data import GraphData, load_rank_data
 from ntp.dist import DistEnv, all_gather_objects, check_same_on_all_ranks, init_distributed, shutdown
 from ntp.evaluation import compute_metric
+from ntp.launch import FAILURE_BEGIN, FAILURE_END
 from ntp.metrics import ALLREDUCE, reset_peak_memory, worker_record
 from ntp.models import build_model
 from ntp.partition import Layout
@@ -291,7 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.mode is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         cfg = cfg.replace(mode="tp")  # several processes and no mode given: tensor parallel
-    run(cfg)
+    try:
+        run(cfg)
+    except BaseException:
+        rank = os.environ.get("RANK", "0")
+        print(f"{FAILURE_BEGIN} (rank {rank}) =====\n{traceback.format_exc().rstrip()}\n{FAILURE_END} (rank {rank}) =====",
+              file=sys.stderr, flush=True)
+        raise
     return 0
 
 
