@@ -72,6 +72,7 @@ class _Spill:
             arrays[k].astype(self.dtypes[k], copy=False).tofile(self.files[k])
 
     def blocks(self, total: int, size: int) -> Iterator[dict[str, np.ndarray]]:
+        """Read the spilled edges back in blocks (may be called repeatedly)."""
         for f in self.files.values():
             f.close()
         readers = {k: open(self.paths[k], "rb") for k in self.keys}
@@ -101,7 +102,7 @@ class CsrBuilder:
         self.prep = prep.effective()
         self.progress = progress
         self.in_counts = np.zeros(num_nodes, dtype=np.int64)
-        self.num_edges = 0
+        self.spilled = 0
         self.raw_edges = 0
         self.spill = _Spill(workdir, self.dtype, weighted)
 
@@ -122,10 +123,11 @@ class CsrBuilder:
             keep = src != dst
             src, dst = src[keep], dst[keep]
             weight = weight[keep] if self.weighted else None
-        if p.symmetrize:
-            src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-            weight = np.concatenate([weight, weight]) if self.weighted else None
-        self._count_and_spill(src, dst, weight)
+        self.in_counts += np.bincount(dst, minlength=self.n)
+        if p.symmetrize:  # the reverse copies are scattered after all original edges (pass 2)
+            self.in_counts += np.bincount(src, minlength=self.n)
+        self.spill.write(src=src, dst=dst, w=weight)
+        self.spilled += len(src)
 
     def _check_range(self, ids: np.ndarray, what: str) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.n):
@@ -133,26 +135,32 @@ class CsrBuilder:
             raise StoreError(f"edge {what} id {int(bad)} is outside [0, {self.n}); "
                              "check the edge list against the number of nodes")
 
-    def _count_and_spill(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None) -> None:
-        self.in_counts += np.bincount(dst, minlength=self.n)
-        self.spill.write(src=src, dst=dst, w=weight)
-        self.num_edges += len(src)
-
     def finish(self) -> CSR:
-        """Pass 2: scatter, sort rows, deduplicate. Returns the final CSR."""
+        """Pass 2: scatter, sort rows, deduplicate. Returns the final CSR.
+
+        Row order before sorting is: original edges, then reverse copies, then added self-loops,
+        each in input order, so "the first copy" does not depend on block sizes.
+        """
         if self.prep.self_loops:
-            for start in range(0, self.n, BLOCK_EDGES):
-                ids = np.arange(start, min(self.n, start + BLOCK_EDGES), dtype=np.int64)
-                self._count_and_spill(ids, ids, np.ones(len(ids), np.float32) if self.weighted else None)
+            self.in_counts += 1
         indptr = np.zeros(self.n + 1, dtype=np.int64)
         np.cumsum(self.in_counts, out=indptr[1:])
         del self.in_counts
-        indices = np.empty(self.num_edges, dtype=self.dtype)
-        weights = np.empty(self.num_edges, dtype=np.float32) if self.weighted else None
-        self.progress(f"scattering {self.num_edges:,} edges into {self.n:,} rows")
+        total = int(indptr[-1])
+        indices = np.empty(total, dtype=self.dtype)
+        weights = np.empty(total, dtype=np.float32) if self.weighted else None
+        self.progress(f"scattering {total:,} edges into {self.n:,} rows")
         cursor = indptr[:-1].copy()
-        for block in self.spill.blocks(self.num_edges, BLOCK_EDGES):
+        for block in self.spill.blocks(self.spilled, BLOCK_EDGES):
             _scatter(block, cursor, indices, weights)
+        if self.prep.symmetrize:
+            for block in self.spill.blocks(self.spilled, BLOCK_EDGES):
+                block["src"], block["dst"] = block["dst"], block["src"]
+                _scatter(block, cursor, indices, weights)
+        if self.prep.self_loops:
+            for start in range(0, self.n, BLOCK_EDGES):
+                ids = np.arange(start, min(self.n, start + BLOCK_EDGES), dtype=np.int64)
+                _scatter({"src": ids, "dst": ids, "w": np.ones(len(ids), np.float32)}, cursor, indices, weights)
         del cursor
         self.spill.remove()
         self.progress("sorting rows" + (" and removing duplicates" if self.prep.dedup else ""))
