@@ -6,7 +6,6 @@ so the form never drifts from the engine's configuration.
 from __future__ import annotations
 
 import dataclasses
-import os
 import typing
 from typing import Any, Literal
 
@@ -65,15 +64,10 @@ TrainingOptions = _training_options()
 
 
 def default_nproc() -> int:
-    """One process per visible GPU, else one per CPU core."""
-    try:
-        import torch
+    """One process per visible GPU, else a CPU count (the engine's default, ``ntp.launch.default_nproc``)."""
+    from ntp.launch import default_nproc as engine_default
 
-        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-            return torch.cuda.device_count()
-    except ImportError:
-        pass
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return engine_default()
 
 
 class LaunchOptions(BaseModel):
@@ -81,11 +75,13 @@ class LaunchOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nproc: int | None = Field(None, ge=1, description="Processes per node. Empty: one per visible GPU, else one per CPU core.")
+    nproc: int | None = Field(None, ge=1, description="Processes per node. Empty: one per visible GPU, "
+                                                       "else a CPU count (as ntp train).")
     nnodes: int = Field(1, ge=1, description="Number of nodes (multi-node: run the flow on every node).")
     node_rank: int = Field(0, ge=0, description="This node's rank (0 tracks the run in MLflow).")
     rdzv_endpoint: str | None = Field(None, description="Rendezvous HOST:PORT for multi-node jobs.")
-    timeout_s: float | None = Field(None, gt=0, description="Kill the whole job after this many seconds (empty: no limit).")
+    timeout_s: float | None = Field(None, gt=0,
+                                    description="Kill the whole job after this many seconds (empty: no limit).")
     retries: int = Field(0, ge=0, description="Retry a failed training job this many times.")
     retry_delay_s: float = Field(10.0, ge=0, description="Seconds between retries.")
 

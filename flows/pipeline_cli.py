@@ -58,7 +58,8 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
     add_dataset_arguments(p.add_argument_group("dataset (as `ntp data prepare`)"))
     add_config_arguments(p.add_argument_group("training (as `ntp train`)"))  # type: ignore[arg-type]
     launch = p.add_argument_group("launch")
-    launch.add_argument("--nproc", type=int, default=None, help="processes per node (default: visible GPUs, else CPU cores)")
+    launch.add_argument("--nproc", type=int, default=None,
+                        help="processes per node (default: one per visible GPU, else as ntp train)")
     launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
     launch.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
     launch.add_argument("--rdzv-endpoint", default=None, help="rendezvous HOST:PORT for multi-node jobs")

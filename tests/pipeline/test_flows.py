@@ -55,7 +55,8 @@ def test_pipeline_publishes_markdown_artifact(pipeline_result: dict[str, Any]) -
 
     async def latest() -> Any:
         async with get_client() as client:
-            arts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-cora"])))
+            key = ArtifactFilterKey(any_=["pipeline-cora"])
+            arts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=key))
             return arts[-1]
 
     import asyncio
