@@ -9,31 +9,32 @@ from ntp.collectives import all_reduce_sum
 from ntp.context import GraphContext
 from ntp.metrics import ALLREDUCE
 
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
+#: Dropout masks are drawn per tile of this many global rows, each tile from its own seed: a row's mask depends on
+#: (stream, row, column) only, never on which rank owns the row.
+MASK_TILE_ROWS = 2048
+_MASK64 = (1 << 64) - 1
 
 
-def _shift_right(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch shifts arithmetically)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _splitmix64(x: torch.Tensor) -> torch.Tensor:
-    z = x + _GOLDEN  # int64 arithmetic wraps around, as the hash wants
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    return z ^ _shift_right(z, 31)
+def _splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
-    """Bernoulli(1-p) mask for global rows ``rows`` of a ``width``-wide matrix, a pure function of
-    (stream, global row, column): every world size draws the same mask for the same element."""
-    base = int(_splitmix64(torch.tensor([stream], dtype=torch.int64))[0])
-    r = torch.arange(rows[0], rows[1], dtype=torch.int64, device=device).unsqueeze(1)
-    c = torch.arange(width, dtype=torch.int64, device=device).unsqueeze(0)
-    bits = _shift_right(_splitmix64(r * width + c + base), 11)  # 53 random bits
-    return bits >= int(p * (1 << 53))
+    """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix: every world size draws
+    the same mask for the same element."""
+    start, stop = rows
+    mask = torch.empty(stop - start, width, dtype=torch.bool, device=device)
+    gen = torch.Generator(device=device)
+    for tile in range(start // MASK_TILE_ROWS, (stop - 1) // MASK_TILE_ROWS + 1 if stop > start else 0):
+        t0 = tile * MASK_TILE_ROWS
+        gen.manual_seed(_splitmix64(_splitmix64(stream) ^ tile))
+        draw = torch.rand(MASK_TILE_ROWS, width, generator=gen, device=device) >= p
+        a, b = max(start, t0), min(stop, t0 + MASK_TILE_ROWS)
+        mask[a - start : b - start] = draw[a - t0 : b - t0]
+    return mask
 
 
 class RowDropout(nn.Module):
