@@ -24,7 +24,12 @@ def existing_store(target: Path, build_key: str, force: bool,
 
     Raises StoreError if a valid store with other inputs/options sits at the target (without force).
     """
-    if force or not target.exists():
+    if not target.exists():
+        return None
+    if not _replaceable(target):
+        raise StoreError(f"{target} exists and is not a graph store. Fix: choose another --out, "
+                         "or remove that path yourself")
+    if force:
         return None
     try:
         store = open_store(target)
@@ -64,6 +69,13 @@ def build(make_source: Callable[[], GraphSource], target: Path, *, prep: Preproc
             shutil.rmtree(tmp, ignore_errors=True)
     progress(f"store ready: {target}")
     return target
+
+
+def _replaceable(target: Path) -> bool:
+    """Only an empty directory or something with a Zarr group's zarr.json may be replaced."""
+    if not target.is_dir():
+        return False
+    return not any(target.iterdir()) or (target / "zarr.json").is_file()
 
 
 def _remove_stale_temps(target: Path) -> None:

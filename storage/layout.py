@@ -31,7 +31,7 @@ class Layout:
     row_chunk: int = 1 << 16
     edge_chunk: int = 1 << 20
     feature_row_chunk: int = 0  # 0: chosen from the feature width
-    feature_col_chunk: int = 64
+    feature_col_chunk: int = 32
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

@@ -93,3 +93,13 @@ def test_damaged_store_is_rebuilt(tmp_path):
         open_store(out)
     assert prepare("synthetic", nodes=300, out=out, progress=quiet) == out
     open_store(out).verify()
+
+
+def test_foreign_directory_is_never_replaced(tmp_path):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.txt").write_text("do not delete")
+    for force in (False, True):
+        with pytest.raises(StoreError, match="not a graph store"):
+            prepare("synthetic", nodes=100, out=out, progress=quiet, force=force)
+    assert (out / "thesis.txt").read_text() == "do not delete"
