@@ -1,9 +1,10 @@
 """Streaming CSR construction over in-edges with bounded memory.
 
 Pass 1 (`add`): validate and preprocess each edge block, count in-degrees, spill the block to disk.
-Pass 2 (`finish`): scatter the spilled blocks into their rows (stable), then sort every row by
-source id block by block, dropping duplicates when asked. Peak memory is the final CSR plus a
-few O(num_nodes) arrays and one edge block.
+Pass 2 (`finish`): scatter the spilled blocks into their rows (stable; reverse copies for
+symmetrisation and added self-loops follow as extra sweeps), then sort every row by source id
+block by block, dropping duplicates when asked. Peak memory is the final CSR plus a few
+O(num_nodes) arrays and one edge block; the spill needs (4 or 8) x 2 bytes per edge of disk.
 """
 
 from __future__ import annotations

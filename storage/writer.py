@@ -103,9 +103,13 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
 
     progress(f"{source.name}: streaming edges (pass 1: count)")
     builder = CsrBuilder(n, index_dtype, tmp, source.weighted, prep, progress)
+    reported = 0
     for src, dst, w in source.edge_blocks():
         builder.add(src, dst, w)
-        progress(f"  {builder.raw_edges:,} edges read")
+        if not reported or builder.raw_edges - reported >= 10_000_000:
+            progress(f"  {builder.raw_edges:,} edges read")
+            reported = builder.raw_edges
+    progress(f"  {builder.raw_edges:,} edges read in all")
     if source.expected_edges is not None and builder.raw_edges != source.expected_edges:
         raise StoreError(f"{source.name}: the edge file has {builder.raw_edges} edges but the "
                          f"dataset says {source.expected_edges}; the download is incomplete or "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -71,7 +71,7 @@ def _read_ids(path: Path) -> np.ndarray:
     return np.array([int(t) for t in text], dtype=np.int64)
 
 
-def _features(path: Path | None) -> tuple[int | None, int, callable]:
+def _features(path: Path | None) -> tuple[int | None, int, Callable[[], Iterator[np.ndarray]] | None]:
     """(rows or None, width, block iterator factory)."""
     if path is None:
         return None, 1, None
