@@ -120,7 +120,8 @@ def test_deployment_loop(tmp_path: Path) -> None:
                   "--no-ui", "--analytics-off"]
     with _started(server_cmd, server_env, tmp_path / "server.log") as server:
         _wait_healthy(api, server, tmp_path / "server.log")
-        _prefect(["work-pool", "create", "gpu-pool", "--type", "process", "--concurrency-limit", "1"], env)
+        _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
+        _prefect(["work-pool", "set-concurrency-limit", "gpu-pool", "1"], env)
         _prefect(["--no-prompt", "deploy", "--name", "pipeline"], env, timeout=180)
         out = _prefect(["deployment", "run", "pipeline/pipeline", "--params", json.dumps(params)], env)
         flow_run_id = UUID.findall(out)[-1]
@@ -135,7 +136,8 @@ def test_deployment_loop(tmp_path: Path) -> None:
         assert run["state_type"] == "COMPLETED", f"flow run {run['state_type']}:\n{worker_log[-6000:]}"
         deployment = _get(f"{api}/deployments/{run['deployment_id']}")
         assert deployment["work_pool_name"] == "gpu-pool"
-        assert deployment["concurrency_limit"] == 1
+        assert _get(f"{api}/work_pools/gpu-pool")["concurrency_limit"] == 1
+        assert (deployment.get("global_concurrency_limit") or {}).get("limit") == 1, deployment
         assert Path(deployment["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"]) \
             == PROJECT
 
