@@ -11,9 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ holds no packages: make store_helpers importable
 
 from storage import prepare  # noqa: E402
-from store_helpers import SMALL_CHUNKS, quiet  # noqa: E402
+from store_helpers import REPO, SMALL_CHUNKS, quiet  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

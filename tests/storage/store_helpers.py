@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from storage.layout import Layout
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Small chunks so that even small test graphs span many chunk files.
 SMALL_CHUNKS = Layout(row_chunk=256, edge_chunk=1024, feature_row_chunk=128, feature_col_chunk=8)

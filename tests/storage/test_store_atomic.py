@@ -13,7 +13,7 @@ from storage import StoreError, open_store, prepare
 from storage.paths import temp_prefix
 from store_helpers import quiet
 
-from conftest import REPO
+from store_helpers import REPO
 
 BUILD = ("import sys; from storage import prepare; "
          "print(prepare('synthetic', nodes=int(sys.argv[2]), avg_degree=20, features=64, out=sys.argv[1]))")

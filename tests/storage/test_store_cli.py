@@ -10,7 +10,7 @@ import sys
 
 from storage.cli import add_data_commands, main
 
-from conftest import REPO
+from store_helpers import REPO
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
