@@ -71,6 +71,7 @@ def launch_training(cfg: TrainConfig, nproc: int = 1, *, nnodes: int = 1, node_r
                     rdzv_endpoint: str | None = None, timeout_s: float | None = None, on_line: LineSink = print,
                     env: dict[str, str] | None = None) -> LaunchResult:
     """Run the job to completion; raises :class:`TrainingFailed` (with the failing rank's traceback) on failure."""
+    _check_store(cfg)
     if not cfg.results:
         cfg = cfg.replace(results=str(Path(tempfile.mkdtemp(prefix="ntp-results-")) / "results.jsonl"))
     t0 = time.perf_counter()
@@ -83,6 +84,15 @@ def launch_training(cfg: TrainConfig, nproc: int = 1, *, nnodes: int = 1, node_r
                       timeout_s, on_line, env)
     model = Path(cfg.model_out) if cfg.model_out else None
     return LaunchResult(0, Path(cfg.results), model if model and model.exists() else None, time.perf_counter() - t0)
+
+
+def _check_store(cfg: TrainConfig) -> None:
+    """Fail on a missing or damaged store here, with the store's own message, before any worker starts."""
+    if not cfg.store:
+        raise ConfigError("no graph store given; pass --store PATH (build one with `ntp data prepare NAME`)")
+    from storage import open_store
+
+    open_store(cfg.store)
 
 
 def _run_in_process(cfg: TrainConfig) -> None:

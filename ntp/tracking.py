@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -68,12 +69,21 @@ def experiment_id(name: str, mlflow_client: Any = None) -> str:
     if exp is not None:
         return exp.experiment_id
     try:
-        return c.create_experiment(name)
+        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name))
     except MlflowException:
         exp = c.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+
+
+def _artifact_location(uri: str, name: str) -> str | None:
+    """Next to a sqlite database: ``<db dir>/mlartifacts/<name>`` (MLflow's default is ./mlruns in the current
+    directory, wherever that is). A server decides for itself (None)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "experiment"
+    return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / safe).resolve().as_uri()
 
 
 def run_url(run_id: str, uri: str | None = None) -> str:

@@ -6,6 +6,7 @@ import sys
 
 from ntp.config import ConfigError, add_config_arguments, config_from_args
 from ntp.launch import TrainingFailed, default_nproc, launch_training
+from storage import StoreError
 
 
 def add_train_command(subparsers) -> argparse.ArgumentParser:
@@ -35,7 +36,7 @@ def run_train(args: argparse.Namespace) -> int:
             cfg = cfg.replace(mode="tp" if nproc * args.nnodes > 1 else "single")
         result = launch_training(cfg, nproc, nnodes=args.nnodes, node_rank=args.node_rank,
                                  rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.job_timeout)
-    except ConfigError as exc:
+    except (ConfigError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except TrainingFailed as exc:

@@ -1,0 +1,112 @@
+"""The training loop on a real store: accuracy, torchrun launch, failures, resume, bad input."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from flows.cli import main as ntp_main
+from ntp.config import ConfigError, TrainConfig
+from ntp.dist import DistEnv
+from ntp.launch import TrainingFailed, launch_training
+from ntp.train import TrainingError, fit, setup
+from tests.ntp.graphs import loader, random_graph
+
+SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
+
+
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_tensor_parallel_cora_accuracy_matches_single(model: str, cora_store: str, tmp_path) -> None:
+    """Two torchrun ranks reach the single-process test accuracy on Cora (within 1 point), with balanced bytes."""
+    cfg = TrainConfig(store=cora_store, model=model, epochs=60, hidden=32, lr=0.02, eval_every=5, seed=1)
+    single = launch_training(cfg.replace(mode="single", results=str(tmp_path / "single.jsonl")), 1, on_line=lambda s: None)
+    tp = launch_training(cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl")), 2, on_line=lambda s: None,
+                         timeout_s=300)
+    ref, ours = _records(single.results_path), _records(tp.results_path)
+    assert ref[-1]["test_metric"] > 0.75, f"{model} on Cora should learn (test accuracy {ref[-1]['test_metric']})"
+    assert abs(ours[-1]["test_metric"] - ref[-1]["test_metric"]) <= 0.01
+    np.testing.assert_allclose([r["loss"] for r in ours[:-1]], [r["loss"] for r in ref[:-1]], rtol=1e-4)
+    workers = ours[0]["workers"]
+    assert [w["rank"] for w in workers] == [0, 1]
+    sent = [sum(w["bytes_sent"].values()) for w in workers]
+    assert max(sent) / min(sent) == 1.0
+    assert all(w["peak_mem_bytes"] > 0 and w["compute_s"] > 0 for w in workers)
+
+
+def test_crashed_rank_fails_the_job_promptly_with_its_traceback(cora_store: str, tmp_path) -> None:
+    cfg = TrainConfig(store=cora_store, mode="tp", epochs=50, fail_rank=1, fail_at_epoch=2, timeout_s=30,
+                      results=str(tmp_path / "r.jsonl"))
+    t0 = time.perf_counter()
+    with pytest.raises(TrainingFailed) as err:
+        launch_training(cfg, 2, on_line=lambda s: None, timeout_s=120)
+    assert time.perf_counter() - t0 < 60
+    message = str(err.value)
+    assert "injected failure on rank 1 at epoch 2" in message
+    assert "Traceback (most recent call last)" in message and "(rank 1)" in message
+
+
+def test_job_timeout_kills_every_worker(cora_store: str, tmp_path) -> None:
+    cfg = TrainConfig(store=cora_store, mode="tp", epochs=100000, results=str(tmp_path / "r.jsonl"))
+    with pytest.raises(TrainingFailed, match="timed out"):
+        launch_training(cfg, 2, on_line=lambda s: None, timeout_s=15)
+
+
+def test_resume_ends_like_an_uninterrupted_run(tmp_path) -> None:
+    graph = random_graph(n=80, d=9, classes=3, seed=7)
+    base = dict(model="gcn", epochs=8, hidden=8, dropout=0.5, checkpoint_every=3, eval_every=2, seed=2)
+    whole = fit(setup(TrainConfig(**base, results=str(tmp_path / "a.jsonl")), SINGLE, loader(graph)))
+    ckpt = str(tmp_path / "ckpt")
+    fit(setup(TrainConfig(**{**base, "epochs": 5}, checkpoint_dir=ckpt), SINGLE, loader(graph)))  # "interrupted"
+    resumed = fit(setup(TrainConfig(**base, checkpoint_dir=ckpt, resume=True, results=str(tmp_path / "b.jsonl")),
+                        SINGLE, loader(graph)))
+    a, b = _records(tmp_path / "a.jsonl"), _records(tmp_path / "b.jsonl")
+    assert [r["epoch"] for r in b[:-1]] == list(range(8))
+    assert [r["loss"] for r in b[:-1]] == pytest.approx([r["loss"] for r in a[:-1]], rel=1e-6)
+    assert (resumed["best_epoch"], resumed["test_metric"]) == (whole["best_epoch"], whole["test_metric"])
+
+
+def test_non_finite_loss_stops_with_the_epoch() -> None:
+    graph = random_graph(n=30, d=5, classes=2, seed=1)
+    graph["x"][3, 2] = np.nan
+    with pytest.raises(TrainingError, match="loss became nan at epoch 0"):
+        fit(setup(TrainConfig(epochs=3), SINGLE, loader(graph)))
+
+
+def test_saved_model_evaluates_to_the_training_result(cora_store: str, tmp_path) -> None:
+    from ntp.evaluate import evaluate_model
+
+    cfg = TrainConfig(store=cora_store, epochs=20, hidden=16, model_out=str(tmp_path / "model.pt"))
+    final = fit(setup(cfg, SINGLE))
+    metrics = evaluate_model(tmp_path / "model.pt", cora_store)
+    assert metrics["test"] == pytest.approx(final["test_metric"])
+    assert metrics["valid"] == pytest.approx(final["best_valid_metric"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model="gcnx"), "--model 'gcnx' is not valid; choose one of"),
+    (dict(model="appnp", arch="coupled"), "use --arch decoupled"),
+    (dict(dropout=1.0), "--dropout 1.0 must be in [0, 1)"),
+    (dict(epochs=0), "--epochs 0 must be at least 1"),
+    (dict(resume=True), "--resume needs --checkpoint-dir"),
+])
+def test_bad_config_says_how_to_fix_it(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**kwargs)
+    assert message in str(err.value)
+
+
+def test_cli_reports_bad_input_without_traceback(tmp_path, capsys) -> None:
+    assert ntp_main(["train", "--store", str(tmp_path / "missing"), "--mode", "single", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "ntp data prepare" in err and "Traceback" not in err
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text("model: sage\nhiddne: 3\n")
+    assert ntp_main(["train", "--config", str(cfg_file), "--store", "x"]) == 2
+    assert "unknown configuration keys ['hiddne']" in capsys.readouterr().err
