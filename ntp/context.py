@@ -6,7 +6,7 @@ from functools import cached_property
 import torch
 
 from ntp.aggregate import CSR, EdgeWeightedTopology, SparseOperator, gcn_values, mean_values, sum_values, with_self_loops
-from ntp.collectives import Comm
+from ntp.collectives import Comm, gather, split
 
 #: Propagation operators by name. "gcn": D^-1/2 (A+I) D^-1/2; "mean": D^-1 A (SAGE); "mean_self": D^-1 (A+I);
 #: "sum_root": A + I (GIN with eps = 0, existing self-loops kept as in PyG).
@@ -14,7 +14,13 @@ OPERATORS = ("gcn", "mean", "mean_self", "sum_root")
 
 
 class GraphContext:
-    """Per-rank state shared by all layers: the whole topology, the communicator, and the current step."""
+    """Per-rank state shared by all layers: the whole topology, the communicator, and the current step.
+
+    Models talk to the graph only through four methods, so the execution mode lives here, not in the models:
+    ``to_graph`` / ``from_graph`` move a row-layout matrix into and out of the *graph layout* (tensor parallel: the
+    column layout, via split and gather), ``propagate`` / ``propagate_weighted`` apply an operator in the graph
+    layout, and ``graph_cols`` says which columns of a matrix the graph layout holds here.
+    """
 
     def __init__(self, csr: CSR, comm: Comm, *, chunk_rows: int = 0, seed: int = 0) -> None:
         self.csr = csr
@@ -32,6 +38,25 @@ class GraphContext:
     def row_offset(self) -> int:
         return self.comm.layout.rows()[0]
 
+    # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
+    def to_graph(self, z: torch.Tensor) -> torch.Tensor:
+        return split(z, self.comm)
+
+    def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
+        return gather(h, self.comm, width)
+
+    def graph_cols(self, width: int) -> tuple[int, int]:
+        return self.comm.layout.cols(width)
+
+    def propagate(self, name: str, h: torch.Tensor) -> torch.Tensor:
+        """``A_name @ h`` in the graph layout."""
+        return self.operator(name)(h)
+
+    def propagate_weighted(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``A(values) @ h`` over the attention topology (in-edges plus self-loops), in the graph layout."""
+        return self.attention_topology.matmul(values, h)
+
+    # -- operators -------------------------------------------------------------------------------------------------
     def operator(self, name: str) -> SparseOperator:
         if name not in self._operators:
             self._operators[name] = self._build_operator(name)

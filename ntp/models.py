@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ntp.collectives import all_gather_rows, gather, split
+from ntp.collectives import all_gather_rows
 from ntp.config import TrainConfig
 from ntp.context import GraphContext
 from ntp.layers import MLP, RowDropout
@@ -52,13 +52,12 @@ class EdgeAttention(nn.Module):
 
 def propagate_heads(ctx: GraphContext, alpha: torch.Tensor, h_cols: torch.Tensor, width: int, head_dim: int) -> torch.Tensor:
     """Aggregate this rank's column slice of a ``width``-wide, head-major matrix with each column's head weights."""
-    c0, c1 = ctx.comm.layout.cols(width)
-    topo = ctx.attention_topology
+    c0, c1 = ctx.graph_cols(width)
     parts = []
     heads_here = range(c0 // head_dim, (c1 - 1) // head_dim + 1) if c1 > c0 else range(0)
     for head in heads_here:
         a, b = max(c0, head * head_dim) - c0, min(c1, (head + 1) * head_dim) - c0
-        parts.append(topo.matmul(alpha[:, head].contiguous(), h_cols[:, a:b]))
+        parts.append(ctx.propagate_weighted(alpha[:, head].contiguous(), h_cols[:, a:b]))
     return torch.cat(parts, dim=1) if parts else h_cols
 
 
@@ -75,25 +74,25 @@ class DecoupledGNN(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         z = self.mlp(x, ctx)
-        z_cols = split(z, ctx.comm)
+        z_cols = ctx.to_graph(z)
         h = self._propagate(z, z_cols, ctx)
-        return gather(h, ctx.comm, self.out_dim)
+        return ctx.from_graph(h, self.out_dim)
 
     def _propagate(self, z_rows: torch.Tensor, z_cols: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         if self.attention is not None:
             alpha = self.attention(z_rows, ctx, shared_heads=True)
-            topo, heads = ctx.attention_topology, alpha.shape[1]
+            heads = alpha.shape[1]
             out = 0
             for head in range(heads):
                 h = z_cols
                 for _ in range(self.steps):
-                    h = topo.matmul(alpha[:, head].contiguous(), h)
+                    h = ctx.propagate_weighted(alpha[:, head].contiguous(), h)
                 out = out + h
             return out / heads
-        op = ctx.operator(DECOUPLED_OPERATOR[self.model])
+        op = DECOUPLED_OPERATOR[self.model]
         h = z_cols
         for _ in range(self.steps):
-            h = (1 - self.alpha) * op(h) + self.alpha * z_cols if self.model == "appnp" else op(h)
+            h = (1 - self.alpha) * ctx.propagate(op, h) + self.alpha * z_cols if self.model == "appnp" else ctx.propagate(op, h)
         return h
 
 
@@ -108,8 +107,8 @@ class GCNLayer(nn.Module):
         self.out_dim = out_dim
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        h = split(self.lin(x), ctx.comm)
-        return gather(ctx.operator("gcn")(h), ctx.comm, self.out_dim) + self.bias
+        h = ctx.to_graph(self.lin(x))
+        return ctx.from_graph(ctx.propagate("gcn", h), self.out_dim) + self.bias
 
 
 class SAGELayer(nn.Module):
@@ -122,8 +121,8 @@ class SAGELayer(nn.Module):
         self.out_dim = out_dim
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        h = split(F.linear(x, self.lin_l.weight), ctx.comm)
-        agg = gather(ctx.operator("mean")(h), ctx.comm, self.out_dim)
+        h = ctx.to_graph(F.linear(x, self.lin_l.weight))
+        agg = ctx.from_graph(ctx.propagate("mean", h), self.out_dim)
         return agg + self.lin_l.bias + self.lin_r(x)
 
 
@@ -137,8 +136,8 @@ class GINLayer(nn.Module):
         self.hidden = hidden
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        h = split(F.linear(x, self.lin1.weight), ctx.comm)
-        agg = gather(ctx.operator("sum_root")(h), ctx.comm, self.hidden)
+        h = ctx.to_graph(F.linear(x, self.lin1.weight))
+        agg = ctx.from_graph(ctx.propagate("sum_root", h), self.hidden)
         return self.lin2(F.relu(agg + self.lin1.bias))
 
 
@@ -156,8 +155,8 @@ class GATLayer(nn.Module):
         z = self.lin(x)
         alpha = self.attention(z, ctx)
         width = self.heads * self.head_dim
-        h = propagate_heads(ctx, alpha, split(z, ctx.comm), width, self.head_dim)
-        out = gather(h, ctx.comm, width)
+        h = propagate_heads(ctx, alpha, ctx.to_graph(z), width, self.head_dim)
+        out = ctx.from_graph(h, width)
         if not self.concat:
             out = out.view(-1, self.heads, self.head_dim).mean(dim=1)
         return out + self.bias
