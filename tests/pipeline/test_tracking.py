@@ -75,6 +75,9 @@ def test_training_run_logs_parent_children_artifacts(tmp_path: Path) -> None:
             "model/model.pt", "model/model.json", "config/config.json", "config/config.yaml"} <= paths
     ds = parent.inputs.dataset_inputs[0].dataset
     assert ds.digest == "f" * 16 and ds.name == "fake-graph" and str(tmp_path) in ds.source
+    from tests.pipeline.conftest import ROOT
+
+    assert parent.info.artifact_uri.startswith((ROOT / "mlartifacts").resolve().as_uri())  # not ./mlruns
     path, info = tracking.download_model(run.run_id, tmp_path / "dl")
     assert path.read_bytes() == b"weights" and info["config"]["model"] == "gcn"
 
