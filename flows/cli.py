@@ -31,6 +31,10 @@ def build_parser(with_pipeline: bool = False) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(with_pipeline=argv[:1] == ["pipeline"]).parse_args(argv)
+    if args.command == "data":
+        from storage.cli import run  # turns StoreError and bad input into one line and exit code 2
+
+        return run(args)
     return int(args.func(args) or 0)
 
 
