@@ -122,7 +122,7 @@ def test_deployment_loop(tmp_path: Path) -> None:
         _wait_healthy(api, server, tmp_path / "server.log")
         _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
         _prefect(["work-pool", "set-concurrency-limit", "gpu-pool", "1"], env)
-        _prefect(["--no-prompt", "deploy", "--name", "pipeline"], env, timeout=180)
+        _prefect(["--no-prompt", "deploy", "--all"], env, timeout=180)
         out = _prefect(["deployment", "run", "pipeline/pipeline", "--params", json.dumps(params)], env)
         flow_run_id = UUID.findall(out)[-1]
         worker_cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu-pool", "--run-once"]
@@ -138,6 +138,9 @@ def test_deployment_loop(tmp_path: Path) -> None:
         assert deployment["work_pool_name"] == "gpu-pool"
         assert _get(f"{api}/work_pools/gpu-pool")["concurrency_limit"] == 1
         assert (deployment.get("global_concurrency_limit") or {}).get("limit") == 1, deployment
+        nightly = _get(f"{api}/deployments/name/pipeline/nightly-arxiv")
+        assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+        assert _get(f"{api}/deployments/name/train/train")["work_pool_name"] == "gpu-pool"
         assert Path(deployment["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"]) \
             == PROJECT
 
