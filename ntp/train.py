@@ -24,6 +24,7 @@ from ntp.collectives import Comm, all_reduce_gradients
 from ntp.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
 from ntp.context import GraphContext
 from ntp.data import GraphData, load_rank_data
+from ntp.data_parallel import DataParallelContext
 from ntp.dist import DistEnv, all_gather_objects, check_same_on_all_ranks, init_distributed, shutdown
 from ntp.evaluation import compute_metric
 from ntp.launch import FAILURE_BEGIN, FAILURE_END
@@ -70,7 +71,8 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
                             (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
     comm = Comm(layout, env.device, group=None)
     csr = CSR.from_numpy(data.indptr, data.indices)
-    ctx = GraphContext(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
+    ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
+    ctx = ctx_cls(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
     model = build_model(cfg, data.feature_dim, data.out_dim).to(env.device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
