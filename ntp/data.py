@@ -73,6 +73,9 @@ def from_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, splits: di
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     start, stop = Layout(n, world, rank).rows()
-    num_classes = int(y.max()) + 1 if y.ndim == 1 else y.shape[1]
+    if y.ndim == 1:  # class ids: multi-class accuracy
+        task = dict(num_classes=int(y.max()) + 1, task_type="multiclass", metric="acc")
+    else:  # 0/1 per task (NaN: unlabeled): ROC-AUC
+        task = dict(num_classes=y.shape[1], task_type="binary" if y.shape[1] == 1 else "multilabel", metric="rocauc")
     return GraphData(indptr=indptr, indices=src[order], features=np.ascontiguousarray(x[start:stop], np.float32),
-                     labels=y, splits=splits, feature_dim=x.shape[1], num_classes=num_classes, **kw)
+                     labels=y, splits=splits, feature_dim=x.shape[1], **{**task, **kw})

@@ -110,3 +110,42 @@ def test_cli_reports_bad_input_without_traceback(tmp_path, capsys) -> None:
     cfg_file.write_text("model: sage\nhiddne: 3\n")
     assert ntp_main(["train", "--config", str(cfg_file), "--store", "x"]) == 2
     assert "unknown configuration keys ['hiddne']" in capsys.readouterr().err
+
+
+def _binary_graph() -> dict:
+    graph = random_graph(n=90, d=7, classes=2, seed=11)
+    y = graph["y"].astype(np.float32).reshape(-1, 1)
+    y[::9] = np.nan  # unlabeled vertices are skipped by the loss and the metric
+    graph["y"] = y
+    return graph
+
+
+def binary_worker() -> list[float]:
+    from ntp.dist import init_distributed, shutdown
+
+    env = init_distributed(30)
+    try:
+        job = setup(TrainConfig(mode="tp", epochs=4, hidden=8, dropout=0.3), env, loader(_binary_graph()))
+        return [fit(job)["test_metric"], job.history[-1]["loss"]]
+    finally:
+        shutdown(env)
+
+
+def test_binary_task_trains_with_rocauc_and_tp_equals_single() -> None:
+    from tests.ntp.spawn import run_on_ranks
+
+    job = setup(TrainConfig(epochs=4, hidden=8, dropout=0.3), SINGLE, loader(_binary_graph()))
+    assert (job.data.task_type, job.data.metric) == ("binary", "rocauc")
+    single = fit(job)
+    assert 0.0 <= single["test_metric"] <= 1.0
+    for test_metric, loss in run_on_ranks(binary_worker, 2):
+        assert test_metric == pytest.approx(single["test_metric"], rel=1e-5)
+        assert loss == pytest.approx(job.history[-1]["loss"], rel=1e-5)
+
+
+def test_early_stopping_ends_after_patience_evaluations_without_progress() -> None:
+    graph = random_graph(n=60, d=6, classes=3, seed=3)
+    job = setup(TrainConfig(epochs=200, lr=0.5, patience=3, eval_every=1, hidden=4), SINGLE, loader(graph))
+    final = fit(job)
+    last = job.history[-1]["epoch"]
+    assert last < 199 and last == final["best_epoch"] + 3
