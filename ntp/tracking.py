@@ -243,13 +243,16 @@ def plot_curves(results: Results, path: str | Path) -> Path:
     epochs = [e["epoch"] for e in results.epochs]
     ax_loss.plot(epochs, [e.get("loss") for e in results.epochs], color="tab:red")
     ax_loss.set(xlabel="epoch", ylabel="loss", title="Training loss")
+    plotted = False
     for key, label in [("train_metric", "train"), ("valid_metric", "valid"), ("test_metric", "test")]:
         pts = [(e["epoch"], e[key]) for e in results.epochs if e.get(key) is not None]
         if pts:
             ax_metric.plot(*zip(*pts), marker=".", label=label)
+            plotted = True
     metric = (results.final or {}).get("metric") or "metric"
     ax_metric.set(xlabel="epoch", ylabel=metric, title="Train / valid / test")
-    ax_metric.legend(loc="lower right")
+    if plotted:
+        ax_metric.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     return Path(path)

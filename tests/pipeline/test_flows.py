@@ -115,5 +115,35 @@ def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[st
     assert f"store: {cora_store}" in out.out
 
     code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--epochs", "3", "--hidden", "16",
-                 "--fail-rank", "1", "--fail-at-epoch", "1", "--experiment", "cli-test"])
-    assert code == 1 and "pipeline failed" in capsys.readouterr().err
+                 "--fail-rank", "1", "--fail-at-epoch", "1", "--retries", "1", "--experiment", "cli-fail"])
+    assert code == 1 and "injected failure on rank 1" in capsys.readouterr().err
+    c = tracking.client()
+    runs = c.search_runs([c.get_experiment_by_name("cli-fail").experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"]  # the first attempt and its retry
+
+
+def test_job_timeout_kills_training_and_fails_run(cora_store: str) -> None:
+    need_engine()
+    from flows.params import LaunchOptions, TrainingOptions
+    from flows.train import train
+    from ntp.launch import TrainingFailed
+
+    start = time.monotonic()
+    with pytest.raises(TrainingFailed, match="timed out"):
+        train(store=cora_store, training=TrainingOptions(epochs=100000, hidden=16, eval_every=1000),
+              launch=LaunchOptions(nproc=2, timeout_s=8), experiment="timeout-test")
+    assert time.monotonic() - start < 60, "the job outlived its timeout by far"
+    c = tracking.client()
+    runs = c.search_runs([c.get_experiment_by_name("timeout-test").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_single_mode_runs_one_process(cora_store: str) -> None:
+    need_engine()
+    from flows.params import LaunchOptions, TrainingOptions
+    from flows.train import train
+
+    out = train(store=cora_store, training=TrainingOptions(mode="single", epochs=2, hidden=8),
+                launch=LaunchOptions(), experiment="single-test")
+    run = tracking.client().get_run(out["run_id"])
+    assert run.data.params["mode"] == "single" and run.data.params["world_size"] == "1"
