@@ -65,6 +65,7 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
     launch.add_argument("--rdzv-endpoint", default=None, help="rendezvous HOST:PORT for multi-node jobs")
     launch.add_argument("--job-timeout", type=float, default=None, help="kill the training job after SECONDS")
     launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")
+    launch.add_argument("--retry-delay", type=float, default=10.0, help="seconds between retries (default 10)")
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
     p.set_defaults(func=run_pipeline_cli)
     return p
@@ -86,7 +87,8 @@ def params_from_args(args: argparse.Namespace) -> Any:
         dataset=DatasetOptions(name=args.name, **dataset),
         training=TrainingOptions(**cfg),
         launch=LaunchOptions(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                             rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.job_timeout, retries=args.retries),
+                             rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.job_timeout, retries=args.retries,
+                             retry_delay_s=args.retry_delay),
         experiment=args.experiment,
     )
 

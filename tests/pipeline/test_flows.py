@@ -39,6 +39,7 @@ def test_pipeline_tracks_parent_children_metrics_plots_model(pipeline_result: di
                 "workers/bytes_sent_min", "eval/train", "eval/valid", "eval/test"):
         assert key in run.data.metrics, key
     assert 0.0 <= run.data.metrics["eval/test"] <= 1.0
+    assert any(k.startswith("system/") for k in run.data.metrics), "no system metrics"
     children = tracking.TrainingRun(run.info.run_id, run.info.experiment_id, c, tracking.tracking_uri()).children()
     assert sorted(ch.data.tags["ntp.rank"] for ch in children) == ["0", "1"]
     assert all(len(c.get_metric_history(ch.info.run_id, "compute_s")) == 3 for ch in children)
@@ -115,7 +116,7 @@ def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[st
     assert f"store: {cora_store}" in out.out
 
     code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--epochs", "3", "--hidden", "16",
-                 "--fail-rank", "1", "--fail-at-epoch", "1", "--retries", "1", "--experiment", "cli-fail"])
+                 "--fail-rank", "1", "--fail-at-epoch", "1", "--retries", "1", "--retry-delay", "0", "--experiment", "cli-fail"])
     assert code == 1 and "injected failure on rank 1" in capsys.readouterr().err
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("cli-fail").experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
