@@ -1,0 +1,108 @@
+"""Benchmark 2: single-process training epoch (forward, backward, Adam step) of 2-layer GCN and GAT.
+
+    python bench/epoch.py --quick
+    python bench/epoch.py --graphs synthetic cornell5 tolokers --size big --with-dgl
+
+ntp runs its own training step (ntp.train.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
+layers, decoupled = MLP then 2 propagation steps). PyG runs GCNConv(cached=True) / GATConv on edge_index (the way
+its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout,
+threads; features of the store (synthetic: 128 wide).
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common import base_parser, dgl_python, graph_stores, load_arrays, report, run_dgl, time_median
+
+
+def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int) -> float:
+    from ntp.config import TrainConfig
+    from ntp.dist import init_distributed
+    from ntp.train import setup, train_step
+
+    cfg = TrainConfig(store=str(store), model=model, arch=arch, hidden=hidden, heads=heads, nn_layers=2, prop_steps=2,
+                      dropout=0.5, threads=threads, mode="single")
+    job = setup(cfg, init_distributed(60))
+    epoch = iter(range(10**6))
+    return time_median(lambda: train_step(job, next(epoch)), repeats)[0]
+
+
+def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int) -> float:
+    from torch_geometric.nn import GATConv, GCNConv
+
+    n = len(a["indptr"]) - 1
+    dst = torch.repeat_interleave(torch.arange(n), torch.from_numpy(np.diff(a["indptr"])))
+    ei = torch.stack([torch.from_numpy(a["indices"]), dst])
+    x, y, train = torch.from_numpy(a["x"]), torch.from_numpy(a["y"]), torch.from_numpy(a["train"])
+    train = train[y[train] >= 0]
+    torch.manual_seed(0)
+    if model == "gcn":
+        layers = torch.nn.ModuleList([GCNConv(x.shape[1], hidden, cached=True), GCNConv(hidden, a["classes"], cached=True)])
+        act = F.relu
+    else:
+        layers = torch.nn.ModuleList([GATConv(x.shape[1], hidden // heads, heads), GATConv(hidden // heads * heads, a["classes"], 1)])
+        act = F.elu
+    opt = torch.optim.Adam(layers.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad()
+        h = act(layers[0](F.dropout(x, 0.5), ei))
+        out = layers[1](F.dropout(h, 0.5), ei)
+        F.cross_entropy(out[train], y[train]).backward()
+        opt.step()
+
+    return time_median(step, repeats)[0]
+
+
+def main() -> None:
+    p = base_parser(__doc__)
+    p.add_argument("--graphs", nargs="+", default=None, help="synthetic, cornell5, tolokers")
+    p.add_argument("--size", default=None, choices=["quick", "medium", "big"])
+    p.add_argument("--models", nargs="+", default=["gcn", "gat"])
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--with-dgl", action="store_true")
+    args = p.parse_args()
+    size = args.size or ("quick" if args.quick else "big")
+    graphs = args.graphs or (["synthetic"] if args.quick else ["synthetic", "cornell5", "tolokers"])
+    repeats = args.repeats or (3 if args.quick else 5)
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dgl_py, dgl_note = dgl_python(args.with_dgl) if args.with_dgl else (None, "not requested (--with-dgl)")
+    if dgl_py is None:
+        print(f"DGL: {dgl_note}")
+    rows = []
+    for gname, store in graph_stores(graphs, size).items():
+        a = load_arrays(store)
+        for model in args.models:
+            row = {"graph": gname, "model": model, "nodes": len(a["indptr"]) - 1, "edges": len(a["indices"]),
+                   "hidden": args.hidden, "threads": threads}
+            row["ntp_coupled_s"] = ntp_epoch(store, model, "coupled", args.hidden, args.heads, threads, repeats)
+            row["ntp_decoupled_s"] = ntp_epoch(store, model, "decoupled", args.hidden, args.heads, threads, repeats)
+            row["pyg_s"] = pyg_epoch(a, model, args.hidden, args.heads, repeats)
+            if dgl_py is not None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    npz = Path(tmp) / "g.npz"
+                    np.savez(npz, indptr=a["indptr"], indices=a["indices"], x=a["x"], y=np.maximum(a["y"], 0),
+                             train=a["train"][a["y"][a["train"]] >= 0])
+                    res = run_dgl(dgl_py, "dgl_worker.py", {"task": "epoch", "npz": str(npz), "model": model,
+                                                            "hidden": args.hidden, "heads": args.heads,
+                                                            "classes": a["classes"], "threads": threads,
+                                                            "repeats": repeats})
+                row["dgl_s"] = res["seconds"] if res else None
+            row["pyg/ntp_coupled"] = row["pyg_s"] / row["ntp_coupled_s"]
+            if row.get("dgl_s"):
+                row["dgl/ntp_coupled"] = row["dgl_s"] / row["ntp_coupled_s"]
+            rows.append(row)
+            print(row, flush=True)
+    report("epoch", rows, {"size": size, "hidden": args.hidden, "heads": args.heads, "repeats": repeats,
+                           "threads": threads, "dgl": dgl_note})
+
+
+if __name__ == "__main__":
+    main()
