@@ -19,7 +19,8 @@ class ModelFileError(ValueError):
 
 
 def evaluate_model(model_path: str | Path, store_path: str | Path) -> dict:
-    """Metrics of the saved model on train/valid/test: {"train", "valid", "test", "metric"}."""
+    """Metrics of a saved model (``--model-out`` file) or a checkpoint (``ckpt-*.pt`` in ``--checkpoint-dir``) on
+    train/valid/test: {"train", "valid", "test", "metric"}."""
     path = Path(model_path)
     if not path.is_file():
         raise ModelFileError(f"model file {path} does not exist; train with --model-out FILE to write one")
@@ -30,11 +31,12 @@ def evaluate_model(model_path: str | Path, store_path: str | Path) -> dict:
     cfg = TrainConfig.from_dict({**saved["config"], "store": str(store_path), "mode": "single", "resume": False,
                                  "results": None, "checkpoint_dir": None, "model_out": None})
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), None))
-    if (job.data.feature_dim, job.data.out_dim) != (saved["in_dim"], saved["out_dim"]):
-        raise ModelFileError(f"model {path} expects {saved['in_dim']} features and {saved['out_dim']} outputs but "
-                             f"store {store_path} has {job.data.feature_dim} and {job.data.out_dim}; "
-                             "evaluate it on the store it was trained on")
-    job.model.load_state_dict(saved["state_dict"])
+    weights = saved["state_dict"] if "state_dict" in saved else saved["model"]  # model file / checkpoint
+    try:
+        job.model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise ModelFileError(f"model {path} does not fit store {store_path} ({job.data.feature_dim} features, "
+                             f"{job.data.out_dim} outputs): evaluate it on the store it was trained on") from exc
     return {**evaluate_splits(job), "metric": job.data.metric}
 
 

@@ -82,11 +82,15 @@ def test_non_finite_loss_stops_with_the_epoch() -> None:
 def test_saved_model_evaluates_to_the_training_result(cora_store: str, tmp_path) -> None:
     from ntp.evaluate import evaluate_model
 
-    cfg = TrainConfig(store=cora_store, epochs=20, hidden=16, model_out=str(tmp_path / "model.pt"))
-    final = fit(setup(cfg, SINGLE))
+    cfg = TrainConfig(store=cora_store, epochs=20, hidden=16, model_out=str(tmp_path / "model.pt"),
+                      checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=20)
+    job = setup(cfg, SINGLE)
+    final = fit(job)
     metrics = evaluate_model(tmp_path / "model.pt", cora_store)
     assert metrics["test"] == pytest.approx(final["test_metric"])
     assert metrics["valid"] == pytest.approx(final["best_valid_metric"])
+    last = evaluate_model(tmp_path / "ckpt" / "ckpt-000019.pt", cora_store)  # a checkpoint: the last epoch's weights
+    assert last["test"] == pytest.approx(job.history[-1]["test_metric"])
 
 
 @pytest.mark.parametrize("kwargs, message", [
