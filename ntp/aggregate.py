@@ -6,7 +6,7 @@ GPU) can replace :func:`csr_matmul` and :func:`edge_dot` without touching the mo
 Conventions: ``A`` is stored as CSR over in-edges; row ``v`` lists the sources ``u`` of edges ``u -> v`` and
 ``(A @ H)[v] = sum_u A[v, u] H[u]``. The backward of ``A @ H`` is ``A^T @ G`` (never ``A @ G``: graphs may be
 directed), computed with a precomputed CSR of ``A^T``. Gradients never flow into fixed sparse values.
-Products run row block by row block (``chunk_rows``), so the memory of one product can be bounded.
+Products run row block by row block (the chunks of ntp.chunking), so the memory of one product can be bounded.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from ntp.chunking import in_phase
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -108,36 +110,113 @@ def sum_values(pattern: CSR) -> torch.Tensor:
 
 
 # -- operators ------------------------------------------------------------------------------------------------------
-def _row_blocks(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, n: int, chunk_rows: int,
-                device: torch.device) -> list[torch.Tensor]:
-    step = chunk_rows if chunk_rows > 0 else max(n, 1)
-    blocks = []
-    for r0 in range(0, n, step):
-        r1 = min(r0 + step, n)
-        e0, e1 = int(indptr[r0]), int(indptr[r1])
-        blocks.append(torch.sparse_csr_tensor(
-            (indptr[r0 : r1 + 1] - e0).to(device), indices[e0:e1].to(device), values[e0:e1].to(device),
-            size=(r1 - r0, n)))
-    return blocks
+def uniform_bounds(n: int, chunk_rows: int) -> list[int]:
+    """Row boundaries of chunks of ``chunk_rows`` rows (0: one chunk)."""
+    if chunk_rows <= 0 or chunk_rows >= n:
+        return [0, n]
+    return list(range(0, n, chunk_rows)) + [n]
 
 
-def _blockwise(blocks: list[torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-    if len(blocks) == 1:
-        return csr_matmul(blocks[0], h)
-    return torch.cat([csr_matmul(b, h) for b in blocks], dim=0)
+class RowBlocks:
+    """The row blocks of one CSR matrix cut at ``bounds``, as torch sparse CSR tensors on ``device``.
+
+    Resident (default): every block is built once and kept on the device. Offloaded (``offload=True``): the topology
+    stays in host memory (pinned on CUDA) and each block is copied to the device when it is needed; on CUDA the next
+    block's copy is issued on a separate stream while the current block computes. On CPU the offloaded form only
+    changes when blocks are built (per use, from views: no extra memory)."""
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, num_cols: int,
+                 bounds: list[int], device: torch.device, offload: bool = False) -> None:
+        self.bounds, self.num_cols, self.device, self.offload = list(bounds), num_cols, device, offload
+        self.num_rows = bounds[-1]
+        parts = []
+        for r0, r1 in self.ranges():
+            e0, e1 = int(indptr[r0]), int(indptr[r1])
+            parts.append((indptr[r0 : r1 + 1] - e0, indices[e0:e1], values[e0:e1]))
+        if offload and device.type == "cuda":
+            parts = [tuple(t.contiguous().pin_memory() for t in p) for p in parts]
+        self._host = parts if offload else None
+        self._blocks = None if offload else [self._build(tuple(t.to(device) for t in p), r1 - r0)
+                                             for p, (r0, r1) in zip(parts, self.ranges())]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self.bounds[:-1], self.bounds[1:]))
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def _build(self, part: tuple[torch.Tensor, ...], rows: int) -> torch.Tensor:
+        crow, col, val = part
+        return torch.sparse_csr_tensor(crow, col, val, size=(rows, self.num_cols))
+
+    def __iter__(self):
+        """``(r0, r1, block)`` for every chunk, in order."""
+        if self._blocks is not None:
+            for (r0, r1), block in zip(self.ranges(), self._blocks):
+                yield r0, r1, block
+        elif self.device.type == "cuda":
+            yield from self._stream_cuda()
+        else:
+            for (r0, r1), part in zip(self.ranges(), self._host):
+                yield r0, r1, self._build(part, r1 - r0)
+
+    def _stream_cuda(self):  # pragma: no cover - needs a GPU
+        copy_stream = torch.cuda.Stream(self.device)
+        compute_stream = torch.cuda.current_stream(self.device)
+
+        def prefetch(j: int):
+            copy_stream.wait_stream(compute_stream)  # never overwrite memory the compute stream still reads
+            with torch.cuda.stream(copy_stream):
+                tensors = tuple(t.to(self.device, non_blocking=True) for t in self._host[j])
+                done = torch.cuda.Event()
+                done.record(copy_stream)
+            return tensors, done
+
+        ranges = self.ranges()
+        pending = prefetch(0) if ranges else None
+        for j, (r0, r1) in enumerate(ranges):
+            tensors, done = pending
+            compute_stream.wait_event(done)
+            for t in tensors:
+                t.record_stream(compute_stream)  # allocated on the copy stream, used on the compute stream
+            pending = prefetch(j + 1) if j + 1 < len(ranges) else None
+            yield r0, r1, self._build(tensors, r1 - r0)
+
+    def matmul(self, h: torch.Tensor) -> torch.Tensor:
+        """``M @ h``, chunk by chunk, into one preallocated output (never a concatenation of copies)."""
+        if len(self) == 1:
+            (_, _, block), = iter(self)
+            return csr_matmul(block, h)
+        out = h.new_empty(self.num_rows, h.shape[1])
+        for r0, r1, block in self:
+            out[r0:r1] = csr_matmul(block, h)
+        return out
 
 
 class SparseOperator:
-    """A fixed sparse matrix ``A`` (values carry no gradient); :meth:`__call__` is ``A @ h`` with backward ``A^T @ g``."""
+    """A fixed sparse matrix ``A`` (values carry no gradient); :meth:`__call__` is ``A @ h`` with backward ``A^T @ g``.
 
-    def __init__(self, pattern: CSR, values: torch.Tensor, chunk_rows: int = 0, device: torch.device | None = None) -> None:
+    Both products run over the chunks of ``bounds`` (destination rows of ``A``; source rows of ``A^T``): one chunk
+    by default, ``chunk_rows`` rows each, or any boundaries from a chunk plan (ntp.chunking)."""
+
+    def __init__(self, pattern: CSR, values: torch.Tensor, chunk_rows: int = 0, device: torch.device | None = None,
+                 *, bounds: list[int] | None = None, offload: bool = False) -> None:
         device = device or torch.device("cpu")
         self.num_nodes = pattern.num_nodes
         self.nnz = pattern.num_edges
+        self.bounds = list(bounds) if bounds is not None else uniform_bounds(pattern.num_nodes, chunk_rows)
         self.chunk_rows = chunk_rows
         t, perm = transpose(pattern)
-        self.forward_blocks = _row_blocks(pattern.indptr, pattern.indices, values, pattern.num_nodes, chunk_rows, device)
-        self.backward_blocks = _row_blocks(t.indptr, t.indices, values[perm], t.num_nodes, chunk_rows, device)
+        n = pattern.num_nodes
+        #: kept for schedules that need the pattern (ntp.pipelining: which sources each chunk needs)
+        self.pattern, self.transposed = pattern, t
+        self.phases = None  #: a ntp.chunking.PhaseMemory, set by the context that records peak memory per phase
+        self.forward_blocks = RowBlocks(pattern.indptr, pattern.indices, values, n, self.bounds, device, offload)
+        self.backward_blocks = RowBlocks(t.indptr, t.indices, values[perm], n, self.bounds, device, offload)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.bounds) - 1
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         return _FixedSpMM.apply(h, self)
@@ -147,18 +226,22 @@ class _FixedSpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, op: SparseOperator) -> torch.Tensor:
         ctx.op = op
-        return _blockwise(op.forward_blocks, h)
+        with in_phase(op.phases):
+            return op.forward_blocks.matmul(h)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _blockwise(ctx.op.backward_blocks, grad.contiguous()), None
+        with in_phase(ctx.op.phases):
+            return ctx.op.backward_blocks.matmul(grad.contiguous()), None
 
 
 class EdgeWeightedTopology:
     """A pattern whose edge values are computed (attention): ``A(values) @ h`` with gradients for both."""
 
-    def __init__(self, pattern: CSR, device: torch.device | None = None) -> None:
+    def __init__(self, pattern: CSR, device: torch.device | None = None, bounds: list[int] | None = None) -> None:
         self.device = device or torch.device("cpu")
+        self.bounds = list(bounds) if bounds is not None else [0, pattern.num_nodes]
+        self.phases = None  #: a ntp.chunking.PhaseMemory (peak memory per phase), set by the context
         self.pattern = pattern
         self.num_nodes = pattern.num_nodes
         t, perm = transpose(pattern)
@@ -186,8 +269,8 @@ class _EdgeWeightedSpMM(torch.autograd.Function):
     def forward(ctx, values: torch.Tensor, h: torch.Tensor, topo: EdgeWeightedTopology) -> torch.Tensor:
         ctx.topo = topo
         ctx.save_for_backward(values, h)
-        a = torch.sparse_csr_tensor(topo.indptr, topo.src, values, size=(topo.num_nodes, topo.num_nodes))
-        return csr_matmul(a, h)
+        with in_phase(topo.phases):
+            return _chunked_matmul(topo.indptr, topo.src, values, topo.bounds, h)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -195,10 +278,23 @@ class _EdgeWeightedSpMM(torch.autograd.Function):
         topo = ctx.topo
         grad = grad.contiguous()
         grad_values = grad_h = None
-        if ctx.needs_input_grad[1]:
-            at = torch.sparse_csr_tensor(topo.t_indptr, topo.t_indices, values[topo.perm],
-                                         size=(topo.num_nodes, topo.num_nodes))
-            grad_h = csr_matmul(at, grad)
-        if ctx.needs_input_grad[0]:
-            grad_values = edge_dot(grad, h, topo.dst, topo.src)
+        with in_phase(topo.phases):
+            if ctx.needs_input_grad[1]:
+                grad_h = _chunked_matmul(topo.t_indptr, topo.t_indices, values[topo.perm], topo.bounds, grad)
+            if ctx.needs_input_grad[0]:
+                grad_values = edge_dot(grad, h, topo.dst, topo.src)
         return grad_values, grad_h, None
+
+
+def _chunked_matmul(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, bounds: list[int],
+                    h: torch.Tensor) -> torch.Tensor:
+    """``M @ h`` for CSR ``(indptr, indices, values)``, row block by row block (blocks built from views)."""
+    n = indptr.shape[0] - 1
+    if len(bounds) == 2:
+        return csr_matmul(torch.sparse_csr_tensor(indptr, indices, values, size=(n, h.shape[0])), h)
+    out = h.new_empty(n, h.shape[1])
+    for r0, r1 in zip(bounds[:-1], bounds[1:]):
+        e0, e1 = int(indptr[r0]), int(indptr[r1])
+        block = torch.sparse_csr_tensor(indptr[r0 : r1 + 1] - e0, indices[e0:e1], values[e0:e1], size=(r1 - r0, h.shape[0]))
+        out[r0:r1] = csr_matmul(block, h)
+    return out

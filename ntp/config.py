@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -61,7 +62,12 @@ class TrainConfig:
     checkpoint_every: int = opt(10, "Write a checkpoint every N epochs (needs checkpoint_dir).")
     model_out: str | None = opt(None, "Where rank 0 saves the best model (weights + config) at the end of training.")
     resume: bool = opt(False, "Continue from the latest checkpoint in checkpoint_dir.")
-    chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: whole graph in one chunk).")
+    chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
+    memory_budget: str = opt("", "Memory for one aggregation chunk's working set, e.g. 8GB or 512MB; chunks are the "
+                                 "largest that fit (default: free GPU memory with a margin; no chunking on CPU).")
+    pipeline: bool = opt(False, "Tensor parallel, decoupled: split and gather per chunk as asynchronous collectives "
+                                "overlapping aggregation; sources already received are not sent again.")
+    offload: bool = opt(False, "Keep the topology in (pinned) host memory and stream it chunk by chunk to the GPU.")
     timeout_s: float = opt(300.0, "Timeout of every collective; a rank that waits longer fails the job.")
     threads: int = opt(0, "Intra-op threads per rank (0: cores / ranks on this node).")
     fail_at_epoch: int = opt(-1, "Testing aid: this rank fails (raises) at this epoch; see fail_rank.")
@@ -92,8 +98,17 @@ class TrainConfig:
             raise ConfigError(f"--model {self.model} is decoupled by nature; use --arch decoupled (or a coupled model: gcn, sage, gin, gat)")
         if self.arch == "decoupled" and self.prop_steps == 0 and self.model == "gat":
             raise ConfigError("--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)")
+        parse_bytes(self.memory_budget, "--memory-budget")
+        if self.pipeline and (self.arch != "decoupled" or self.mode == "data"):
+            raise ConfigError("--pipeline overlaps the split and gather of decoupled tensor parallelism; use it with "
+                              "--arch decoupled --mode tp (or drop --pipeline)")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        """``memory_budget`` in bytes (0: not given)."""
+        return parse_bytes(self.memory_budget, "--memory-budget")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -116,6 +131,28 @@ class TrainConfig:
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
         return cls.from_dict({**load_config_file(path), **overrides})
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: str | int, flag: str = "--memory-budget") -> int:
+    """``"8GB"``, ``"512MiB"``, ``"1.5g"`` or a plain byte count -> bytes; empty -> 0 (not given)."""
+    if isinstance(text, int):
+        value, unit = float(text), ""
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not str(text).strip():
+            return 0
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{flag} {text!r} is not a size; write a number with a unit, e.g. {flag} 8GB "
+                              f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    nbytes = int(value * _UNITS[unit])
+    if nbytes <= 0:
+        raise ConfigError(f"{flag} {text!r} must be positive, e.g. {flag} 8GB")
+    return nbytes
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

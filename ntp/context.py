@@ -6,7 +6,10 @@ from functools import cached_property
 import torch
 
 from ntp.aggregate import CSR, EdgeWeightedTopology, SparseOperator, gcn_values, mean_values, sum_values, with_self_loops
+from ntp.chunking import EDGE_BYTES, ChunkPlan, OverlapClock, PhaseMemory, make_plan
 from ntp.collectives import Comm, gather, split
+from ntp.partition import ceil_div
+from ntp.pipelining import PipelinedOperator, propagate_gather, split_propagate
 
 #: Propagation operators by name. "gcn": D^-1/2 (A+I) D^-1/2; "mean": D^-1 A (SAGE); "mean_self": D^-1 (A+I);
 #: "sum_root": A + I (GIN with eps = 0, existing self-loops kept as in PyG).
@@ -22,13 +25,58 @@ class GraphContext:
     layout, and ``graph_cols`` says which columns of a matrix the graph layout holds here.
     """
 
-    def __init__(self, csr: CSR, comm: Comm, *, chunk_rows: int = 0, seed: int = 0) -> None:
+    def __init__(self, csr: CSR, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
+                 width: int = 0, pipeline: bool = False, offload: bool = False, dedup: bool = True) -> None:
+        """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.chunking; ``width``: the widest
+        matrix propagated, for the budget); ``pipeline``: decoupled propagation with per-chunk asynchronous split and
+        gather (ntp.pipelining), ``dedup`` sends every source row once; ``offload``: topology streamed from host."""
         self.csr = csr
         self.comm = comm
         self.chunk_rows = chunk_rows
+        self.memory_budget = memory_budget
+        self.width = width
+        self.pipeline = pipeline
+        self.offload = offload
+        self.dedup = dedup
         self.seed = seed
         self.step = 0  #: training step (epoch): part of the dropout key, so masks are reproducible on resume
         self._operators: dict[str, SparseOperator] = {}
+        self._pipelined: dict = {}
+        self.memory = PhaseMemory(comm.device)  #: peak memory per phase ("nn", "propagate")
+        self.clock = OverlapClock()  #: time collectives were in flight while this rank computed
+
+    def configure(self, *, memory_budget: int | None = None, width: int | None = None, pipeline: bool | None = None,
+                  offload: bool | None = None, dedup: bool | None = None) -> None:
+        """Set chunking options after construction (before the first propagation)."""
+        if self._operators or "plan" in self.__dict__:
+            raise RuntimeError("chunk options must be set before the first propagation")
+        for name, value in dict(memory_budget=memory_budget, width=width, pipeline=pipeline, offload=offload,
+                                dedup=dedup).items():
+            if value is not None:
+                setattr(self, name, value)
+
+    # -- chunks and instrumentation ----------------------------------------------------------------------------------
+    @cached_property
+    def plan(self) -> ChunkPlan:
+        """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
+        slice_width = ceil_div(max(self.width, 1), self.comm.world)
+        resident = 0 if self.offload else 2 * (self.csr.num_edges + self.csr.num_nodes) * EDGE_BYTES
+        return make_plan(self.csr.indptr, self.csr.indices, self.csr.num_nodes, chunk_rows=self.chunk_rows,
+                         memory_budget=self.memory_budget, width=slice_width, device=self.device,
+                         resident_bytes=resident)
+
+    def reset_stats(self) -> None:
+        """Start an epoch's instrumentation (peak memory per phase, overlap)."""
+        self.memory.reset()
+        self.clock.reset()
+
+    def worker_stats(self) -> dict:
+        """What this context adds to the worker record of an epoch."""
+        phases = self.memory.snapshot()
+        stats = {"chunks": self.plan.num_chunks, "overlap_s": self.clock.overlap_s, "peak_mem_by_phase": phases}
+        if phases:  # resetting per-phase peaks also resets the epoch's: the epoch peak is the largest phase peak
+            stats["peak_mem_bytes"] = max(phases.values())
+        return stats
 
     @property
     def device(self) -> torch.device:
@@ -51,6 +99,29 @@ class GraphContext:
     def propagate(self, name: str, h: torch.Tensor) -> torch.Tensor:
         """``A_name @ h`` in the graph layout."""
         return self.operator(name)(h)
+
+    def propagate_rows(self, name: str, z: torch.Tensor, steps: int, alpha: float | None = None) -> torch.Tensor:
+        """``gather(P^steps(split(z)))`` from the row layout back to it, with ``P(h) = A h`` or, given ``alpha``,
+        ``P(h) = (1 - alpha) A h + alpha split(z)`` (APPNP). Tensor parallel with ``pipeline``: the first step is
+        fused with the split and the last with the gather, chunk by chunk (ntp.pipelining); same values."""
+        width = z.shape[1]
+        if not (self.pipeline and self.comm.world > 1 and steps > 0 and type(self).to_graph is GraphContext.to_graph):
+            z_cols = self.to_graph(z)
+            h = z_cols
+            for _ in range(steps):
+                h = _mix(self.propagate(name, h), z_cols, alpha)
+            return self.from_graph(h, width)
+        pop = self.pipelined_operator(name)
+        if steps == 1:
+            z_cols = self.to_graph(z)
+            h = z_cols
+        else:
+            p, z_cols = split_propagate(z, pop)
+            h = _mix(p, z_cols, alpha)
+            for _ in range(steps - 2):
+                h = _mix(self.propagate(name, h), z_cols, alpha)
+        last = propagate_gather(h, pop, width)
+        return last if alpha is None else (1 - alpha) * last + alpha * z  # gather(split(z)) is z, exactly
 
     def propagate_weighted(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """``A(values) @ h`` over the attention topology (in-edges plus self-loops), in the graph layout."""
@@ -76,9 +147,24 @@ class GraphContext:
             values = sum_values(pattern)
         else:
             raise ValueError(f"unknown operator {name!r}; known: {OPERATORS}")
-        return SparseOperator(pattern, values, self.chunk_rows, self.device)
+        op = SparseOperator(pattern, values, device=self.device, bounds=self.plan.bounds, offload=self.offload)
+        op.phases = self.memory
+        return op
+
+    def pipelined_operator(self, name: str) -> PipelinedOperator:
+        """The operator with its per-chunk exchange schedules (built once per operator)."""
+        if name not in self._pipelined:
+            self._pipelined[name] = PipelinedOperator(self.operator(name), self.comm, self.clock, self.memory,
+                                                      dedup=self.dedup)
+        return self._pipelined[name]
 
     @cached_property
     def attention_topology(self) -> EdgeWeightedTopology:
         """In-edges plus one self-loop per vertex (as GATConv), for attention-weighted propagation."""
-        return EdgeWeightedTopology(with_self_loops(self.csr), self.device)
+        topo = EdgeWeightedTopology(with_self_loops(self.csr), self.device, bounds=self.plan.bounds)
+        topo.phases = self.memory
+        return topo
+
+
+def _mix(p: torch.Tensor, z_cols: torch.Tensor, alpha: float | None) -> torch.Tensor:
+    return p if alpha is None else (1 - alpha) * p + alpha * z_cols

@@ -74,26 +74,23 @@ class DecoupledGNN(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         z = self.mlp(x, ctx)
+        if self.attention is None:  # split, K steps, gather: one call, so the context may pipeline it
+            alpha = self.alpha if self.model == "appnp" else None
+            return ctx.propagate_rows(DECOUPLED_OPERATOR[self.model], z, self.steps, alpha)
         z_cols = ctx.to_graph(z)
-        h = self._propagate(z, z_cols, ctx)
+        h = self._attend(z, z_cols, ctx)
         return ctx.from_graph(h, self.out_dim)
 
-    def _propagate(self, z_rows: torch.Tensor, z_cols: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        if self.attention is not None:
-            alpha = self.attention(z_rows, ctx, shared_heads=True)
-            heads = alpha.shape[1]
-            out = 0
-            for head in range(heads):
-                h = z_cols
-                for _ in range(self.steps):
-                    h = ctx.propagate_weighted(alpha[:, head].contiguous(), h)
-                out = out + h
-            return out / heads
-        op = DECOUPLED_OPERATOR[self.model]
-        h = z_cols
-        for _ in range(self.steps):
-            h = (1 - self.alpha) * ctx.propagate(op, h) + self.alpha * z_cols if self.model == "appnp" else ctx.propagate(op, h)
-        return h
+    def _attend(self, z_rows: torch.Tensor, z_cols: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        alpha = self.attention(z_rows, ctx, shared_heads=True)
+        heads = alpha.shape[1]
+        out = 0
+        for head in range(heads):
+            h = z_cols
+            for _ in range(self.steps):
+                h = ctx.propagate_weighted(alpha[:, head].contiguous(), h)
+            out = out + h
+        return out / heads
 
 
 # -- coupled architecture (naive tensor parallelism) ---------------------------------------------------------------

@@ -73,6 +73,8 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     csr = CSR.from_numpy(data.indptr, data.indices)
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
     ctx = ctx_cls(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
+    ctx.configure(memory_budget=cfg.memory_budget_bytes, pipeline=cfg.pipeline, offload=cfg.offload,
+                  width=data.out_dim if cfg.arch == "decoupled" else max(cfg.hidden, data.out_dim))
     model = build_model(cfg, data.feature_dim, data.out_dim).to(env.device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -163,13 +165,14 @@ def fit(job: Job) -> dict:
             raise TrainingError(f"injected failure on rank {env.rank} at epoch {epoch} (--fail-rank/--fail-at-epoch)")
         job.comm.stats.reset()
         reset_peak_memory(env.device)
+        job.ctx.reset_stats()
         t0 = time.perf_counter()
         loss = train_step(job, epoch)
         epoch_s = time.perf_counter() - t0
         if not np.isfinite(loss):
             raise TrainingError(f"loss became {loss} at epoch {epoch}; lower --lr (now {cfg.lr}) or check the "
                                 f"store's features for NaN/inf (`ntp data info {cfg.store}`)")
-        worker = worker_record(env.rank, epoch_s, job.comm.stats, env.device)
+        worker = {**worker_record(env.rank, epoch_s, job.comm.stats, env.device), **job.ctx.worker_stats()}
         metrics = {}
         if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
             metrics = evaluate_splits(job)

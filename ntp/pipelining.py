@@ -1,0 +1,223 @@
+"""Inter-chunk pipelining for decoupled tensor parallelism (../shared/design/tensor-parallel.md, "Inter-chunk
+pipelining").
+
+Unpipelined, propagation is ``gather(A^K split(Z))``: one all-to-all moves all of ``Z`` before any aggregation
+starts, and the gather starts after the last aggregation ends. Pipelined, the first propagation step is fused with
+the split and the last with the gather, chunk by chunk (the chunks of ntp.chunking):
+
+- :func:`split_propagate`: for chunk ``j`` only the source rows that no earlier chunk needed are sent (each row
+  once, with the receiver's column slice); the all-to-all of chunk ``j+1`` is in flight while chunk ``j``
+  aggregates. Rows no chunk needs arrive last (APPNP's teleport term still needs every row of ``Z``).
+- :func:`propagate_gather`: chunk ``j``'s output rows are sent to their owners as soon as they are computed, while
+  chunk ``j+1`` aggregates.
+
+Each is the other's backward with ``A^T`` in place of ``A``: the backward of ``split_propagate`` aggregates
+``A^T g`` chunk by chunk and gathers it; the backward of ``propagate_gather`` splits ``g`` with the source schedule
+of ``A^T``. Collectives are ``all_to_all_single(..., async_op=True)`` with exact (unpadded) split sizes; bytes are
+counted as sent under the kinds ``split`` and ``gather``. Results equal the unpipelined path: every output row is
+the same row-by-row product over the same values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ntp.aggregate import RowBlocks, SparseOperator, csr_matmul
+from ntp.chunking import ChunkPlan, OverlapClock, PhaseMemory, SourceSchedule, in_phase, now, source_schedule
+from ntp.collectives import Comm
+from ntp.metrics import GATHER, SPLIT
+
+
+@dataclass
+class _Exchange:
+    """Per chunk of a split schedule: the new sources, how many each rank owns, and this rank's share (local ids)."""
+
+    sources: torch.Tensor  # sorted global ids (so grouped by owner)
+    counts: list[int]  # rows owned by each rank
+    mine: torch.Tensor  # local row ids of this rank's share
+
+
+def _exchanges(schedule: SourceSchedule, comm: Comm, device: torch.device) -> list[_Exchange]:
+    lay = comm.layout
+    inner = torch.tensor(lay.row_bounds[1:-1], dtype=torch.int64)
+    r0, r1 = lay.rows()
+    out = []
+    for src in schedule.new_sources:
+        counts = torch.bincount(torch.bucketize(src, inner, right=True), minlength=comm.world).tolist()
+        mine = src[(src >= r0) & (src < r1)] - r0
+        out.append(_Exchange(src.to(device), counts, mine.to(device)))
+    return out
+
+
+class PipelinedOperator:
+    """A :class:`SparseOperator` with the per-chunk exchanges of its pipelined split (for ``A``) and of the split in
+    its backward (for ``A^T``), computed once from the topology, identical in shape on every rank."""
+
+    def __init__(self, op: SparseOperator, comm: Comm, clock: OverlapClock, phases: PhaseMemory | None = None,
+                 dedup: bool = True) -> None:
+        self.op, self.comm, self.clock, self.phases = op, comm, clock, phases
+        plan = ChunkPlan(op.bounds)
+        fwd = source_schedule(op.pattern.indptr, op.pattern.indices, plan, dedup)
+        bwd = source_schedule(op.transposed.indptr, op.transposed.indices, plan, dedup)
+        self.forward_exchanges = _exchanges(fwd, comm, comm.device)
+        self.backward_exchanges = _exchanges(bwd, comm, comm.device)
+        # rows of each chunk owned by each rank (the gather side)
+        self.chunk_owner_rows = [_intersections(a, b, comm.layout.row_bounds) for a, b in plan.ranges()]
+
+
+def _intersections(a: int, b: int, row_bounds: list[int]) -> list[tuple[int, int]]:
+    return [(max(a, lo), min(b, hi)) if max(a, lo) < min(b, hi) else (0, 0)
+            for lo, hi in zip(row_bounds[:-1], row_bounds[1:])]
+
+
+# -- asynchronous all-to-alls, timed and counted ----------------------------------------------------------------------
+class _InFlight:
+    def __init__(self, comm: Comm, clock: OverlapClock, kind: str, recv: torch.Tensor, send: torch.Tensor,
+                 out_splits: list[int], in_splits: list[int]) -> None:
+        self.comm, self.clock, self.kind, self.recv = comm, clock, kind, recv
+        rank, size = comm.rank, recv.element_size()
+        self.sent = (sum(in_splits) - in_splits[rank]) * size  # the block kept locally is not sent
+        self.received = (sum(out_splits) - out_splits[rank]) * size
+        self.done_at: list[float] = []
+        t0 = now()
+        self.work = dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits,
+                                           group=comm.group, async_op=True)
+        self.issued = now()
+        self.issue_s = self.issued - t0
+        try:  # completion time, where the backend reports it
+            self.work.get_future().then(lambda _f: self.done_at.append(now()))
+        except (RuntimeError, AttributeError):
+            pass
+
+    def wait(self) -> torch.Tensor:
+        t0 = now()
+        self.work.wait()
+        t1 = now()
+        finished = min(self.done_at[0], t0) if self.done_at else t0
+        self.clock.overlap_s += max(0.0, finished - self.issued)  # in flight while this rank computed
+        self.clock.async_calls += 1
+        self.comm.stats.add(self.kind, self.issue_s + (t1 - t0), self.sent, self.received)  # exposed time only
+        return self.recv
+
+
+def _start_split(comm: Comm, clock: OverlapClock, x_rows: torch.Tensor, ex: _Exchange, col_b: list[int],
+                 kind: str) -> _InFlight | None:
+    if ex.sources.numel() == 0:  # every rank knows: nothing to exchange for this chunk
+        return None
+    m, r = comm.world, comm.rank
+    widths = [col_b[q + 1] - col_b[q] for q in range(m)]
+    local = x_rows[ex.mine]
+    send = torch.cat([local[:, col_b[q] : col_b[q + 1]].reshape(-1) for q in range(m)])
+    in_splits = [ex.counts[r] * widths[q] for q in range(m)]
+    out_splits = [ex.counts[q] * widths[r] for q in range(m)]
+    recv = x_rows.new_empty(sum(out_splits))
+    return _InFlight(comm, clock, kind, recv, send, out_splits, in_splits)
+
+
+def _place_split(zc: torch.Tensor, ex: _Exchange, flight: _InFlight | None) -> None:
+    if flight is not None:
+        zc[ex.sources] = flight.wait().view(-1, zc.shape[1])  # sources sorted: rank order = id order
+
+
+def split_then_apply(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: RowBlocks, exchanges: list[_Exchange],
+                     kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(M @ split(x), split(x))`` with the split issued chunk by chunk, one chunk ahead of the aggregation."""
+    comm, clock = pop.comm, pop.clock
+    lay = comm.layout
+    width = x_rows.shape[1]
+    col_b = lay.col_bounds(width)
+    c0, c1 = lay.cols(width)
+    x_rows = x_rows.contiguous()
+    zc = x_rows.new_zeros(lay.num_nodes, c1 - c0)
+    out = x_rows.new_empty(lay.num_nodes, c1 - c0)
+    pending = _start_split(comm, clock, x_rows, exchanges[0], col_b, kind)
+    for j, (r0, r1, block) in enumerate(blocks):
+        ahead = _start_split(comm, clock, x_rows, exchanges[j + 1], col_b, kind)  # j + 1 may be the remainder
+        _place_split(zc, exchanges[j], pending)
+        with in_phase(pop.phases):
+            out[r0:r1] = csr_matmul(block, zc)
+        pending = ahead
+    _place_split(zc, exchanges[-1], pending)
+    return out, zc
+
+
+def apply_then_gather(pop: PipelinedOperator, h_cols: torch.Tensor, blocks: RowBlocks, width: int,
+                      extra: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """``gather(M @ h + extra)`` with each chunk's rows sent to their owners while the next chunk aggregates."""
+    comm, clock = pop.comm, pop.clock
+    lay, m, r = comm.layout, comm.world, comm.rank
+    col_b = lay.col_bounds(width)
+    widths = [col_b[q + 1] - col_b[q] for q in range(m)]
+    own0 = lay.rows()[0]
+    out_rows = h_cols.new_empty(lay.num_rows(), width)
+    h_cols = h_cols.contiguous()
+
+    def place(j: int, flight: _InFlight) -> None:
+        a, b = pop.chunk_owner_rows[j][r]
+        if b > a:
+            parts = flight.wait().split([(b - a) * widths[q] for q in range(m)])
+            for q in range(m):
+                out_rows[a - own0 : b - own0, col_b[q] : col_b[q + 1]] = parts[q].view(b - a, widths[q])
+        else:
+            flight.wait()
+
+    pending: tuple[int, _InFlight] | None = None
+    for j, (r0, r1, block) in enumerate(blocks):
+        with in_phase(pop.phases):
+            y = csr_matmul(block, h_cols)
+            if extra is not None:
+                y = y + extra[r0:r1]
+        owners = pop.chunk_owner_rows[j]
+        send = torch.cat([y[a - r0 : b - r0].reshape(-1) for a, b in owners])
+        in_splits = [(b - a) * widths[r] for a, b in owners]
+        a_r, b_r = owners[r]
+        out_splits = [(b_r - a_r) * widths[q] for q in range(m)]
+        flight = _InFlight(comm, clock, kind, y.new_empty(sum(out_splits)), send, out_splits, in_splits)
+        if pending is not None:
+            place(*pending)
+        pending = (j, flight)
+    if pending is not None:
+        place(*pending)
+    return out_rows
+
+
+# -- autograd: each backward is the other's forward over A^T ------------------------------------------------------------
+class _SplitPropagate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_rows: torch.Tensor, pop: PipelinedOperator):
+        ctx.pop, ctx.width = pop, x_rows.shape[1]
+        ctx.set_materialize_grads(False)
+        return split_then_apply(pop, x_rows, pop.op.forward_blocks, pop.forward_exchanges, SPLIT)
+
+    @staticmethod
+    def backward(ctx, g_out: torch.Tensor | None, g_zc: torch.Tensor | None):
+        pop = ctx.pop
+        if g_out is None:
+            g_out = torch.zeros_like(g_zc)
+        extra = None if g_zc is None else g_zc.contiguous()
+        return apply_then_gather(pop, g_out.contiguous(), pop.op.backward_blocks, ctx.width, extra, GATHER), None
+
+
+class _PropagateGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_cols: torch.Tensor, pop: PipelinedOperator, width: int):
+        ctx.pop = pop
+        return apply_then_gather(pop, h_cols, pop.op.forward_blocks, width, None, GATHER)
+
+    @staticmethod
+    def backward(ctx, g_rows: torch.Tensor):
+        pop = ctx.pop
+        out, _ = split_then_apply(pop, g_rows.contiguous(), pop.op.backward_blocks, pop.backward_exchanges, SPLIT)
+        return out, None, None
+
+
+def split_propagate(x_rows: torch.Tensor, pop: PipelinedOperator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A @ split(x), split(x))``: the split pipelined with the first propagation step."""
+    return _SplitPropagate.apply(x_rows, pop)
+
+
+def propagate_gather(h_cols: torch.Tensor, pop: PipelinedOperator, width: int) -> torch.Tensor:
+    """``gather(A @ h)``: the last propagation step pipelined with the gather."""
+    return _PropagateGather.apply(h_cols, pop, width)

@@ -1,0 +1,205 @@
+"""Chunked execution and inter-chunk pipelining never change results; plans fit their budget; bytes are honest."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ntp.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
+from ntp.chunking import MemoryBudgetError, budget_plan, row_costs, source_schedule, uniform_plan
+from ntp.config import ConfigError, TrainConfig, parse_bytes
+from ntp.cost import decoupled_bytes
+from ntp.dist import DistEnv
+from ntp.train import fit, setup
+from tests.ntp.exactness_worker import trace_all
+from tests.ntp.graphs import loader, random_graph
+from tests.ntp.spawn import run_on_ranks
+from tests.ntp.test_exactness import assert_close_to_scale
+
+SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
+EPOCHS = 2
+BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.05, seed=3)
+MODELS = ([dict(BASE, model=m, arch="decoupled") for m in ("gcn", "appnp", "sage", "gin", "gat")]
+          + [dict(BASE, model=m, arch="coupled") for m in ("gcn", "gat")])
+DIRECTED = random_graph(n=100, d=17, classes=5, directed=True, seed=1)
+
+
+def _csr(graph: dict) -> CSR:
+    src, dst = graph["edge_index"]
+    n = graph["x"].shape[0]
+    order = np.argsort(dst, kind="stable")
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    return CSR.from_numpy(indptr, src[order])
+
+
+def assert_same_run(ours: dict, ref: dict, where: str) -> None:
+    torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6,
+                               msg=lambda m: f"losses differ: {where}\n{m}")
+    for name, g in ref["grads"].items():
+        assert_close_to_scale(ours["grads"][name], g, f"gradient of {name}: {where}")
+
+
+# -- configuration -------------------------------------------------------------------------------------------------
+def test_memory_budget_parses_units_and_rejects_nonsense() -> None:
+    assert parse_bytes("8GB") == 8 * 10**9 and parse_bytes("512MiB") == 512 << 20 and parse_bytes("") == 0
+    assert TrainConfig(memory_budget="1.5GB").memory_budget_bytes == 1_500_000_000
+    for bad in ("8 gigs", "lots", "0MB", "-1GB"):
+        with pytest.raises(ConfigError, match="--memory-budget .* e.g. --memory-budget 8GB"):
+            TrainConfig(memory_budget=bad)
+    with pytest.raises(ConfigError, match="--pipeline"):
+        TrainConfig(pipeline=True, arch="coupled")
+
+
+# -- plans ---------------------------------------------------------------------------------------------------------
+def test_budget_plan_chunks_are_the_largest_that_fit() -> None:
+    csr = _csr(DIRECTED)
+    width = 3
+    costs = row_costs(csr.indptr, csr.indices, csr.num_nodes, width)
+    for budget in (int(costs.max()), 2_000, 10_000, int(costs.sum())):
+        plan = budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, budget)
+        assert plan.bounds[0] == 0 and plan.bounds[-1] == csr.num_nodes
+        for a, b in plan.ranges():
+            assert costs[a:b].sum() <= budget, f"chunk [{a}, {b}) exceeds {budget}"
+            if b < csr.num_nodes:
+                assert costs[a : b + 1].sum() > budget, "a chunk could have taken one more row"
+    assert budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.sum())).num_chunks == 1
+    with pytest.raises(MemoryBudgetError, match="raise --memory-budget to at least"):
+        budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.max()) - 1)
+
+
+def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:
+    pattern = with_self_loops(_csr(random_graph(n=60, directed=True, seed=3)), keep_existing=False)
+    pattern = CSR(pattern.indptr, pattern.indices, pattern.num_nodes)
+    plan = uniform_plan(pattern.num_nodes, 7)
+    sched = source_schedule(pattern.indptr, pattern.indices, plan)
+    everything = torch.cat(sched.new_sources)
+    assert torch.equal(everything.sort().values, torch.arange(pattern.num_nodes)), "each vertex exactly once"
+    received = set()
+    for j, (a, b) in enumerate(plan.ranges()):
+        received |= set(sched.new_sources[j].tolist())
+        needed = set(pattern.indices[int(pattern.indptr[a]) : int(pattern.indptr[b])].tolist())
+        assert needed <= received, f"chunk {j} aggregates before its sources arrived"
+    plain = source_schedule(pattern.indptr, pattern.indices, plan, dedup=False)
+    assert plain.total > sched.total
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_operator_products_do_not_depend_on_chunks(offload: bool) -> None:
+    pattern = with_self_loops(_csr(DIRECTED))
+    values = gcn_values(pattern)
+    h = torch.randn(pattern.num_nodes, 6, requires_grad=True)
+    g = torch.randn(pattern.num_nodes, 6)
+    whole = SparseOperator(pattern, values)(h)
+    (ref_grad,) = torch.autograd.grad(whole, h, g)
+    for bounds in ([0, 1, 2, 50, 99, 100], uniform_plan(100, 13).bounds):
+        op = SparseOperator(pattern, values, bounds=bounds, offload=offload)
+        out = op(h)
+        (grad,) = torch.autograd.grad(out, h, g)
+        torch.testing.assert_close(out, whole, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-6)
+
+
+# -- single process: any chunk size, any budget, same training ----------------------------------------------------------
+@pytest.mark.parametrize("chunking", [dict(chunk_rows=1), dict(chunk_rows=33), dict(memory_budget="4KB"),
+                                      dict(chunk_rows=7, offload=True)])
+def test_chunked_training_equals_unchunked(chunking: dict) -> None:
+    from tests.ntp.exactness_worker import trace
+
+    for cfg in MODELS:
+        ref = trace(TrainConfig(**cfg), DIRECTED, EPOCHS, SINGLE)
+        ours = trace(TrainConfig(**cfg, **chunking), DIRECTED, EPOCHS, SINGLE)
+        where = f"{cfg['arch']}-{cfg['model']} with {chunking}"
+        assert_same_run(ours, ref, where)
+        torch.testing.assert_close(ours["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_worker_records_report_chunks_overlap_and_phase_memory(tmp_path) -> None:
+    results = tmp_path / "r.jsonl"
+    fit(setup(TrainConfig(model="gcn", epochs=2, hidden=8, chunk_rows=30, results=str(results)), SINGLE,
+              loader(DIRECTED)))
+    worker = json.loads(open(results).readline())["workers"][0]
+    assert worker["chunks"] == 4 and worker["overlap_s"] == 0.0
+    assert set(worker["peak_mem_by_phase"]) == {"nn", "propagate"}
+    assert worker["peak_mem_bytes"] == max(worker["peak_mem_by_phase"].values()) > 0
+
+
+# -- several ranks: chunked tensor parallelism and pipelining equal the reference -------------------------------------------
+PIPE_BASE = dict(BASE, arch="decoupled", dropout=0.3)
+PIPE_MODELS = [dict(PIPE_BASE, model="gcn"), dict(PIPE_BASE, model="appnp"), dict(PIPE_BASE, model="sage"),
+               dict(PIPE_BASE, model="gin", prop_steps=2), dict(PIPE_BASE, model="sgc", prop_steps=1),
+               dict(PIPE_BASE, model="appnp", prop_steps=1), dict(PIPE_BASE, model="gat")]
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[dict]:
+    return trace_all([dict(c, mode="single") for c in PIPE_MODELS + MODELS], DIRECTED, EPOCHS)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, reference: list[dict]) -> None:
+    variants = {"chunked": dict(chunk_rows=9), "budget": dict(memory_budget="3KB"),
+                "pipelined": dict(chunk_rows=9, pipeline=True),
+                "pipelined-one-chunk": dict(pipeline=True)}
+    configs, names = [], []
+    for vname, extra in variants.items():
+        models = PIPE_MODELS + (MODELS if vname in ("chunked", "budget") else [])
+        for c in models:
+            configs.append(dict(c, mode="tp", **extra))
+            names.append((vname, c))
+    per_rank = run_on_ranks(trace_all, world, configs, DIRECTED, EPOCHS, timeout=300)
+    refs = {id(c): r for c, r in zip(PIPE_MODELS + MODELS, reference)}
+    for i, (vname, c) in enumerate(names):
+        where = f"{c['arch']}-{c['model']} K={c['prop_steps']} {vname}, world {world}"
+        for rank_result in (r[i] for r in per_rank):
+            assert_same_run(rank_result, refs[id(c)], where)
+        assert_close_to_scale(torch.cat([r[i]["logits"] for r in per_rank]), refs[id(c)]["logits"],
+                              f"final predictions: {where}")
+
+
+def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
+    from ntp.dist import init_distributed, shutdown
+    from ntp.train import train_step
+
+    env = init_distributed(60)
+    try:
+        out = []
+        for c in configs:
+            dedup = c.pop("dedup", True)
+            job = setup(TrainConfig(**c), env, loader(DIRECTED))
+            job.ctx.configure(dedup=dedup)
+            train_step(job, 0)  # builds the operators
+            job.comm.stats.reset()
+            job.ctx.reset_stats()
+            loss = train_step(job, 1)
+            out.append({"loss": loss, "sent": dict(job.comm.stats.bytes_sent), "recv": dict(job.comm.stats.bytes_recv),
+                        "overlap": job.ctx.clock.overlap_s, "async": job.ctx.clock.async_calls,
+                        "chunks": job.ctx.plan.num_chunks})
+        return out
+    finally:
+        shutdown(env)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
+    base = dict(mode="tp", model="gcn", hidden=11, dropout=0.0, nn_layers=2, prop_steps=3)
+    configs = [dict(base, chunk_rows=9), dict(base, chunk_rows=9, pipeline=True),
+               dict(base, chunk_rows=9, pipeline=True, dedup=False), dict(base)]
+    per_rank = run_on_ranks(pipeline_bytes_worker, world, configs)
+    n, classes = 100, 5
+    chunked, piped, no_dedup, plain = (list(r) for r in zip(*per_rank))
+    cost = decoupled_bytes(n, classes, world)
+    for r in range(world):
+        assert chunked[r]["sent"]["split"] + chunked[r]["sent"]["gather"] == cost, "chunking keeps the cost model"
+        assert plain[r]["sent"]["split"] + plain[r]["sent"]["gather"] == cost
+        moved = sum(piped[r]["sent"].get(k, 0) for k in ("split", "gather"))
+        assert moved <= cost, "pipelined: each row once, no padding"
+        assert sum(no_dedup[r]["sent"].get(k, 0) for k in ("split", "gather")) > moved, "dedup saves bytes"
+        assert piped[r]["chunks"] == 12 and piped[r]["async"] > 4 and piped[r]["overlap"] >= 0.0
+        assert piped[r]["loss"] == pytest.approx(chunked[r]["loss"], rel=1e-5)
+        assert no_dedup[r]["loss"] == pytest.approx(chunked[r]["loss"], rel=1e-5)
+    total_sent = sum(sum(p["sent"].values()) for p in piped)
+    total_recv = sum(sum(p["recv"].values()) for p in piped)
+    assert total_sent == total_recv, "every byte sent is received"
