@@ -21,6 +21,7 @@ computes (:class:`OverlapClock`), both reported in the worker records.
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import time
 from dataclasses import dataclass
@@ -155,7 +156,8 @@ def source_schedule(indptr: torch.Tensor, indices: torch.Tensor, plan: ChunkPlan
 # -- instrumentation ----------------------------------------------------------------------------------------------
 class PhaseMemory:
     """Peak memory per phase ("nn", "propagate"): CUDA peak allocated, or the process's peak RSS (VmHWM, reset
-    through /proc/self/clear_refs) on CPU. :meth:`enter` closes the running phase and opens another."""
+    through /proc/self/clear_refs after returning free heap pages with malloc_trim) on CPU. :meth:`enter` closes
+    the running phase and opens another."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -197,8 +199,25 @@ class PhaseMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self._cpu_ok:
+            _release_free_heap()  # else freed-but-cached heap pages hide every later phase's own peak
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
+
+
+def _release_free_heap() -> None:
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim(0)
+        except (OSError, AttributeError):
+            _LIBC = False
+            return
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
 
 
 def _vm_hwm() -> int:
