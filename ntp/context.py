@@ -6,7 +6,7 @@ from functools import cached_property
 import torch
 
 from ntp.aggregate import CSR, EdgeWeightedTopology, SparseOperator, gcn_values, mean_values, sum_values, with_self_loops
-from ntp.chunking import EDGE_BYTES, ChunkPlan, OverlapClock, PhaseMemory, make_plan
+from ntp.chunking import EDGE_BYTES, ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
 from ntp.collectives import Comm, gather, split
 from ntp.partition import ceil_div
 from ntp.pipelining import PipelinedOperator, propagate_gather, split_propagate
@@ -130,7 +130,8 @@ class GraphContext:
     # -- operators -------------------------------------------------------------------------------------------------
     def operator(self, name: str) -> SparseOperator:
         if name not in self._operators:
-            self._operators[name] = self._build_operator(name)
+            with in_phase(self.memory, "setup"):  # built once, at the first propagation: not the epochs' peak
+                self._operators[name] = self._build_operator(name)
         return self._operators[name]
 
     def _build_operator(self, name: str) -> SparseOperator:
@@ -154,14 +155,16 @@ class GraphContext:
     def pipelined_operator(self, name: str) -> PipelinedOperator:
         """The operator with its per-chunk exchange schedules (built once per operator)."""
         if name not in self._pipelined:
-            self._pipelined[name] = PipelinedOperator(self.operator(name), self.comm, self.clock, self.memory,
-                                                      dedup=self.dedup)
+            op = self.operator(name)
+            with in_phase(self.memory, "setup"):
+                self._pipelined[name] = PipelinedOperator(op, self.comm, self.clock, self.memory, dedup=self.dedup)
         return self._pipelined[name]
 
     @cached_property
     def attention_topology(self) -> EdgeWeightedTopology:
         """In-edges plus one self-loop per vertex (as GATConv), for attention-weighted propagation."""
-        topo = EdgeWeightedTopology(with_self_loops(self.csr), self.device, bounds=self.plan.bounds)
+        with in_phase(self.memory, "setup"):
+            topo = EdgeWeightedTopology(with_self_loops(self.csr), self.device, bounds=self.plan.bounds)
         topo.phases = self.memory
         return topo
 
