@@ -57,12 +57,3 @@ def cora_store() -> str:
 
     with disable_run_logger():
         return prepare_store.fn("cora", {"from_dir": str(CORA)})
-
-
-def need_engine() -> None:
-    """Skip when the training engine (ntp.launch, ntp.evaluate) has not landed."""
-    try:
-        import ntp.evaluate  # noqa: F401
-        import ntp.launch  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"training engine not available: {exc}")

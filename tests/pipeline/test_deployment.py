@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline.conftest import CORA, PROJECT, need_engine
+from tests.pipeline.conftest import CORA, PROJECT
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -94,7 +94,6 @@ def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout: float 
 
 
 def test_deployment_loop(tmp_path: Path) -> None:
-    need_engine()
     if not CORA.is_dir():
         pytest.skip(f"{CORA} is missing")
     port = _free_port()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ntp import tracking
-from tests.pipeline.conftest import CORA, need_engine
+from tests.pipeline.conftest import CORA
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 
@@ -17,7 +17,6 @@ TINY = {"epochs": 3, "hidden": 16, "eval_every": 1, "dropout": 0.5, "lr": 0.01}
 
 @pytest.fixture(scope="module")
 def pipeline_result() -> dict[str, Any]:
-    need_engine()
     if not CORA.is_dir():
         pytest.skip(f"{CORA} is missing")
     from flows.params import PipelineParams
@@ -84,7 +83,6 @@ def test_evaluate_flow_from_model_path(pipeline_result: dict[str, Any], tmp_path
 
 
 def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: str) -> None:
-    need_engine()
     from flows.params import LaunchOptions, TrainingOptions
     from flows.train import train
     from ntp.launch import TrainingFailed
@@ -104,7 +102,6 @@ def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: st
 
 
 def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[str]) -> None:
-    need_engine()
     from flows.pipeline_cli import main
 
     code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--epochs", "2", "--hidden", "16",
@@ -124,7 +121,6 @@ def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[st
 
 
 def test_job_timeout_kills_training_and_fails_run(cora_store: str) -> None:
-    need_engine()
     from flows.params import LaunchOptions, TrainingOptions
     from flows.train import train
     from ntp.launch import TrainingFailed
@@ -140,7 +136,6 @@ def test_job_timeout_kills_training_and_fails_run(cora_store: str) -> None:
 
 
 def test_single_mode_runs_one_process(cora_store: str) -> None:
-    need_engine()
     from flows.params import LaunchOptions, TrainingOptions
     from flows.train import train
 
