@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -48,8 +50,20 @@ def init_distributed(timeout_s: float) -> DistEnv:
 
 
 def shutdown(env: DistEnv) -> None:
+    """Leave the job together: a barrier first, so no rank tears down its gloo pairs while a peer still uses them
+    (that aborts the process at exit: "terminate called without an active exception")."""
     if env.backend is not None and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
+
+
+@contextmanager
+def distributed(timeout_s: float) -> Iterator[DistEnv]:
+    """Join the job for the ``with`` block. After an error no teardown is attempted: peers may be inside a
+    collective (tearing down could hang); the failing process exits and torchrun stops the others."""
+    env = init_distributed(timeout_s)
+    yield env
+    shutdown(env)
 
 
 def all_gather_objects(env: DistEnv, obj: object) -> list:

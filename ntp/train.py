@@ -25,7 +25,7 @@ from ntp.config import ConfigError, TrainConfig, add_config_arguments, config_fr
 from ntp.context import GraphContext
 from ntp.data import GraphData, load_rank_data
 from ntp.data_parallel import DataParallelContext
-from ntp.dist import DistEnv, all_gather_objects, check_same_on_all_ranks, init_distributed, shutdown
+from ntp.dist import DistEnv, all_gather_objects, check_same_on_all_ranks, distributed
 from ntp.evaluation import compute_metric
 from ntp.launch import FAILURE_BEGIN, FAILURE_END
 from ntp.metrics import ALLREDUCE, reset_peak_memory, worker_record
@@ -275,11 +275,8 @@ def summary_table(history: list[dict]) -> str:
 
 def run(cfg: TrainConfig, load: DataLoader | None = None) -> dict:
     """Train on this process (world size from torchrun's environment, else 1)."""
-    env = init_distributed(cfg.timeout_s)
-    try:
+    with distributed(cfg.timeout_s) as env:
         return fit(setup(cfg, env, load))
-    finally:
-        shutdown(env)
 
 
 def build_parser() -> argparse.ArgumentParser:

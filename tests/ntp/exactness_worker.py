@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ntp.config import TrainConfig
-from ntp.dist import init_distributed, shutdown
+from ntp.dist import distributed
 from ntp.train import setup, train_step
 from tests.ntp.graphs import loader
 
@@ -26,8 +26,5 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, job_env=None) -> dict:
 
 def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
     """Run every config on this rank (one process group for all of them)."""
-    env = init_distributed(60)
-    try:
+    with distributed(60) as env:
         return [trace(TrainConfig(**c), graph, epochs, env) for c in configs]
-    finally:
-        shutdown(env)

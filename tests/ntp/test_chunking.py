@@ -162,11 +162,10 @@ def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, referenc
 
 
 def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
-    from ntp.dist import init_distributed, shutdown
+    from ntp.dist import distributed
     from ntp.train import train_step
 
-    env = init_distributed(60)
-    try:
+    with distributed(60) as env:
         out = []
         for c in configs:
             dedup = c.pop("dedup", True)
@@ -180,8 +179,6 @@ def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
                         "overlap": job.ctx.clock.overlap_s, "async": job.ctx.clock.async_calls,
                         "chunks": job.ctx.plan.num_chunks})
         return out
-    finally:
-        shutdown(env)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -7,7 +7,7 @@ import torch
 from ntp.collectives import Comm, gather, split
 from ntp.config import TrainConfig
 from ntp.cost import coupled_bytes, decoupled_bytes
-from ntp.dist import init_distributed, shutdown
+from ntp.dist import distributed
 from ntp.partition import Layout
 from ntp.train import setup, train_step
 from tests.ntp.graphs import loader, random_graph
@@ -21,8 +21,7 @@ def _full(seed: int) -> torch.Tensor:
 
 
 def split_gather_worker() -> dict:
-    env = init_distributed(30)
-    try:
+    with distributed(30) as env:
         comm = Comm(Layout(N, env.world, env.rank), env.device)
         r0, r1 = comm.layout.rows()
         c0, c1 = comm.layout.cols(D)
@@ -34,8 +33,6 @@ def split_gather_worker() -> dict:
         rows.backward(_full(3)[r0:r1])
         return {"cols": cols.detach(), "x_grad": x.grad, "rows": rows.detach(), "y_grad": y.grad,
                 "bounds": (r0, r1, c0, c1)}
-    finally:
-        shutdown(env)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -52,8 +49,7 @@ GRAPH = random_graph(n=101, d=13, classes=5, seed=4)
 
 
 def bytes_worker(configs: list[dict]) -> list[dict]:
-    env = init_distributed(30)
-    try:
+    with distributed(30) as env:
         out = []
         for c in configs:
             job = setup(TrainConfig(**c), env, loader(GRAPH))
@@ -61,8 +57,6 @@ def bytes_worker(configs: list[dict]) -> list[dict]:
             train_step(job, 0)
             out.append({k: dict(getattr(job.comm.stats, k)) for k in ("bytes_sent", "bytes_recv", "calls")})
         return out
-    finally:
-        shutdown(env)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

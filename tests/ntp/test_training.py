@@ -125,14 +125,11 @@ def _binary_graph() -> dict:
 
 
 def binary_worker() -> list[float]:
-    from ntp.dist import init_distributed, shutdown
+    from ntp.dist import distributed
 
-    env = init_distributed(30)
-    try:
+    with distributed(30) as env:
         job = setup(TrainConfig(mode="tp", epochs=4, hidden=8, dropout=0.3), env, loader(_binary_graph()))
         return [fit(job)["test_metric"], job.history[-1]["loss"]]
-    finally:
-        shutdown(env)
 
 
 def test_binary_task_trains_with_rocauc_and_tp_equals_single() -> None:
