@@ -156,8 +156,10 @@ def source_schedule(indptr: torch.Tensor, indices: torch.Tensor, plan: ChunkPlan
 # -- instrumentation ----------------------------------------------------------------------------------------------
 class PhaseMemory:
     """Peak memory per phase ("nn", "propagate"): CUDA peak allocated, or the process's peak RSS (VmHWM, reset
-    through /proc/self/clear_refs after returning free heap pages with malloc_trim) on CPU. :meth:`enter` closes
-    the running phase and opens another."""
+    through /proc/self/clear_refs) on CPU. :meth:`enter` closes the running phase and opens another.
+
+    On CPU, free heap pages are returned to the system (malloc_trim) once per epoch, in :meth:`reset`: doing it at
+    every phase switch made the next large allocations page-fault again (tens of ms per switch)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -168,6 +170,8 @@ class PhaseMemory:
     def reset(self) -> None:
         self.peaks.clear()
         self.phase = "nn"
+        if self._cpu_ok:
+            _release_free_heap()
         self._reset_peak()
 
     def enter(self, phase: str) -> str:
@@ -199,7 +203,6 @@ class PhaseMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self._cpu_ok:
-            _release_free_heap()  # else freed-but-cached heap pages hide every later phase's own peak
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
 

@@ -132,14 +132,14 @@ def split_then_apply(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: RowBl
     x_rows = x_rows.contiguous()
     zc = x_rows.new_zeros(lay.num_nodes, c1 - c0)
     out = x_rows.new_empty(lay.num_nodes, c1 - c0)
-    pending = _start_split(comm, clock, x_rows, exchanges[0], col_b, kind)
-    for j, (r0, r1, block) in enumerate(blocks):
-        ahead = _start_split(comm, clock, x_rows, exchanges[j + 1], col_b, kind)  # j + 1 may be the remainder
-        _place_split(zc, exchanges[j], pending)
-        with in_phase(pop.phases):
+    with in_phase(pop.phases):  # one phase for the whole loop: switching phases resets memory counters (slow)
+        pending = _start_split(comm, clock, x_rows, exchanges[0], col_b, kind)
+        for j, (r0, r1, block) in enumerate(blocks):
+            ahead = _start_split(comm, clock, x_rows, exchanges[j + 1], col_b, kind)  # j + 1 may be the remainder
+            _place_split(zc, exchanges[j], pending)
             out[r0:r1] = csr_matmul(block, zc)
-        pending = ahead
-    _place_split(zc, exchanges[-1], pending)
+            pending = ahead
+        _place_split(zc, exchanges[-1], pending)
     return out, zc
 
 
@@ -164,22 +164,22 @@ def apply_then_gather(pop: PipelinedOperator, h_cols: torch.Tensor, blocks: RowB
             flight.wait()
 
     pending: tuple[int, _InFlight] | None = None
-    for j, (r0, r1, block) in enumerate(blocks):
-        with in_phase(pop.phases):
+    with in_phase(pop.phases):  # one phase for the whole loop (see split_then_apply)
+        for j, (r0, r1, block) in enumerate(blocks):
             y = csr_matmul(block, h_cols)
             if extra is not None:
                 y = y + extra[r0:r1]
-        owners = pop.chunk_owner_rows[j]
-        send = torch.cat([y[a - r0 : b - r0].reshape(-1) for a, b in owners])
-        in_splits = [(b - a) * widths[r] for a, b in owners]
-        a_r, b_r = owners[r]
-        out_splits = [(b_r - a_r) * widths[q] for q in range(m)]
-        flight = _InFlight(comm, clock, kind, y.new_empty(sum(out_splits)), send, out_splits, in_splits)
+            owners = pop.chunk_owner_rows[j]
+            send = torch.cat([y[a - r0 : b - r0].reshape(-1) for a, b in owners])
+            in_splits = [(b - a) * widths[r] for a, b in owners]
+            a_r, b_r = owners[r]
+            out_splits = [(b_r - a_r) * widths[q] for q in range(m)]
+            flight = _InFlight(comm, clock, kind, y.new_empty(sum(out_splits)), send, out_splits, in_splits)
+            if pending is not None:
+                place(*pending)
+            pending = (j, flight)
         if pending is not None:
             place(*pending)
-        pending = (j, flight)
-    if pending is not None:
-        place(*pending)
     return out_rows
 
 
