@@ -25,6 +25,9 @@ class GraphContext:
     layout, and ``graph_cols`` says which columns of a matrix the graph layout holds here.
     """
 
+    #: Pipelining fuses the split and gather of the column layout with propagation (tensor parallel only).
+    supports_pipelining = True
+
     def __init__(self, csr: CSR, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
                  width: int = 0, pipeline: bool = False, offload: bool = False, dedup: bool = True) -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.chunking; ``width``: the widest
@@ -44,16 +47,6 @@ class GraphContext:
         self._pipelined: dict = {}
         self.memory = PhaseMemory(comm.device)  #: peak memory per phase ("nn", "propagate")
         self.clock = OverlapClock()  #: time collectives were in flight while this rank computed
-
-    def configure(self, *, memory_budget: int | None = None, width: int | None = None, pipeline: bool | None = None,
-                  offload: bool | None = None, dedup: bool | None = None) -> None:
-        """Set chunking options after construction (before the first propagation)."""
-        if self._operators or "plan" in self.__dict__:
-            raise RuntimeError("chunk options must be set before the first propagation")
-        for name, value in dict(memory_budget=memory_budget, width=width, pipeline=pipeline, offload=offload,
-                                dedup=dedup).items():
-            if value is not None:
-                setattr(self, name, value)
 
     # -- chunks and instrumentation ----------------------------------------------------------------------------------
     @cached_property
@@ -105,7 +98,7 @@ class GraphContext:
         ``P(h) = (1 - alpha) A h + alpha split(z)`` (APPNP). Tensor parallel with ``pipeline``: the first step is
         fused with the split and the last with the gather, chunk by chunk (ntp.pipelining); same values."""
         width = z.shape[1]
-        if not (self.pipeline and self.comm.world > 1 and steps > 0 and type(self).to_graph is GraphContext.to_graph):
+        if not (self.pipeline and self.supports_pipelining and self.comm.world > 1 and steps > 0):
             z_cols = self.to_graph(z)
             h = z_cols
             for _ in range(steps):
@@ -135,19 +128,7 @@ class GraphContext:
         return self._operators[name]
 
     def _build_operator(self, name: str) -> SparseOperator:
-        if name == "gcn":
-            pattern = with_self_loops(self.csr)
-            values = gcn_values(pattern)
-        elif name == "mean":
-            pattern, values = self.csr, mean_values(self.csr)
-        elif name == "mean_self":
-            pattern = with_self_loops(self.csr)
-            values = mean_values(pattern)
-        elif name == "sum_root":
-            pattern = with_self_loops(self.csr, keep_existing=True)
-            values = sum_values(pattern)
-        else:
-            raise ValueError(f"unknown operator {name!r}; known: {OPERATORS}")
+        pattern, values = operator_pattern(self.csr, name)
         op = SparseOperator(pattern, values, device=self.device, bounds=self.plan.bounds, offload=self.offload)
         op.phases = self.memory
         return op
@@ -171,3 +152,19 @@ class GraphContext:
 
 def _mix(p: torch.Tensor, z_cols: torch.Tensor, alpha: float | None) -> torch.Tensor:
     return p if alpha is None else (1 - alpha) * p + alpha * z_cols
+
+
+def operator_pattern(csr: CSR, name: str) -> tuple[CSR, torch.Tensor]:
+    """The sparsity pattern and edge values of propagation operator ``name`` over the whole graph."""
+    if name == "gcn":
+        pattern = with_self_loops(csr)
+        return pattern, gcn_values(pattern)
+    if name == "mean":
+        return csr, mean_values(csr)
+    if name == "mean_self":
+        pattern = with_self_loops(csr)
+        return pattern, mean_values(pattern)
+    if name == "sum_root":
+        pattern = with_self_loops(csr, keep_existing=True)
+        return pattern, sum_values(pattern)
+    raise ValueError(f"unknown operator {name!r}; known: {OPERATORS}")

@@ -19,9 +19,9 @@ from functools import cached_property
 import torch
 import torch.distributed as dist
 
-from ntp.aggregate import CSR, csr_matmul, edge_dot, gcn_values, mean_values, sum_values, with_self_loops
+from ntp.aggregate import CSR, csr_matmul, edge_dot, with_self_loops
 from ntp.collectives import Comm
-from ntp.context import OPERATORS, GraphContext
+from ntp.context import GraphContext, operator_pattern
 from ntp.metrics import HALO
 
 
@@ -199,6 +199,8 @@ class _LocalWeightedSpMM(torch.autograd.Function):
 class DataParallelContext(GraphContext):
     """GraphContext of ``--mode data``: the graph layout is the row layout; propagation exchanges halo rows."""
 
+    supports_pipelining = False
+
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
         return z
 
@@ -215,25 +217,9 @@ class DataParallelContext(GraphContext):
 
     def operator(self, name: str) -> LocalOperator:  # type: ignore[override]
         if name not in self._operators:
-            self._operators[name] = LocalOperator(*_pattern_values(self.csr, name), self.halo, self.comm)
+            self._operators[name] = LocalOperator(*operator_pattern(self.csr, name), self.halo, self.comm)
         return self._operators[name]
 
     @cached_property
     def attention_topology(self) -> LocalAttentionTopology:  # type: ignore[override]
         return LocalAttentionTopology(with_self_loops(self.csr), self.halo, self.comm)
-
-
-def _pattern_values(csr: CSR, name: str) -> tuple[CSR, torch.Tensor]:
-    """The whole operator ``name`` (degrees need the whole graph); the caller keeps its own rows."""
-    if name == "gcn":
-        pattern = with_self_loops(csr)
-        return pattern, gcn_values(pattern)
-    if name == "mean":
-        return csr, mean_values(csr)
-    if name == "mean_self":
-        pattern = with_self_loops(csr)
-        return pattern, mean_values(pattern)
-    if name == "sum_root":
-        pattern = with_self_loops(csr, keep_existing=True)
-        return pattern, sum_values(pattern)
-    raise ValueError(f"unknown operator {name!r}; known: {OPERATORS}")

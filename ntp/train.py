@@ -72,8 +72,8 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     comm = Comm(layout, env.device, group=None)
     csr = CSR.from_numpy(data.indptr, data.indices)
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
-    ctx = ctx_cls(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
-    ctx.configure(memory_budget=cfg.memory_budget_bytes, pipeline=cfg.pipeline, offload=cfg.offload,
+    ctx = ctx_cls(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
+                  pipeline=cfg.pipeline, offload=cfg.offload,
                   width=data.out_dim if cfg.arch == "decoupled" else max(cfg.hidden, data.out_dim))
     model = build_model(cfg, data.feature_dim, data.out_dim).to(env.device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam

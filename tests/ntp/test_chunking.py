@@ -170,7 +170,7 @@ def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
         for c in configs:
             dedup = c.pop("dedup", True)
             job = setup(TrainConfig(**c), env, loader(DIRECTED))
-            job.ctx.configure(dedup=dedup)
+            job.ctx.dedup = dedup  # before the first propagation builds the schedules
             train_step(job, 0)  # builds the operators
             job.comm.stats.reset()
             job.ctx.reset_stats()

@@ -2,7 +2,6 @@
 (decoupled), forward and backward, on a directed graph."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
