@@ -355,8 +355,9 @@ class TrainingRun:
         self.client.log_inputs(self.run_id, [DatasetInput(ds._to_mlflow_entity(),
                                                           tags=[InputTag("mlflow.data.context", "train")])])
 
-    def log_results(self, results_path: str | Path) -> dict[str, float]:
-        """Per-epoch metrics, one child run per worker, timing table, plots; returns :func:`summarize`."""
+    def log_results(self, results_path: str | Path, status: str = "FINISHED") -> dict[str, float]:
+        """Per-epoch metrics, one child run per worker (ended with ``status``: a failed job's workers are FAILED),
+        timing table, plots; returns :func:`summarize`."""
         results = read_results(results_path)
         from mlflow.entities import Metric
 
@@ -366,7 +367,7 @@ class TrainingRun:
             self.client.log_batch(self.run_id, metrics=batch)
         summary = summarize(results)
         self.log_metrics(summary)
-        self._log_workers(results)
+        self._log_workers(results, status)
         with tempfile.TemporaryDirectory() as tmp:
             self.log_artifact(results_path, "results")
             if results.epochs:
@@ -381,7 +382,7 @@ class TrainingRun:
                     self.log_artifact(Path(tmp) / name, "plots")
         return summary
 
-    def _log_workers(self, results: Results) -> None:
+    def _log_workers(self, results: Results, status: str) -> None:
         from mlflow.entities import Metric
 
         ranks = sorted({w["rank"] for e in results.epochs for w in e.get("workers", [])})
@@ -398,7 +399,7 @@ class TrainingRun:
                      if w["rank"] == rank for k, v in worker_metrics(w).items()]
             for batch in _metric_batches(items):
                 self.client.log_batch(child, metrics=batch)
-            self.client.set_terminated(child, "FINISHED")
+            self.client.set_terminated(child, status)
 
     def children(self) -> list[Any]:
         """The child (per-worker) runs."""
@@ -624,7 +625,7 @@ def train_tracked(
         except BaseException:
             if Path(cfg.results).is_file():
                 try:
-                    run.log_results(cfg.results)
+                    run.log_results(cfg.results, status="FAILED")
                 except Exception as log_exc:  # never hide the training error behind a logging error
                     on_line(f"warning: could not log partial results: {log_exc}")
             raise

@@ -132,7 +132,9 @@ def test_job_timeout_kills_training_and_fails_run(cora_store: str) -> None:
     assert time.monotonic() - start < 60, "the job outlived its timeout by far"
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("timeout-test").experiment_id])
-    assert [r.info.status for r in runs] == ["FAILED"]
+    parents = [r for r in runs if r.data.tags.get(tracking.TAG_KIND) == "train"]
+    assert [r.info.status for r in parents] == ["FAILED"]
+    assert all(r.info.status == "FAILED" for r in runs), "workers of a failed job (if any epoch ran) are FAILED too"
 
 
 def test_single_mode_runs_one_process(cora_store: str) -> None:
