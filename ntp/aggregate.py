@@ -29,13 +29,32 @@ def csr_matmul(block: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return torch.sparse.mm(block, h) if h.shape[1] else h.new_zeros(block.shape[0], 0)
 
 
-def edge_dot(g: torch.Tensor, h: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, edge_chunk: int = 1 << 20) -> torch.Tensor:
-    """``out[e] = <g[dst[e]], h[src[e]]>`` computed in edge chunks to bound memory."""
-    out = g.new_empty(dst.shape[0])
-    for e0 in range(0, dst.shape[0], edge_chunk):
-        e1 = min(e0 + edge_chunk, dst.shape[0])
-        out[e0:e1] = (g[dst[e0:e1]] * h[src[e0:e1]]).sum(dim=1)
+def edge_dot(indptr: torch.Tensor, indices: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
+             bounds: list[int] | None = None) -> torch.Tensor:
+    """``out[e] = <g[row(e)], h[indices[e]]>`` for every edge ``e`` of a CSR (an SDDMM), row block by row block.
+
+    This is the gradient of ``A(values) @ h`` with respect to the edge values."""
+    out = g.new_empty(indices.shape[0])
+    if g.shape[1] == 0:
+        return out.zero_()
+    b = bounds or [0, indptr.shape[0] - 1]
+    for r0, r1 in zip(b[:-1], b[1:]):
+        e0, e1 = int(indptr[r0]), int(indptr[r1])
+        pattern = torch.sparse_csr_tensor(indptr[r0 : r1 + 1] - e0, indices[e0:e1], g.new_zeros(e1 - e0),
+                                          size=(r1 - r0, h.shape[0]))
+        out[e0:e1] = torch.sparse.sampled_addmm(pattern, g[r0:r1], h.t(), beta=0.0).values()
     return out
+
+
+def edge_softmax(logits: torch.Tensor, dst: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Softmax of per-edge ``logits`` [E, heads] over the edges of each destination row ``dst[e]``."""
+    heads = logits.shape[1]
+    index = dst.unsqueeze(1).expand(-1, heads)
+    peak = torch.full((num_rows, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
+    peak = peak.scatter_reduce(0, index, logits.detach(), reduce="amax", include_self=True)
+    ex = (logits - peak[dst]).exp()  # shifting by a constant leaves softmax and its gradient unchanged
+    denom = torch.zeros((num_rows, heads), dtype=logits.dtype, device=logits.device).index_add(0, dst, ex)
+    return ex / denom[dst]
 
 
 # -- topology -------------------------------------------------------------------------------------------------------
@@ -255,13 +274,7 @@ class EdgeWeightedTopology:
 
     def softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Softmax of per-edge ``logits`` [E, heads] over the in-edges of each destination vertex."""
-        n, heads = self.num_nodes, logits.shape[1]
-        index = self.dst.unsqueeze(1).expand(-1, heads)
-        peak = torch.full((n, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
-        peak = peak.scatter_reduce(0, index, logits.detach(), reduce="amax", include_self=True)
-        ex = (logits - peak[self.dst]).exp()  # shifting by a constant leaves softmax and its gradient unchanged
-        denom = torch.zeros((n, heads), dtype=logits.dtype, device=logits.device).index_add(0, self.dst, ex)
-        return ex / denom[self.dst]
+        return edge_softmax(logits, self.dst, self.num_nodes)
 
 
 class _EdgeWeightedSpMM(torch.autograd.Function):
@@ -282,7 +295,7 @@ class _EdgeWeightedSpMM(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 grad_h = _chunked_matmul(topo.t_indptr, topo.t_indices, values[topo.perm], topo.bounds, grad)
             if ctx.needs_input_grad[0]:
-                grad_values = edge_dot(grad, h, topo.dst, topo.src)
+                grad_values = edge_dot(topo.indptr, topo.src, grad, h, topo.bounds)
         return grad_values, grad_h, None
 
 

@@ -19,7 +19,7 @@ from functools import cached_property
 import torch
 import torch.distributed as dist
 
-from ntp.aggregate import CSR, csr_matmul, edge_dot, with_self_loops
+from ntp.aggregate import CSR, csr_matmul, edge_dot, edge_softmax, with_self_loops
 from ntp.collectives import Comm
 from ntp.context import GraphContext, operator_pattern
 from ntp.metrics import HALO
@@ -161,13 +161,7 @@ class LocalAttentionTopology:
 
     def softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Softmax of per-edge ``logits`` [E_own, heads] over the in-edges of each own destination row."""
-        n, heads = self.num_rows, logits.shape[1]
-        index = self.local_dst.unsqueeze(1).expand(-1, heads)
-        peak = torch.full((n, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
-        peak = peak.scatter_reduce(0, index, logits.detach(), reduce="amax", include_self=True)
-        ex = (logits - peak[self.local_dst]).exp()
-        denom = torch.zeros((n, heads), dtype=logits.dtype, device=logits.device).index_add(0, self.local_dst, ex)
-        return ex / denom[self.local_dst]
+        return edge_softmax(logits, self.local_dst, self.num_rows)
 
     def matmul(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return _LocalWeightedSpMM.apply(values, with_halo(h, self.plan, self.comm), self)
@@ -191,7 +185,7 @@ class _LocalWeightedSpMM(torch.autograd.Function):
             at = torch.sparse_csr_tensor(topo.t_indptr, topo.t_cols, values[topo.perm], size=(topo.num_ext, topo.num_rows))
             grad_h = csr_matmul(at, grad)
         if ctx.needs_input_grad[0]:
-            grad_values = edge_dot(grad, h_ext, topo.local_dst, topo.cols)
+            grad_values = edge_dot(topo.indptr, topo.cols, grad, h_ext)
         return grad_values, grad_h, None
 
 
