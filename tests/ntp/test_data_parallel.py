@@ -1,40 +1,11 @@
-"""Data parallel (vertex partition + halo exchange) == single process, as tensor parallelism: world sizes 1-4."""
+"""Data parallel's halo plan (its exactness against single process is in test_exactness.py)."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from ntp.aggregate import CSR
 from ntp.data_parallel import halo_plan
-from ntp.metrics import HALO
-from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph
-from tests.ntp.spawn import run_on_ranks
-from tests.ntp.test_exactness import CONFIGS, EPOCHS, GRAPHS, _name, assert_close_to_scale
-
-
-@pytest.fixture(scope="module")
-def reference() -> dict:
-    return {g: trace_all([dict(c, mode="single") for c in CONFIGS], graph, EPOCHS) for g, graph in GRAPHS.items()}
-
-
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("graph_name", list(GRAPHS))
-def test_data_parallel_equals_single(world: int, graph_name: str, reference: dict) -> None:
-    per_rank = run_on_ranks(trace_all, world, [dict(c, mode="data") for c in CONFIGS], GRAPHS[graph_name], EPOCHS)
-    for i, cfg in enumerate(CONFIGS):
-        ref = reference[graph_name][i]
-        ranks = [r[i] for r in per_rank]
-        where = f"data-parallel {_name(cfg)} on {graph_name} graph, world {world}"
-        for rank_result in ranks:
-            torch.testing.assert_close(torch.tensor(rank_result["losses"]), torch.tensor(ref["losses"]),
-                                       rtol=1e-5, atol=1e-6, msg=lambda m: f"losses differ: {where}\n{m}")
-            for name, g in ref["grads"].items():
-                assert_close_to_scale(rank_result["grads"][name], g, f"gradient of {name}: {where}")
-            assert ("split" in rank_result["bytes"]) is False, f"data mode must not split/gather: {where}"
-            if world > 1:
-                assert rank_result["bytes"].get(HALO, 0) > 0, f"no halo bytes counted: {where}"
-        assert_close_to_scale(torch.cat([r["logits"] for r in ranks]), ref["logits"], f"final predictions: {where}")
 
 
 def test_halo_plan_send_matches_receive() -> None:

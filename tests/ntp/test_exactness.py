@@ -1,9 +1,11 @@
-"""Tensor parallel == single process: losses over epochs, every gradient, final predictions (world sizes 1-4)."""
+"""Tensor parallel and data parallel == single process: losses over epochs, every gradient, final predictions
+(world sizes 1-4)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ntp.metrics import HALO, SPLIT
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph
 from tests.ntp.spawn import run_on_ranks
@@ -31,17 +33,21 @@ def reference() -> dict:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
-def test_tensor_parallel_equals_single(world: int, graph_name: str, reference: dict) -> None:
-    per_rank = run_on_ranks(trace_all, world, [dict(c, mode="tp") for c in CONFIGS], GRAPHS[graph_name], EPOCHS)
+@pytest.mark.parametrize("mode", ["tp", "data"])
+def test_parallel_equals_single(mode: str, world: int, graph_name: str, reference: dict) -> None:
+    per_rank = run_on_ranks(trace_all, world, [dict(c, mode=mode) for c in CONFIGS], GRAPHS[graph_name], EPOCHS)
     for i, cfg in enumerate(CONFIGS):
         ref = reference[graph_name][i]
         ranks = [r[i] for r in per_rank]
-        where = f"{_name(cfg)} on {graph_name} graph, world {world}"
+        where = f"{mode} {_name(cfg)} on {graph_name} graph, world {world}"
         for rank_result in ranks:
             torch.testing.assert_close(torch.tensor(rank_result["losses"]), torch.tensor(ref["losses"]),
                                        rtol=1e-5, atol=1e-6, msg=lambda m: f"losses differ: {where}\n{m}")
             for name, g in ref["grads"].items():
                 assert_close_to_scale(rank_result["grads"][name], g, f"gradient of {name}: {where}")
+            if mode == "data":
+                assert SPLIT not in rank_result["bytes"], f"data mode must not split/gather: {where}"
+                assert world == 1 or rank_result["bytes"].get(HALO, 0) > 0, f"no halo bytes counted: {where}"
         assert_close_to_scale(torch.cat([r["logits"] for r in ranks]), ref["logits"], f"final predictions: {where}")
 
 
