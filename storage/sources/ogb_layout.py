@@ -1,4 +1,7 @@
-"""Read an unzipped OGB node-property folder (raw/*.csv.gz, split/<name>/*.csv.gz)."""
+"""Read an unzipped OGB node-property folder (raw/*.csv.gz, split/<name>/*.csv.gz).
+
+Folders in OGB's binary layout (raw/data.npz, e.g. ogbn-papers100M) go to storage.sources.ogb_binary.
+"""
 
 from __future__ import annotations
 
@@ -55,9 +58,10 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     if info is not None and info.is_hetero:
         raise StoreError(f"{name} is a heterogeneous graph: not supported yet. "
                          "Fix: choose a homogeneous dataset such as ogbn-arxiv")
-    if info is not None and info.binary:
-        raise StoreError(f"{name}: OGB's binary (npz) layout is not supported yet. "
-                         "Fix: convert it to the CSV layout, or use the edgelist source")
+    from storage.sources.ogb_binary import is_binary_folder, ogb_binary_source  # imports this module
+
+    if (info is not None and info.binary) or (info is None and is_binary_folder(root)):
+        return ogb_binary_source(root, name, info)
     for rel in REQUIRED:
         if not (root / rel).is_file():
             raise _fail(root, f"{rel} is missing")

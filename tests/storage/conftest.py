@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,3 +42,18 @@ def store_copy(small_store: Path, tmp_path: Path) -> Path:
     dest = tmp_path / "store"
     shutil.copytree(small_store, dest)
     return dest
+
+
+@pytest.fixture
+def http_root(tmp_path: Path):
+    """A local HTTP server on 127.0.0.1 serving tmp_path/www: yields (that folder, base URL of www/ogb)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/ogb"
+    server.shutdown()
+    server.server_close()

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
 import shutil
 import socket
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -29,20 +26,6 @@ def make_ogb_zip(src: Path, dest_dir: Path, folder: str, split: str) -> Path:
                 rel = f.relative_to(src).as_posix().replace("split/public/", f"split/{split}/")
                 zf.write(f, f"{folder}/{rel}")
     return zip_path
-
-
-@pytest.fixture
-def http_root(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}/ogb"
-    server.shutdown()
-    server.server_close()
 
 
 def test_download_from_mirror(http_root, shared_datasets, tmp_path):
