@@ -82,9 +82,13 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     y_all = torch.from_numpy(np.asarray(data.labels))
     local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1) for name in SPLITS}
     train_ids = torch.from_numpy(np.asarray(data.splits["train"], dtype=np.int64))
+    train_count = int(_labeled(y_all[train_ids]).sum())
+    if train_count == 0:
+        raise ConfigError(f"graph {data.name!r} has no labeled training vertex: nothing to train on; give labels and "
+                          "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)")
     return Job(cfg, env, data, comm, ctx, model, optimizer, x=torch.from_numpy(data.features).to(env.device),
                y=y_all[r0:r1].to(env.device), local_split={k: v.to(env.device) for k, v in local_split.items()},
-               global_train_count=int(_labeled(y_all[train_ids]).sum()))
+               global_train_count=train_count)
 
 
 def _load_from_store(cfg: TrainConfig, world: int, rank: int) -> GraphData:

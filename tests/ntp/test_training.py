@@ -79,6 +79,13 @@ def test_non_finite_loss_stops_with_the_epoch() -> None:
         fit(setup(TrainConfig(epochs=3), SINGLE, loader(graph)))
 
 
+def test_graph_without_training_labels_is_refused() -> None:
+    graph = random_graph(n=30, d=5, classes=2, seed=1)
+    graph["splits"]["train"] = graph["splits"]["train"][:0]
+    with pytest.raises(ConfigError, match="no labeled training vertex"):
+        setup(TrainConfig(epochs=1), SINGLE, loader(graph))
+
+
 def test_saved_model_evaluates_to_the_training_result(cora_store: str, tmp_path) -> None:
     from ntp.evaluate import evaluate_model
 
