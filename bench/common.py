@@ -247,3 +247,24 @@ def base_parser(doc: str):
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median reported)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     return p
+
+
+def graph_selection(args, full_size: str) -> tuple[str, list[str]]:
+    """(size, graph names) from --size/--graphs: --quick means the small synthetic graph only."""
+    size = args.size or ("quick" if args.quick else full_size)
+    graphs = args.graphs or (["synthetic"] if args.quick else ["synthetic", "cornell5", "tolokers"])
+    return size, graphs
+
+
+def single_process_settings(args) -> tuple[int, int, Path | None, str]:
+    """(repeats, threads, DGL's python or None, a note on DGL) for the single-process benchmarks; sets torch's
+    thread count."""
+    import torch
+
+    repeats = args.repeats or (3 if args.quick else 5)
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dgl_py, dgl_note = dgl_python(args.with_dgl) if args.with_dgl else (None, "not requested (--with-dgl)")
+    if dgl_py is None:
+        print(f"DGL: {dgl_note}")
+    return repeats, threads, dgl_py, dgl_note

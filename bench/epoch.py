@@ -17,7 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import base_parser, dgl_python, graph_stores, load_arrays, report, run_dgl, time_median
+from common import (base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
+                    time_median)
 
 
 def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int) -> float:
@@ -68,14 +69,8 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--with-dgl", action="store_true")
     args = p.parse_args()
-    size = args.size or ("quick" if args.quick else "big")
-    graphs = args.graphs or (["synthetic"] if args.quick else ["synthetic", "cornell5", "tolokers"])
-    repeats = args.repeats or (3 if args.quick else 5)
-    threads = args.threads or torch.get_num_threads()
-    torch.set_num_threads(threads)
-    dgl_py, dgl_note = dgl_python(args.with_dgl) if args.with_dgl else (None, "not requested (--with-dgl)")
-    if dgl_py is None:
-        print(f"DGL: {dgl_note}")
+    size, graphs = graph_selection(args, full_size="big")
+    repeats, threads, dgl_py, dgl_note = single_process_settings(args)
     rows = []
     for gname, store in graph_stores(graphs, size).items():
         a = load_arrays(store)

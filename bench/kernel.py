@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import base_parser, dgl_python, graph_stores, load_arrays, report, run_dgl, time_median
+from common import (base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
+                    time_median)
 
 
 def main() -> None:
@@ -26,14 +27,8 @@ def main() -> None:
     p.add_argument("--with-dgl", action="store_true", help="build the DGL environment if needed and time DGL too")
     p.add_argument("--no-pyg-scatter", action="store_true", help="skip PyG's (slow) scatter path")
     args = p.parse_args()
-    size = args.size or ("quick" if args.quick else "big")
-    graphs = args.graphs or (["synthetic"] if args.quick else ["synthetic", "cornell5", "tolokers"])
-    repeats = args.repeats or (3 if args.quick else 5)
-    threads = args.threads or torch.get_num_threads()
-    torch.set_num_threads(threads)
-    dgl_py, dgl_note = dgl_python(args.with_dgl) if args.with_dgl else (None, "not requested (--with-dgl)")
-    if dgl_py is None:
-        print(f"DGL: {dgl_note}")
+    size, graphs = graph_selection(args, full_size="big")
+    repeats, threads, dgl_py, dgl_note = single_process_settings(args)
 
     from ntp.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
 

@@ -10,7 +10,7 @@ vertex-partitioned baseline, as DistDGL) and, with --data-decoupled, the decoupl
 """
 from __future__ import annotations
 
-from common import base_parser, graph_stores, report
+from common import base_parser, graph_selection, graph_stores, report
 from runs import run_job
 
 MODES = {"tp-decoupled": dict(mode="tp", arch="decoupled"), "tp-coupled": dict(mode="tp", arch="coupled"),
@@ -26,8 +26,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--data-decoupled", action="store_true")
     args = p.parse_args()
-    size = args.size or ("quick" if args.quick else "medium")
-    graphs = args.graphs or (["synthetic"] if args.quick else ["synthetic", "cornell5", "tolokers"])
+    size, graphs = graph_selection(args, full_size="medium")
     epochs = args.epochs or (4 if args.quick else 6)
     modes = dict(MODES, **({"data-decoupled": dict(mode="data", arch="decoupled")} if args.data_decoupled else {}))
     rows = []
