@@ -19,14 +19,12 @@ from typing import Iterator
 import numpy as np
 
 from storage.sources.base import EdgeBlock, GraphSource
-from storage.sources.csvio import read_numeric
 from storage.sources.npz import NpzFile
-from storage.sources.ogb_layout import _fail, split_folder
+from storage.sources.ogb_layout import _fail, checked_split_folder, ogb_source, task_of
 from storage.sources.ogb_meta import OgbInfo
 
 DATA = "raw/data.npz"
 LABELS = "raw/node-label.npz"
-SPLIT_PARTS = ("train", "valid", "test")
 # Edge blocks are larger than feature blocks: the CSR builder's counting pass costs O(num_nodes)
 # per block, so 8M edges (128 MB as int64 pairs) per block keeps papers100M at ~200 blocks.
 EDGE_BLOCK_BYTES = 128 << 20
@@ -72,18 +70,9 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
         raise _fail(root, f"{LABELS}: node_label has shape {node_label.shape} but num_nodes_list "
                           f"says {n} nodes")
     label_cols = 1 if len(node_label.shape) == 1 else node_label.shape[1]
-    split_dir = split_folder(root, info)
-    for part in SPLIT_PARTS:
-        if not (split_dir / f"{part}.csv.gz").is_file():
-            raise _fail(root, f"{(split_dir / f'{part}.csv.gz').relative_to(root)} is missing")
-
-    if info is not None:
-        task_type = info.task_type
-        metric, num_classes, num_tasks = info.metric, info.num_classes, info.num_tasks
-    else:
-        task_type = "multiclass" if label_cols == 1 else "multilabel"
-        metric = "acc" if label_cols == 1 else "rocauc"
-        num_classes, num_tasks = (0, 1) if label_cols == 1 else (2, label_cols)
+    split_dir = checked_split_folder(root, info)
+    task = task_of(info, label_cols)
+    task_type = task[0]
 
     def edge_blocks() -> Iterator[EdgeBlock]:
         for block in edge_index.iter_blocks(axis=1, block_bytes=EDGE_BLOCK_BYTES):
@@ -111,17 +100,6 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
             pos += k
         return out
 
-    def splits() -> dict[str, np.ndarray]:
-        return {part: read_numeric(split_dir / f"{part}.csv.gz", "int64").ravel()
-                for part in SPLIT_PARTS}
-
-    return GraphSource(
-        name=name, num_nodes=n, feature_dim=dim, edge_blocks=edge_blocks,
-        feature_blocks=feature_blocks, labels=labels, splits=splits, task_type=task_type,
-        metric=metric, num_classes=num_classes, num_tasks=num_tasks,
-        ogb_name=info.name if info is not None else None,
-        expected_edges=e,
-        info={"kind": "ogb" if info else "ogb-layout", "dataset": name, "path": str(root),
-              "release": info.version if info else None, "split": split_dir.name,
-              "features": f"node_feat ({DATA}, {node_feat.dtype})", "format": "binary"},
-    )
+    return ogb_source(root, name, info, split_dir, task, num_nodes=n, num_edges=e, feature_dim=dim,
+                      edge_blocks=edge_blocks, feature_blocks=feature_blocks, labels=labels,
+                      features=f"node_feat ({DATA}, {node_feat.dtype})", format="binary")

@@ -52,6 +52,47 @@ def _single_count(root: Path, rel: str) -> int:
     return int(values[0])
 
 
+SPLIT_PARTS = ("train", "valid", "test")
+
+
+def checked_split_folder(root: Path, info: OgbInfo | None) -> Path:
+    """The split folder, with its three index files present."""
+    split_dir = split_folder(root, info)
+    for part in SPLIT_PARTS:
+        if not (split_dir / f"{part}.csv.gz").is_file():
+            raise _fail(root, f"{(split_dir / f'{part}.csv.gz').relative_to(root)} is missing")
+    return split_dir
+
+
+def read_splits(split_dir: Path) -> dict[str, np.ndarray]:
+    return {part: read_numeric(split_dir / f"{part}.csv.gz", "int64").ravel() for part in SPLIT_PARTS}
+
+
+def task_of(info: OgbInfo | None, label_cols: int) -> tuple[str, str, int, int]:
+    """(task type, metric, classes, tasks): OGB's metadata, else inferred from the label columns."""
+    if info is not None:
+        return info.task_type, info.metric, info.num_classes, info.num_tasks
+    if label_cols == 1:
+        return "multiclass", "acc", 0, 1
+    return "multilabel", "rocauc", 2, label_cols
+
+
+def ogb_source(root: Path, name: str, info: OgbInfo | None, split_dir: Path, task: tuple[str, str, int, int], *,
+               num_nodes: int, num_edges: int, feature_dim: int, edge_blocks, feature_blocks, labels,
+               **notes: str) -> GraphSource:
+    """The GraphSource of an OGB-layout folder (CSV or binary), with its provenance."""
+    task_type, metric, num_classes, num_tasks = task
+    return GraphSource(
+        name=name, num_nodes=num_nodes, feature_dim=feature_dim, edge_blocks=edge_blocks,
+        feature_blocks=feature_blocks, labels=labels, splits=lambda: read_splits(split_dir), task_type=task_type,
+        metric=metric, num_classes=num_classes, num_tasks=num_tasks,
+        ogb_name=info.name if info is not None else None,
+        expected_edges=num_edges,
+        info={"kind": "ogb" if info else "ogb-layout", "dataset": name, "path": str(root),
+              "release": info.version if info else None, "split": split_dir.name, **notes},
+    )
+
+
 def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSource:
     """A GraphSource over an OGB-layout folder; metadata from `info` or inferred."""
     root = Path(root)
@@ -67,10 +108,7 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
             raise _fail(root, f"{rel} is missing")
     n = _single_count(root, "raw/num-node-list.csv.gz")
     e = _single_count(root, "raw/num-edge-list.csv.gz")
-    split_dir = split_folder(root, info)
-    for part in ("train", "valid", "test"):
-        if not (split_dir / f"{part}.csv.gz").is_file():
-            raise _fail(root, f"{(split_dir / f'{part}.csv.gz').relative_to(root)} is missing")
+    split_dir = checked_split_folder(root, info)
     feat_path = root / "raw/node-feat.csv.gz"
     edge_feat_path = root / "raw/edge-feat.csv.gz"
     if feat_path.is_file():
@@ -82,6 +120,7 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     else:
         raise _fail(root, "neither raw/node-feat.csv.gz nor raw/edge-feat.csv.gz exists")
     label_cols = count_columns(root / "raw/node-label.csv.gz")
+    task = task_of(info, label_cols)
 
     def edge_blocks() -> Iterator[EdgeBlock]:
         for block in iter_numeric_blocks(root / "raw/edge.csv.gz", 2, "int64"):
@@ -102,31 +141,12 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
         raw = read_numeric(root / "raw/node-label.csv.gz", "float64")
         if len(raw) != n:
             raise _fail(root, f"node-label.csv.gz has {len(raw)} rows but num-node-list says {n}")
-        if task_type == "multiclass":
+        if task[0] == "multiclass":
             return np.where(np.isnan(raw[:, 0]), -1, np.nan_to_num(raw[:, 0])).astype(np.int64)
         return raw.astype(np.float32)
 
-    def splits() -> dict[str, np.ndarray]:
-        return {part: read_numeric(split_dir / f"{part}.csv.gz", "int64").ravel()
-                for part in ("train", "valid", "test")}
-
-    if info is not None:
-        task_type = info.task_type
-        metric, num_classes, num_tasks = info.metric, info.num_classes, info.num_tasks
-    else:
-        task_type = "multiclass" if label_cols == 1 else "multilabel"
-        metric = "acc" if label_cols == 1 else "rocauc"
-        num_classes, num_tasks = (0, 1) if label_cols == 1 else (2, label_cols)
-    return GraphSource(
-        name=name, num_nodes=n, feature_dim=dim, edge_blocks=edge_blocks,
-        feature_blocks=feature_blocks, labels=labels, splits=splits, task_type=task_type,
-        metric=metric, num_classes=num_classes, num_tasks=num_tasks,
-        ogb_name=info.name if info is not None else None,
-        expected_edges=e,
-        info={"kind": "ogb" if info else "ogb-layout", "dataset": name, "path": str(root),
-              "release": info.version if info else None, "split": split_dir.name,
-              "features": feature_note},
-    )
+    return ogb_source(root, name, info, split_dir, task, num_nodes=n, num_edges=e, feature_dim=dim,
+                      edge_blocks=edge_blocks, feature_blocks=feature_blocks, labels=labels, features=feature_note)
 
 
 def _mean_edge_features(root: Path, n: int, dim: int) -> np.ndarray:
