@@ -255,35 +255,45 @@ class _FixedSpMM(torch.autograd.Function):
 
 
 class EdgeWeightedTopology:
-    """A pattern whose edge values are computed (attention): ``A(values) @ h`` with gradients for both."""
+    """A pattern whose edge values are computed (attention): ``A(values) @ h`` with gradients for both.
+
+    What :func:`weighted_matmul` reads: the CSR ``indptr``/``cols`` of ``A``, the CSR ``t_indptr``/``t_cols`` of
+    ``A^T`` with ``perm`` mapping its edges to ``A``'s, and the row-block ``bounds`` / ``t_bounds`` of each."""
 
     def __init__(self, pattern: CSR, device: torch.device | None = None, bounds: list[int] | None = None) -> None:
         self.device = device or torch.device("cpu")
         self.bounds = list(bounds) if bounds is not None else [0, pattern.num_nodes]
+        self.t_bounds = self.bounds  # square: the same boundaries cut A^T
         self.phases = None  #: a ntp.chunking.PhaseMemory (peak memory per phase), set by the context
         self.pattern = pattern
         self.num_nodes = pattern.num_nodes
         t, perm = transpose(pattern)
         self.indptr = pattern.indptr.to(self.device)
-        self.src = pattern.indices.to(self.device)
+        self.src = self.cols = pattern.indices.to(self.device)
         self.dst = pattern.edge_rows().to(self.device)
-        self.t_indptr, self.t_indices, self.perm = t.indptr.to(self.device), t.indices.to(self.device), perm.to(self.device)
+        self.t_indptr, self.t_cols, self.perm = t.indptr.to(self.device), t.indices.to(self.device), perm.to(self.device)
 
     def matmul(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return _EdgeWeightedSpMM.apply(values, h, self)
+        return weighted_matmul(values, h, self)
 
     def softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Softmax of per-edge ``logits`` [E, heads] over the in-edges of each destination vertex."""
         return edge_softmax(logits, self.dst, self.num_nodes)
 
 
+def weighted_matmul(values: torch.Tensor, h: torch.Tensor, topo) -> torch.Tensor:
+    """``A(values) @ h`` over ``topo``'s pattern (see :class:`EdgeWeightedTopology` for what it provides), with
+    gradients for the edge values (an SDDMM) and for ``h`` (``A^T @ g``)."""
+    return _EdgeWeightedSpMM.apply(values, h, topo)
+
+
 class _EdgeWeightedSpMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values: torch.Tensor, h: torch.Tensor, topo: EdgeWeightedTopology) -> torch.Tensor:
+    def forward(ctx, values: torch.Tensor, h: torch.Tensor, topo) -> torch.Tensor:
         ctx.topo = topo
         ctx.save_for_backward(values, h)
         with in_phase(topo.phases):
-            return _chunked_matmul(topo.indptr, topo.src, values, topo.bounds, h)
+            return _chunked_matmul(topo.indptr, topo.cols, values, topo.bounds, h)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -293,9 +303,9 @@ class _EdgeWeightedSpMM(torch.autograd.Function):
         grad_values = grad_h = None
         with in_phase(topo.phases):
             if ctx.needs_input_grad[1]:
-                grad_h = _chunked_matmul(topo.t_indptr, topo.t_indices, values[topo.perm], topo.bounds, grad)
+                grad_h = _chunked_matmul(topo.t_indptr, topo.t_cols, values[topo.perm], topo.t_bounds, grad)
             if ctx.needs_input_grad[0]:
-                grad_values = edge_dot(topo.indptr, topo.src, grad, h, topo.bounds)
+                grad_values = edge_dot(topo.indptr, topo.cols, grad, h, topo.bounds)
         return grad_values, grad_h, None
 
 

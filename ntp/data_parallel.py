@@ -19,7 +19,7 @@ from functools import cached_property
 import torch
 import torch.distributed as dist
 
-from ntp.aggregate import CSR, csr_matmul, edge_dot, edge_softmax, with_self_loops
+from ntp.aggregate import CSR, csr_matmul, edge_softmax, weighted_matmul, with_self_loops
 from ntp.collectives import Comm
 from ntp.context import GraphContext, operator_pattern
 from ntp.metrics import HALO
@@ -158,35 +158,15 @@ class LocalAttentionTopology:
         self.indptr, self.cols = indptr.to(dev), cols.to(dev)
         t_indptr, t_cols, perm = _transpose_local(indptr, cols, self.num_ext)
         self.t_indptr, self.t_cols, self.perm = t_indptr.to(dev), t_cols.to(dev), perm.to(dev)
+        self.bounds, self.t_bounds = [0, self.num_rows], [0, self.num_ext]  # one block each (no chunking here)
+        self.phases = None
 
     def softmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Softmax of per-edge ``logits`` [E_own, heads] over the in-edges of each own destination row."""
         return edge_softmax(logits, self.local_dst, self.num_rows)
 
     def matmul(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return _LocalWeightedSpMM.apply(values, with_halo(h, self.plan, self.comm), self)
-
-
-class _LocalWeightedSpMM(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values: torch.Tensor, h_ext: torch.Tensor, topo: LocalAttentionTopology) -> torch.Tensor:
-        ctx.topo = topo
-        ctx.save_for_backward(values, h_ext)
-        a = torch.sparse_csr_tensor(topo.indptr, topo.cols, values, size=(topo.num_rows, topo.num_ext))
-        return csr_matmul(a, h_ext)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        values, h_ext = ctx.saved_tensors
-        topo = ctx.topo
-        grad = grad.contiguous()
-        grad_values = grad_h = None
-        if ctx.needs_input_grad[1]:
-            at = torch.sparse_csr_tensor(topo.t_indptr, topo.t_cols, values[topo.perm], size=(topo.num_ext, topo.num_rows))
-            grad_h = csr_matmul(at, grad)
-        if ctx.needs_input_grad[0]:
-            grad_values = edge_dot(topo.indptr, topo.cols, grad, h_ext)
-        return grad_values, grad_h, None
+        return weighted_matmul(values, with_halo(h, self.plan, self.comm), self)
 
 
 # -- the context ------------------------------------------------------------------------------------------------------
