@@ -136,27 +136,49 @@ def uniform_bounds(n: int, chunk_rows: int) -> list[int]:
     return list(range(0, n, chunk_rows)) + [n]
 
 
-class RowBlocks:
-    """The row blocks of one CSR matrix cut at ``bounds``, as torch sparse CSR tensors on ``device``.
+#: What aggregation keeps in host memory (ntp.config ``offload``): nothing, the topology, or the topology and the
+#: dense input rows (embeddings), gathered per chunk.
+OFFLOAD_CHOICES = ("none", "topology", "all")
 
-    Resident (default): every block is built once and kept on the device. Offloaded (``offload=True``): the topology
-    stays in host memory (pinned on CUDA) and each block is copied to the device when it is needed; on CUDA the next
-    block's copy is issued on a separate stream while the current block computes. On CPU the offloaded form only
-    changes when blocks are built (per use, from views: no extra memory)."""
+
+class RowBlocks:
+    """The row blocks of one CSR matrix cut at ``bounds``, applied chunk by chunk on ``device``.
+
+    ``offload`` says what stays in host memory (pinned on CUDA):
+
+    - ``"none"``: every block lives on the device;
+    - ``"topology"``: blocks are copied to the device when needed; on CUDA the next block's copy runs on a separate
+      stream while the current block computes;
+    - ``"all"``: as ``"topology"``, and the dense input ``h`` stays in host memory too: each chunk's columns are
+      renumbered to the chunk's own sources, only those rows of ``h`` are copied to the device, and the output rows
+      come back to ``h``'s memory. The device then holds one chunk's working set (edges, gathered source rows,
+      output rows): what ntp.chunking's memory budget counts.
+
+    On CPU the three forms compute the same products with the same kernel; only where the inputs come from differs.
+    """
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, num_cols: int,
-                 bounds: list[int], device: torch.device, offload: bool = False) -> None:
+                 bounds: list[int], device: torch.device, offload: str = "none") -> None:
+        if offload not in OFFLOAD_CHOICES:
+            raise ValueError(f"offload {offload!r}: choose one of {OFFLOAD_CHOICES}")
         self.bounds, self.num_cols, self.device, self.offload = list(bounds), num_cols, device, offload
         self.num_rows = bounds[-1]
+        self.gathers_rows = offload == "all"
+        self.sources: list[torch.Tensor | None] = []  # per chunk (offload "all"): the chunk's source ids, sorted
         parts = []
         for r0, r1 in self.ranges():
             e0, e1 = int(indptr[r0]), int(indptr[r1])
-            parts.append((indptr[r0 : r1 + 1] - e0, indices[e0:e1], values[e0:e1]))
-        if offload and device.type == "cuda":
-            parts = [tuple(t.contiguous().pin_memory() for t in p) for p in parts]
-        self._host = parts if offload else None
-        self._blocks = None if offload else [self._build(tuple(t.to(device) for t in p), r1 - r0)
-                                             for p, (r0, r1) in zip(parts, self.ranges())]
+            cols = indices[e0:e1]
+            if self.gathers_rows:
+                src, cols = torch.unique(cols, return_inverse=True)
+                self.sources.append(src)
+            parts.append((indptr[r0 : r1 + 1] - e0, cols, values[e0:e1]))
+        if offload == "none":
+            self._parts = [tuple(t.to(device) for t in p) for p in parts]
+        elif device.type == "cuda":
+            self._parts = [tuple(t.contiguous().pin_memory() for t in p) for p in parts]
+        else:
+            self._parts = parts
 
     def ranges(self) -> list[tuple[int, int]]:
         return list(zip(self.bounds[:-1], self.bounds[1:]))
@@ -164,20 +186,24 @@ class RowBlocks:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
-    def _build(self, part: tuple[torch.Tensor, ...], rows: int) -> torch.Tensor:
-        crow, col, val = part
-        return torch.sparse_csr_tensor(crow, col, val, size=(rows, self.num_cols))
-
     def __iter__(self):
-        """``(r0, r1, block)`` for every chunk, in order."""
-        if self._blocks is not None:
-            for (r0, r1), block in zip(self.ranges(), self._blocks):
-                yield r0, r1, block
-        elif self.device.type == "cuda":
-            yield from self._stream_cuda()
+        """``(r0, r1, apply)`` for every chunk, in order; ``apply(h)`` is the chunk's rows of ``M @ h``, returned
+        in ``h``'s memory. The chunk's topology is on the device when it is yielded (streamed when offloaded)."""
+        parts = self._stream_cuda() if self.offload != "none" and self.device.type == "cuda" else iter(self._parts)
+        for j, ((r0, r1), part) in enumerate(zip(self.ranges(), parts)):
+            yield r0, r1, lambda h, part=part, j=j, rows=r1 - r0: self._apply(part, j, rows, h)
+
+    def _apply(self, part: tuple[torch.Tensor, ...], j: int, rows: int, h: torch.Tensor) -> torch.Tensor:
+        crow, col, val = part
+        if self.gathers_rows:
+            src = self.sources[j]
+            x = h.index_select(0, src if src.device == h.device else src.to(h.device))
+            if x.device != self.device:
+                x = (x.pin_memory() if self.device.type == "cuda" else x).to(self.device, non_blocking=True)
         else:
-            for (r0, r1), part in zip(self.ranges(), self._host):
-                yield r0, r1, self._build(part, r1 - r0)
+            x = h
+        y = csr_matmul(torch.sparse_csr_tensor(crow, col, val, size=(rows, x.shape[0])), x)
+        return y if y.device == h.device else y.to(h.device)
 
     def _stream_cuda(self):  # pragma: no cover - needs a GPU
         copy_stream = torch.cuda.Stream(self.device)
@@ -186,29 +212,28 @@ class RowBlocks:
         def prefetch(j: int):
             copy_stream.wait_stream(compute_stream)  # never overwrite memory the compute stream still reads
             with torch.cuda.stream(copy_stream):
-                tensors = tuple(t.to(self.device, non_blocking=True) for t in self._host[j])
+                tensors = tuple(t.to(self.device, non_blocking=True) for t in self._parts[j])
                 done = torch.cuda.Event()
                 done.record(copy_stream)
             return tensors, done
 
-        ranges = self.ranges()
-        pending = prefetch(0) if ranges else None
-        for j, (r0, r1) in enumerate(ranges):
+        pending = prefetch(0) if len(self) else None
+        for j in range(len(self)):
             tensors, done = pending
             compute_stream.wait_event(done)
             for t in tensors:
                 t.record_stream(compute_stream)  # allocated on the copy stream, used on the compute stream
-            pending = prefetch(j + 1) if j + 1 < len(ranges) else None
-            yield r0, r1, self._build(tensors, r1 - r0)
+            pending = prefetch(j + 1) if j + 1 < len(self) else None
+            yield tensors
 
     def matmul(self, h: torch.Tensor) -> torch.Tensor:
-        """``M @ h``, chunk by chunk, into one preallocated output (never a concatenation of copies)."""
+        """``M @ h``, chunk by chunk, into one preallocated output in ``h``'s memory (never a concatenation)."""
         if len(self) == 1:
-            (_, _, block), = iter(self)
-            return csr_matmul(block, h)
+            (_, _, apply), = iter(self)
+            return apply(h)
         out = h.new_empty(self.num_rows, h.shape[1])
-        for r0, r1, block in self:
-            out[r0:r1] = csr_matmul(block, h)
+        for r0, r1, apply in self:
+            out[r0:r1] = apply(h)
         return out
 
 
@@ -219,7 +244,7 @@ class SparseOperator:
     by default, ``chunk_rows`` rows each, or any boundaries from a chunk plan (ntp.chunking)."""
 
     def __init__(self, pattern: CSR, values: torch.Tensor, chunk_rows: int = 0, device: torch.device | None = None,
-                 *, bounds: list[int] | None = None, offload: bool = False) -> None:
+                 *, bounds: list[int] | None = None, offload: str = "none") -> None:
         device = device or torch.device("cpu")
         self.num_nodes = pattern.num_nodes
         self.nnz = pattern.num_edges

@@ -110,12 +110,17 @@ class Comm:
         return recv[: lay.num_rows()]
 
     def all_reduce(self, x: torch.Tensor, kind: str = ALLREDUCE) -> torch.Tensor:
-        """In-place sum over ranks (bytes counted as a ring all-reduce: 2 (m-1)/m of the buffer each way)."""
+        """In-place sum over ranks (bytes counted as a ring all-reduce: 2 (m-1)/m of the buffer each way).
+
+        ``x`` may live off the communication device (an NN stage on the CPU beside NCCL): it is staged there."""
         if self.world == 1:
             return x
         nbytes = 2 * (self.world - 1) * x.numel() * x.element_size() // self.world
+        staged = x.to(self.device)
         with self.stats.timed(kind, nbytes, nbytes, self.device):
-            dist.all_reduce(x, group=self.group)
+            dist.all_reduce(staged, group=self.group)
+        if staged is not x:
+            x.copy_(staged)
         return x
 
     def _check_rows(self, x: torch.Tensor) -> None:
@@ -188,7 +193,7 @@ def all_gather_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
 
 
 def all_reduce_sum(x: torch.Tensor, comm: Comm, kind: str = ALLREDUCE) -> torch.Tensor:
-    return x if comm.world == 1 else _AllReduceSum.apply(x, comm, kind)
+    return x if comm.world == 1 else _AllReduceSum.apply(x.to(comm.device), comm, kind).to(x.device)
 
 
 def all_reduce_gradients(params: list[torch.nn.Parameter], comm: Comm) -> None:

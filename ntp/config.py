@@ -21,6 +21,8 @@ Arch = Literal["decoupled", "coupled"]
 Mode = Literal["single", "tp", "data"]
 Optimizer = Literal["adam", "adamw"]
 Norm = Literal["none", "batch", "layer"]
+Offload = Literal["none", "topology", "all"]
+NNDevice = Literal["auto", "device", "cpu"]
 
 #: Models whose propagation has no weights between steps: they only exist decoupled.
 DECOUPLED_ONLY = ("sgc", "appnp")
@@ -65,9 +67,13 @@ class TrainConfig:
     chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
     memory_budget: str = opt("", "Memory for one aggregation chunk's working set, e.g. 8GB or 512MB; chunks are the "
                                  "largest that fit (default: free GPU memory with a margin; no chunking on CPU).")
-    pipeline: bool = opt(False, "Tensor parallel, decoupled: split and gather per chunk as asynchronous collectives "
-                                "overlapping aggregation; sources already received are not sent again.")
-    offload: bool = opt(False, "Keep the topology in (pinned) host memory and stream it chunk by chunk to the GPU.")
+    pipeline: bool = opt(False, "Tensor parallel: split and gather per chunk as asynchronous collectives overlapping "
+                                "aggregation; sources already received are not sent again (attention, gat, is not "
+                                "pipelined).")
+    offload: Offload = opt("none", "What aggregation keeps in (pinned) host memory and streams to the device chunk by "
+                                   "chunk: none, topology, or all (topology and the column-slice embeddings).")
+    nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU), cpu, or auto (cpu when its "
+                                      "row blocks do not fit in device memory beside aggregation's chunks).")
     timeout_s: float = opt(300.0, "Timeout of every collective; a rank that waits longer fails the job.")
     threads: int = opt(0, "Intra-op threads per rank (0: cores / ranks on this node).")
     fail_at_epoch: int = opt(-1, "Testing aid: this rank fails (raises) at this epoch; see fail_rank.")
@@ -99,9 +105,16 @@ class TrainConfig:
         if self.arch == "decoupled" and self.prop_steps == 0 and self.model == "gat":
             raise ConfigError("--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)")
         parse_bytes(self.memory_budget, "--memory-budget")
-        if self.pipeline and (self.arch != "decoupled" or self.mode == "data"):
-            raise ConfigError("--pipeline overlaps the split and gather of decoupled tensor parallelism; use it with "
-                              "--arch decoupled --mode tp (or drop --pipeline)")
+        if self.pipeline and self.mode == "data":
+            raise ConfigError("--pipeline overlaps the split and gather of tensor parallelism; use it with --mode tp "
+                              "(or drop --pipeline)")
+        if self.offload != "none" and self.mode == "data":
+            raise ConfigError("--offload streams tensor parallelism's chunks; the data-parallel baseline keeps its "
+                              "own block on the device: use --mode tp, or --offload none")
+        if self.offload != "none" and self.model == "gat":
+            raise ConfigError("--offload streams fixed propagation operators; attention (--model gat) computes its "
+                              "edge values on the device every step: use --offload none (--memory-budget still "
+                              "chunks its aggregation)")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
 
@@ -170,7 +183,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-_LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm}
+_LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm, "Offload": Offload,
+             "NNDevice": NNDevice}
 
 
 def _literal_choices(type_name: str) -> tuple[str, ...]:

@@ -6,10 +6,11 @@ from functools import cached_property
 import torch
 
 from ntp.aggregate import CSR, EdgeWeightedTopology, SparseOperator, gcn_values, mean_values, sum_values, with_self_loops
-from ntp.chunking import EDGE_BYTES, ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
+from ntp.chunking import ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
 from ntp.collectives import Comm, gather, split
 from ntp.partition import ceil_div
 from ntp.pipelining import PipelinedOperator, propagate_gather, split_propagate
+from ntp.placement import graph_resident_bytes
 
 #: Propagation operators by name. "gcn": D^-1/2 (A+I) D^-1/2; "mean": D^-1 A (SAGE); "mean_self": D^-1 (A+I);
 #: "sum_root": A + I (GIN with eps = 0, existing self-loops kept as in PyG).
@@ -29,10 +30,13 @@ class GraphContext:
     supports_pipelining = True
 
     def __init__(self, csr: CSR, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
-                 width: int = 0, pipeline: bool = False, offload: bool = False, dedup: bool = True) -> None:
+                 width: int = 0, pipeline: bool = False, offload: str = "none", dedup: bool = True,
+                 nn_device: torch.device | None = None, reserved_bytes: int = 0) -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.chunking; ``width``: the widest
         matrix propagated, for the budget); ``pipeline``: decoupled propagation with per-chunk asynchronous split and
-        gather (ntp.pipelining), ``dedup`` sends every source row once; ``offload``: topology streamed from host."""
+        gather (ntp.pipelining), ``dedup`` sends every source row once; ``offload``: what aggregation streams from
+        host memory (ntp.placement); ``nn_device``: where the row layout lives (default: the rank's device);
+        ``reserved_bytes``: device memory the default chunk budget leaves to the NN stage."""
         self.csr = csr
         self.comm = comm
         self.chunk_rows = chunk_rows
@@ -41,6 +45,10 @@ class GraphContext:
         self.pipeline = pipeline
         self.offload = offload
         self.dedup = dedup
+        self.nn_device = nn_device or comm.device
+        self.reserved_bytes = reserved_bytes
+        #: where the graph layout lives: host memory when embeddings are offloaded, else the rank's device
+        self.home = torch.device("cpu") if offload == "all" else comm.device
         self.seed = seed
         self.step = 0  #: training step (epoch): part of the dropout key, so masks are reproducible on resume
         self._operators: dict[str, SparseOperator] = {}
@@ -53,7 +61,8 @@ class GraphContext:
     def plan(self) -> ChunkPlan:
         """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
         slice_width = ceil_div(max(self.width, 1), self.comm.world)
-        resident = 0 if self.offload else 2 * (self.csr.num_edges + self.csr.num_nodes) * EDGE_BYTES
+        resident = self.reserved_bytes + graph_resident_bytes(self.csr.num_nodes, self.csr.num_edges, slice_width,
+                                                              self.offload)
         return make_plan(self.csr.indptr, self.csr.indices, self.csr.num_nodes, chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=slice_width, device=self.device,
                          resident_bytes=resident)
@@ -66,7 +75,8 @@ class GraphContext:
     def worker_stats(self) -> dict:
         """What this context adds to the worker record of an epoch."""
         phases = self.memory.snapshot()
-        stats = {"chunks": self.plan.num_chunks, "overlap_s": self.clock.overlap_s, "peak_mem_by_phase": phases}
+        stats = {"chunks": self.plan.num_chunks, "overlap_s": self.clock.overlap_s, "peak_mem_by_phase": phases,
+                 "nn_device": str(self.nn_device), "offload": self.offload, "pipelined": bool(self._pipelined)}
         if phases:  # resetting per-phase peaks also resets the epoch's: the epoch peak is the largest phase peak
             stats["peak_mem_bytes"] = max(phases.values())
         return stats
@@ -81,10 +91,10 @@ class GraphContext:
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
-        return split(z, self.comm)
+        return split(z.to(self.device), self.comm).to(self.home)
 
     def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
-        return gather(h, self.comm, width)
+        return gather(h.to(self.device), self.comm, width).to(self.nn_device)
 
     def graph_cols(self, width: int) -> tuple[int, int]:
         return self.comm.layout.cols(width)
@@ -109,11 +119,11 @@ class GraphContext:
             z_cols = self.to_graph(z)
             h = z_cols
         else:
-            p, z_cols = split_propagate(z, pop)
+            p, z_cols = split_propagate(z.to(self.device), pop)
             h = _mix(p, z_cols, alpha)
             for _ in range(steps - 2):
                 h = _mix(self.propagate(name, h), z_cols, alpha)
-        last = propagate_gather(h, pop, width)
+        last = propagate_gather(h, pop, width).to(self.nn_device)
         return last if alpha is None else (1 - alpha) * last + alpha * z  # gather(split(z)) is z, exactly
 
     def propagate_weighted(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -138,7 +148,8 @@ class GraphContext:
         if name not in self._pipelined:
             op = self.operator(name)
             with in_phase(self.memory, "setup"):
-                self._pipelined[name] = PipelinedOperator(op, self.comm, self.clock, self.memory, dedup=self.dedup)
+                self._pipelined[name] = PipelinedOperator(op, self.comm, self.clock, self.memory, dedup=self.dedup,
+                                                          home=self.home)
         return self._pipelined[name]
 
     @cached_property

@@ -176,10 +176,10 @@ class DataParallelContext(GraphContext):
     supports_pipelining = False
 
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
-        return z
+        return z.to(self.device)
 
     def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
-        return h
+        return h.to(self.nn_device)
 
     def graph_cols(self, width: int) -> tuple[int, int]:
         return 0, width

@@ -7,7 +7,8 @@ rank the collectives are identities, so ``--mode single`` is the same code with 
 - Decoupled (predict, then propagate): ``Z = MLP(X)``; split once; K propagation steps on the slice; gather once.
 - Coupled (classic layers): every layer transforms rows, splits, aggregates the slice, gathers: the paper's
   "naive" tensor parallelism. Aggregation is applied after the layer's first Linear (exact by linearity), so the
-  width at the split is the layer's output width, as in PyG's GCNConv.
+  width at the split is the layer's output width, as in PyG's GCNConv. Each layer's split-aggregate-gather is one
+  ``propagate_rows`` call, so the context may pipeline it like the decoupled propagation.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class EdgeAttention(nn.Module):
         """Edge softmax weights [E, heads]. ``shared_heads``: every head scores the same ``z`` (decoupled)."""
         z = z_rows.unsqueeze(1) if shared_heads else z_rows.view(-1, self.heads, self.head_dim)
         scores = torch.cat([(z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)], dim=1)
-        scores = all_gather_rows(scores, ctx.comm, ATTENTION)
+        scores = all_gather_rows(scores.to(ctx.device), ctx.comm, ATTENTION)  # edges live on the rank's device
         topo = ctx.attention_topology
         logits = scores[topo.src, : self.heads] + scores[topo.dst, self.heads :]
         return topo.softmax(F.leaky_relu(logits, self.negative_slope))
@@ -101,11 +102,9 @@ class GCNLayer(nn.Module):
         super().__init__()
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
-        self.out_dim = out_dim
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        h = ctx.to_graph(self.lin(x))
-        return ctx.from_graph(ctx.propagate("gcn", h), self.out_dim) + self.bias
+        return ctx.propagate_rows("gcn", self.lin(x), 1) + self.bias
 
 
 class SAGELayer(nn.Module):
@@ -115,11 +114,9 @@ class SAGELayer(nn.Module):
         super().__init__()
         self.lin_l = nn.Linear(in_dim, out_dim)
         self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
-        self.out_dim = out_dim
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        h = ctx.to_graph(F.linear(x, self.lin_l.weight))
-        agg = ctx.from_graph(ctx.propagate("mean", h), self.out_dim)
+        agg = ctx.propagate_rows("mean", F.linear(x, self.lin_l.weight), 1)
         return agg + self.lin_l.bias + self.lin_r(x)
 
 
@@ -130,11 +127,9 @@ class GINLayer(nn.Module):
         super().__init__()
         self.lin1 = nn.Linear(in_dim, hidden)
         self.lin2 = nn.Linear(hidden, out_dim)
-        self.hidden = hidden
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        h = ctx.to_graph(F.linear(x, self.lin1.weight))
-        agg = ctx.from_graph(ctx.propagate("sum_root", h), self.hidden)
+        agg = ctx.propagate_rows("sum_root", F.linear(x, self.lin1.weight), 1)
         return self.lin2(F.relu(agg + self.lin1.bias))
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ntp.aggregate import RowBlocks, SparseOperator, csr_matmul
+from ntp.aggregate import RowBlocks, SparseOperator
 from ntp.chunking import ChunkPlan, OverlapClock, PhaseMemory, SourceSchedule, in_phase, now, source_schedule
 from ntp.collectives import Comm
 from ntp.metrics import GATHER, SPLIT
@@ -34,12 +34,12 @@ from ntp.metrics import GATHER, SPLIT
 class _Exchange:
     """Per chunk of a split schedule: the new sources, how many each rank owns, and this rank's share (local ids)."""
 
-    sources: torch.Tensor  # sorted global ids (so grouped by owner)
+    sources: torch.Tensor  # sorted global ids (so grouped by owner), where the column layout lives
     counts: list[int]  # rows owned by each rank
-    mine: torch.Tensor  # local row ids of this rank's share
+    mine: torch.Tensor  # local row ids of this rank's share, on the communication device
 
 
-def _exchanges(schedule: SourceSchedule, comm: Comm, device: torch.device) -> list[_Exchange]:
+def _exchanges(schedule: SourceSchedule, comm: Comm, home: torch.device) -> list[_Exchange]:
     lay = comm.layout
     inner = torch.tensor(lay.row_bounds[1:-1], dtype=torch.int64)
     r0, r1 = lay.rows()
@@ -47,7 +47,7 @@ def _exchanges(schedule: SourceSchedule, comm: Comm, device: torch.device) -> li
     for src in schedule.new_sources:
         counts = torch.bincount(torch.bucketize(src, inner, right=True), minlength=comm.world).tolist()
         mine = src[(src >= r0) & (src < r1)] - r0
-        out.append(_Exchange(src.to(device), counts, mine.to(device)))
+        out.append(_Exchange(src.to(home), counts, mine.to(comm.device)))
     return out
 
 
@@ -56,13 +56,14 @@ class PipelinedOperator:
     its backward (for ``A^T``), computed once from the topology, identical in shape on every rank."""
 
     def __init__(self, op: SparseOperator, comm: Comm, clock: OverlapClock, phases: PhaseMemory | None = None,
-                 dedup: bool = True) -> None:
+                 dedup: bool = True, home: torch.device | None = None) -> None:
         self.op, self.comm, self.clock, self.phases = op, comm, clock, phases
+        self.home = home or comm.device  #: where the column layout lives (host memory with offloaded embeddings)
         plan = ChunkPlan(op.bounds)
         fwd = source_schedule(op.pattern.indptr, op.pattern.indices, plan, dedup)
         bwd = source_schedule(op.transposed.indptr, op.transposed.indices, plan, dedup)
-        self.forward_exchanges = _exchanges(fwd, comm, comm.device)
-        self.backward_exchanges = _exchanges(bwd, comm, comm.device)
+        self.forward_exchanges = _exchanges(fwd, comm, self.home)
+        self.backward_exchanges = _exchanges(bwd, comm, self.home)
         # rows of each chunk owned by each rank (the gather side)
         self.chunk_owner_rows = [_intersections(a, b, comm.layout.row_bounds) for a, b in plan.ranges()]
 
@@ -117,8 +118,8 @@ def _start_split(comm: Comm, clock: OverlapClock, x_rows: torch.Tensor, ex: _Exc
 
 
 def _place_split(zc: torch.Tensor, ex: _Exchange, flight: _InFlight | None) -> None:
-    if flight is not None:
-        zc[ex.sources] = flight.wait().view(-1, zc.shape[1])  # sources sorted: rank order = id order
+    if flight is not None:  # sources sorted: rank order = id order
+        zc[ex.sources] = flight.wait().view(-1, zc.shape[1]).to(zc.device)
 
 
 def split_then_apply(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: RowBlocks, exchanges: list[_Exchange],
@@ -130,14 +131,15 @@ def split_then_apply(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: RowBl
     col_b = lay.col_bounds(width)
     c0, c1 = lay.cols(width)
     x_rows = x_rows.contiguous()
-    zc = x_rows.new_zeros(lay.num_nodes, c1 - c0)
-    out = x_rows.new_empty(lay.num_nodes, c1 - c0)
+    home = pop.home  # where the column layout lives (host memory when embeddings are offloaded)
+    zc = x_rows.new_zeros(lay.num_nodes, c1 - c0, device=home)
+    out = x_rows.new_empty(lay.num_nodes, c1 - c0, device=home)
     with in_phase(pop.phases):  # one phase for the whole loop: switching phases resets memory counters (slow)
         pending = _start_split(comm, clock, x_rows, exchanges[0], col_b, kind)
-        for j, (r0, r1, block) in enumerate(blocks):
+        for j, (r0, r1, apply) in enumerate(blocks):
             ahead = _start_split(comm, clock, x_rows, exchanges[j + 1], col_b, kind)  # j + 1 may be the remainder
             _place_split(zc, exchanges[j], pending)
-            out[r0:r1] = csr_matmul(block, zc)
+            out[r0:r1] = apply(zc)
             pending = ahead
         _place_split(zc, exchanges[-1], pending)
     return out, zc
@@ -151,7 +153,7 @@ def apply_then_gather(pop: PipelinedOperator, h_cols: torch.Tensor, blocks: RowB
     col_b = lay.col_bounds(width)
     widths = [col_b[q + 1] - col_b[q] for q in range(m)]
     own0 = lay.rows()[0]
-    out_rows = h_cols.new_empty(lay.num_rows(), width)
+    out_rows = h_cols.new_empty(lay.num_rows(), width, device=comm.device)
     h_cols = h_cols.contiguous()
 
     def place(j: int, flight: _InFlight) -> None:
@@ -165,16 +167,16 @@ def apply_then_gather(pop: PipelinedOperator, h_cols: torch.Tensor, blocks: RowB
 
     pending: tuple[int, _InFlight] | None = None
     with in_phase(pop.phases):  # one phase for the whole loop (see split_then_apply)
-        for j, (r0, r1, block) in enumerate(blocks):
-            y = csr_matmul(block, h_cols)
+        for j, (r0, r1, apply) in enumerate(blocks):
+            y = apply(h_cols)
             if extra is not None:
                 y = y + extra[r0:r1]
             owners = pop.chunk_owner_rows[j]
-            send = torch.cat([y[a - r0 : b - r0].reshape(-1) for a, b in owners])
+            send = torch.cat([y[a - r0 : b - r0].reshape(-1) for a, b in owners]).to(comm.device)
             in_splits = [(b - a) * widths[r] for a, b in owners]
             a_r, b_r = owners[r]
             out_splits = [(b_r - a_r) * widths[q] for q in range(m)]
-            flight = _InFlight(comm, clock, kind, y.new_empty(sum(out_splits)), send, out_splits, in_splits)
+            flight = _InFlight(comm, clock, kind, send.new_empty(sum(out_splits)), send, out_splits, in_splits)
             if pending is not None:
                 place(*pending)
             pending = (j, flight)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ntp import checkpoint
+from ntp import checkpoint, placement
 from ntp.aggregate import CSR
 from ntp.collectives import Comm, all_reduce_gradients
 from ntp.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
@@ -30,7 +30,7 @@ from ntp.evaluation import compute_metric
 from ntp.launch import FAILURE_BEGIN, FAILURE_END
 from ntp.metrics import ALLREDUCE, reset_peak_memory, worker_record
 from ntp.models import build_model
-from ntp.partition import Layout
+from ntp.partition import Layout, ceil_div
 
 SPLITS = ("train", "valid", "test")
 #: (config, world size, rank) -> this rank's GraphData
@@ -71,11 +71,14 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
                             (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
     comm = Comm(layout, env.device, group=None)
     csr = CSR.from_numpy(data.indptr, data.indices)
+    width = data.out_dim if cfg.arch == "decoupled" else max(cfg.hidden, data.out_dim)
+    model = build_model(cfg, data.feature_dim, data.out_dim)
+    nn_device, nn_bytes = _place_nn_stage(cfg, env, data, model, width)
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
     ctx = ctx_cls(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
-                  pipeline=cfg.pipeline, offload=cfg.offload,
-                  width=data.out_dim if cfg.arch == "decoupled" else max(cfg.hidden, data.out_dim))
-    model = build_model(cfg, data.feature_dim, data.out_dim).to(env.device)
+                  pipeline=cfg.pipeline, offload=cfg.offload, width=width, nn_device=nn_device,
+                  reserved_bytes=nn_bytes if nn_device == env.device else 0)
+    model = model.to(nn_device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     r0, r1 = layout.rows()
@@ -86,9 +89,24 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if train_count == 0:
         raise ConfigError(f"graph {data.name!r} has no labeled training vertex: nothing to train on; give labels and "
                           "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)")
-    return Job(cfg, env, data, comm, ctx, model, optimizer, x=torch.from_numpy(data.features).to(env.device),
-               y=y_all[r0:r1].to(env.device), local_split={k: v.to(env.device) for k, v in local_split.items()},
+    return Job(cfg, env, data, comm, ctx, model, optimizer, x=torch.from_numpy(data.features).to(nn_device),
+               y=y_all[r0:r1].to(nn_device), local_split={k: v.to(nn_device) for k, v in local_split.items()},
                global_train_count=train_count)
+
+
+def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module,
+                    width: int) -> tuple[torch.device, int]:
+    """Where the NN stage runs (ntp.placement) and the device memory it needs there."""
+    rows = Layout(data.num_nodes, env.world, env.rank).num_rows()
+    params = sum(p.numel() for p in model.parameters())
+    nn_bytes = placement.nn_stage_bytes(rows, data.feature_dim, cfg.hidden, data.out_dim, cfg.nn_layers, params)
+    graph_bytes = placement.graph_resident_bytes(data.num_nodes, data.num_edges, ceil_div(width, env.world), cfg.offload)
+    graph_bytes += cfg.memory_budget_bytes
+    free = placement.free_device_bytes(env.device)
+    device = placement.choose_nn_device(cfg.nn_device, env.device, nn_bytes, graph_bytes, free)
+    if free and env.is_main:
+        print(f"[ntp] {placement.describe(device, nn_bytes, graph_bytes, free)}", flush=True)
+    return device, nn_bytes
 
 
 def _load_from_store(cfg: TrainConfig, world: int, rank: int) -> GraphData:
@@ -147,7 +165,7 @@ def evaluate_splits(job: Job) -> dict[str, float]:
 def _gathered_metric(job: Job, logits: torch.Tensor) -> dict[str, float]:
     """ROC-AUC (and OGB's evaluator) need every score: gather them to every rank."""
     scores = logits if job.data.task_type == "multiclass" else torch.sigmoid(logits)
-    full = job.comm.all_gather_rows(scores.contiguous(), ALLREDUCE).cpu().numpy()
+    full = job.comm.all_gather_rows(scores.to(job.comm.device).contiguous(), ALLREDUCE).cpu().numpy()
     labels = np.asarray(job.data.labels)
     out = {}
     for name in SPLITS:

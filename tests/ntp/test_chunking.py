@@ -12,6 +12,7 @@ from ntp.chunking import MemoryBudgetError, budget_plan, row_costs, source_sched
 from ntp.config import ConfigError, TrainConfig, parse_bytes
 from ntp.cost import decoupled_bytes
 from ntp.dist import DistEnv
+from ntp.placement import choose_nn_device, graph_resident_bytes, nn_stage_bytes
 from ntp.train import fit, setup
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import loader, random_graph
@@ -49,8 +50,14 @@ def test_memory_budget_parses_units_and_rejects_nonsense() -> None:
     for bad in ("8 gigs", "lots", "0MB", "-1GB"):
         with pytest.raises(ConfigError, match="--memory-budget .* e.g. --memory-budget 8GB"):
             TrainConfig(memory_budget=bad)
-    with pytest.raises(ConfigError, match="--pipeline"):
-        TrainConfig(pipeline=True, arch="coupled")
+    with pytest.raises(ConfigError, match="--pipeline .* use it with --mode tp"):
+        TrainConfig(pipeline=True, mode="data")
+    with pytest.raises(ConfigError, match="--offload .* use --mode tp"):
+        TrainConfig(offload="all", mode="data")
+    with pytest.raises(ConfigError, match="attention .* use --offload none"):
+        TrainConfig(offload="topology", model="gat")
+    with pytest.raises(ConfigError, match="--offload 'yes' is not valid; choose one of: none, topology, all"):
+        TrainConfig(offload="yes")
 
 
 # -- plans ---------------------------------------------------------------------------------------------------------
@@ -86,8 +93,8 @@ def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:
     assert plain.total > sched.total
 
 
-@pytest.mark.parametrize("offload", [False, True])
-def test_operator_products_do_not_depend_on_chunks(offload: bool) -> None:
+@pytest.mark.parametrize("offload", ["none", "topology", "all"])
+def test_operator_products_do_not_depend_on_chunks(offload: str) -> None:
     pattern = with_self_loops(_csr(DIRECTED))
     values = gcn_values(pattern)
     h = torch.randn(pattern.num_nodes, 6, requires_grad=True)
@@ -102,13 +109,47 @@ def test_operator_products_do_not_depend_on_chunks(offload: bool) -> None:
         torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-6)
 
 
+# -- placement: where the NN stage runs ------------------------------------------------------------------------------------
+def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation() -> None:
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    gib = 1 << 30
+    # an ogbn-products row block on one of 4 ranks: 612k rows, 100 features, hidden 256, 47 classes (~6.4 GB)
+    nn = nn_stage_bytes(612_000, 100, 256, 47, 3, params=100_000)
+    small = nn_stage_bytes(10_000, 100, 256, 47, 3, params=100_000)
+    graph = graph_resident_bytes(2_450_000, 124_000_000, 12, "all")
+    assert graph == 0, "offload all keeps neither topology nor embeddings on the device"
+    assert graph_resident_bytes(2_450_000, 124_000_000, 12, "topology") > 0
+    assert graph_resident_bytes(10, 20, 4, "none") > graph_resident_bytes(10, 20, 4, "topology")
+    assert choose_nn_device("auto", gpu, nn, graph, 80 * gib) == gpu
+    assert choose_nn_device("auto", gpu, nn, graph, 4 * gib) == cpu, f"{nn / gib:.1f} GiB cannot fit in 4 GiB"
+    assert choose_nn_device("auto", gpu, small, graph, 4 * gib) == gpu
+    assert choose_nn_device("auto", gpu, small, 4 * gib, 4 * gib) == cpu, "what aggregation keeps comes first"
+    assert choose_nn_device("device", gpu, nn, graph, 1) == gpu, "an explicit choice is obeyed"
+    assert choose_nn_device("cpu", gpu, small, graph, 80 * gib) == cpu
+    assert choose_nn_device("auto", cpu, small, graph, 0) == cpu and choose_nn_device("device", cpu, 1, 1, 0) == cpu
+
+
 # -- single process: any chunk size, any budget, same training ----------------------------------------------------------
+def test_offloaded_embeddings_visit_the_device_one_chunk_of_sources_at_a_time() -> None:
+    pattern = with_self_loops(_csr(DIRECTED))
+    op = SparseOperator(pattern, gcn_values(pattern), bounds=uniform_plan(100, 13).bounds, offload="all")
+    for blocks, csr in ((op.forward_blocks, op.pattern), (op.backward_blocks, op.transposed)):
+        for (a, b), src in zip(blocks.ranges(), blocks.sources):
+            needed = torch.unique(csr.indices[int(csr.indptr[a]) : int(csr.indptr[b])])
+            assert torch.equal(src, needed), "a chunk gathers exactly its own sources"
+        assert max(len(s) for s in blocks.sources) < pattern.num_nodes
+
+
+OFFLOADABLE = [c for c in MODELS if c["model"] != "gat"]
+
+
 @pytest.mark.parametrize("chunking", [dict(chunk_rows=1), dict(chunk_rows=33), dict(memory_budget="4KB"),
-                                      dict(chunk_rows=7, offload=True)])
+                                      dict(chunk_rows=7, offload="topology"), dict(chunk_rows=7, offload="all"),
+                                      dict(chunk_rows=7, nn_device="cpu")])
 def test_chunked_training_equals_unchunked(chunking: dict) -> None:
     from tests.ntp.exactness_worker import trace
 
-    for cfg in MODELS:
+    for cfg in OFFLOADABLE if chunking.get("offload") else MODELS:
         ref = trace(TrainConfig(**cfg), DIRECTED, EPOCHS, SINGLE)
         ours = trace(TrainConfig(**cfg, **chunking), DIRECTED, EPOCHS, SINGLE)
         where = f"{cfg['arch']}-{cfg['model']} with {chunking}"
@@ -124,6 +165,7 @@ def test_worker_records_report_chunks_overlap_and_phase_memory(tmp_path) -> None
     assert set(first["peak_mem_by_phase"]) == {"setup", "nn", "propagate"}, "operators are built in the first epoch"
     worker = second
     assert worker["chunks"] == 4 and worker["overlap_s"] == 0.0
+    assert worker["nn_device"] == "cpu" and worker["offload"] == "none"
     assert set(worker["peak_mem_by_phase"]) == {"nn", "propagate"}
     assert worker["peak_mem_bytes"] == max(worker["peak_mem_by_phase"].values()) > 0
 
@@ -135,24 +177,31 @@ PIPE_MODELS = [dict(PIPE_BASE, model="gcn"), dict(PIPE_BASE, model="appnp"), dic
                dict(PIPE_BASE, model="appnp", prop_steps=1), dict(PIPE_BASE, model="gat")]
 
 
+COUPLED_PIPE_MODELS = [dict(BASE, model=m, arch="coupled", dropout=0.3) for m in ("gcn", "sage", "gin")]
+
+
 @pytest.fixture(scope="module")
 def reference() -> list[dict]:
-    return trace_all([dict(c, mode="single") for c in PIPE_MODELS + MODELS], DIRECTED, EPOCHS)
+    return trace_all([dict(c, mode="single") for c in PIPE_MODELS + MODELS + COUPLED_PIPE_MODELS], DIRECTED, EPOCHS)
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, reference: list[dict]) -> None:
     variants = {"chunked": dict(chunk_rows=9), "budget": dict(memory_budget="3KB"),
                 "pipelined": dict(chunk_rows=9, pipeline=True),
-                "pipelined-one-chunk": dict(pipeline=True)}
+                "pipelined-one-chunk": dict(pipeline=True),
+                "offloaded": dict(chunk_rows=9, offload="all"),
+                "pipelined-offloaded": dict(chunk_rows=9, pipeline=True, offload="all")}
     configs, names = [], []
     for vname, extra in variants.items():
-        models = PIPE_MODELS + (MODELS if vname in ("chunked", "budget") else [])
+        models = PIPE_MODELS + (MODELS if vname in ("chunked", "budget") else COUPLED_PIPE_MODELS)
+        if "offload" in extra:
+            models = [c for c in models if c["model"] != "gat"]
         for c in models:
             configs.append(dict(c, mode="tp", **extra))
             names.append((vname, c))
     per_rank = run_on_ranks(trace_all, world, configs, DIRECTED, EPOCHS, timeout=300)
-    refs = {id(c): r for c, r in zip(PIPE_MODELS + MODELS, reference)}
+    refs = {id(c): r for c, r in zip(PIPE_MODELS + MODELS + COUPLED_PIPE_MODELS, reference)}
     for i, (vname, c) in enumerate(names):
         where = f"{c['arch']}-{c['model']} K={c['prop_steps']} {vname}, world {world}"
         for rank_result in (r[i] for r in per_rank):
