@@ -8,9 +8,11 @@
     unchunked run exceeds it; the chunked run gets ``--memory-budget = budget - nn peak`` (the chunk working set may
     use what the rest of the epoch leaves). Reported: epoch peak RSS, peak per phase, chunks, epoch time and its
     ratio to unchunked (target <= 1.3x; peak <= budget).
+    With ``--chunk-rows``, also fixed chunks with the topology and embeddings in host memory (``--offload all``).
 (b) Pipelining: tensor-parallel decoupled GCN at 2 and 4 ranks (real torchrun jobs, gloo), chunked, pipelining
-    off vs on: epoch time, overlap_s, split+gather bytes per rank. Bytes without deduplication are computed from the
-    chunk schedule (the same computation reproduces the measured bytes with deduplication, checked and printed).
+    off vs on, ``--repeats`` interleaved jobs each (median): epoch time, overlap_s, split+gather bytes per rank.
+    Bytes without deduplication are computed from the chunk schedule (the same computation reproduces the measured
+    bytes with deduplication, checked and printed).
 
 Figures are medians over epochs after the first. The machine may be shared: compare ratios, not absolute times.
 """
@@ -52,22 +54,32 @@ def run(store: Path, nproc: int, epochs: int, **fields) -> dict:
 
 def memory_part(store: Path, args) -> list[dict]:
     common = dict(model="gcn", hidden=args.hidden, nn_layers=2, prop_steps=args.prop_steps, dropout=0.0)
-    whole = run(store, 1, args.epochs, **common)
-    budget_mb = args.rss_budget_mb or (whole["nn_peak_MB"] + whole["peak_MB"]) / 2
-    chunk_mb = budget_mb - whole["nn_peak_MB"]
-    rows = [dict(part="a-memory", run="unchunked", budget_MB=budget_mb, **whole)]
-    print(f"unchunked: {whole}; RSS budget {budget_mb:.0f}MB, chunk working set {chunk_mb:.1f}MB", flush=True)
-    if chunk_mb <= 0:
-        print(f"budget {budget_mb:.0f}MB is below the non-aggregation peak {whole['nn_peak_MB']:.0f}MB: cannot chunk")
-        return rows
-    chunked = run(store, 1, args.epochs, memory_budget=f"{chunk_mb:.2f}MiB", **common)
-    rows.append(dict(part="a-memory", run=f"budget {chunk_mb:.1f}MiB", budget_MB=budget_mb, **chunked,
-                     time_vs_unchunked=chunked["epoch_s"] / whole["epoch_s"],
-                     within_budget=str(chunked["peak_MB"] <= budget_mb)))
+    first = run(store, 1, args.epochs, **common)
+    budget_mb = args.rss_budget_mb or (first["nn_peak_MB"] + first["peak_MB"]) / 2
+    chunk_mb = budget_mb - first["nn_peak_MB"]
+    print(f"unchunked: {first}; RSS budget {budget_mb:.0f}MB, chunk working set {chunk_mb:.1f}MB", flush=True)
+    variants = {"unchunked": {}}
+    if chunk_mb > 0:
+        variants[f"budget {chunk_mb:.1f}MiB"] = dict(memory_budget=f"{chunk_mb:.2f}MiB")
+    else:
+        print(f"budget {budget_mb:.0f}MB is below the non-aggregation peak {first['nn_peak_MB']:.0f}MB: cannot chunk")
     if args.chunk_rows:
-        fixed = run(store, 1, args.epochs, chunk_rows=args.chunk_rows, **common)
-        rows.append(dict(part="a-memory", run=f"chunk_rows {args.chunk_rows}", budget_MB=budget_mb, **fixed,
-                         time_vs_unchunked=fixed["epoch_s"] / whole["epoch_s"]))
+        variants[f"chunk_rows {args.chunk_rows}"] = dict(chunk_rows=args.chunk_rows)
+        variants[f"chunk_rows {args.chunk_rows} offload all"] = dict(chunk_rows=args.chunk_rows, offload="all")
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    runs["unchunked"].append(first)
+    for repeat in range(args.repeats):  # interleaved, so a busy moment of the machine hits every variant alike
+        for name, fields in variants.items():
+            if not (repeat == 0 and name == "unchunked"):
+                runs[name].append(run(store, 1, args.epochs, **fields, **common))
+    whole = _median_run(runs["unchunked"])
+    rows = []
+    for name, fields in variants.items():
+        r = _median_run(runs[name])
+        extra = {} if name == "unchunked" else dict(time_vs_unchunked=r["epoch_s"] / whole["epoch_s"])
+        if "memory_budget" in fields:
+            extra["within_budget"] = str(r["peak_MB"] <= budget_mb)
+        rows.append(dict(part="a-memory", run=name, budget_MB=budget_mb, **r, **extra))
     return rows
 
 
@@ -99,14 +111,23 @@ def pipeline_part(store: Path, args, classes: int) -> list[dict]:
     for world in args.ranks:
         common = dict(model="gcn", hidden=args.hidden, nn_layers=2, prop_steps=args.prop_steps, dropout=0.0,
                       chunk_rows=args.pipe_chunk_rows)
-        off = run(store, world, args.epochs, **common)
-        on = run(store, world, args.epochs, pipeline=True, **common)
+        offs, ons = [], []
+        for _ in range(args.repeats):  # interleaved, so a busy moment of the machine hits both alike
+            offs.append(run(store, world, args.epochs, **common))
+            ons.append(run(store, world, args.epochs, pipeline=True, **common))
+        off, on = _median_run(offs), _median_run(ons)
         dedup = schedule_bytes(store, world, args.pipe_chunk_rows, classes, True) / 1e6
         no_dedup = schedule_bytes(store, world, args.pipe_chunk_rows, classes, False) / 1e6
         rows.append(dict(part="b-pipeline", run=f"{world} ranks off", **off))
         rows.append(dict(part="b-pipeline", run=f"{world} ranks on", **on, time_vs_off=on["epoch_s"] / off["epoch_s"],
                          schedule_MB_dedup=dedup, schedule_MB_no_dedup=no_dedup))
     return rows
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median epoch time (its other figures come with it), plus every repeat's epoch time."""
+    ordered = sorted(runs, key=lambda r: r["epoch_s"])
+    return dict(ordered[(len(ordered) - 1) // 2], repeats_s=" ".join(f"{r['epoch_s']:.3f}" for r in runs))
 
 
 def main() -> None:
@@ -127,13 +148,14 @@ def main() -> None:
     args.nodes = args.nodes or (60_000 if args.quick else 300_000)
     args.avg_degree = args.avg_degree or (20 if args.quick else 40)
     args.epochs = args.epochs or (3 if args.quick else 5)
+    args.repeats = args.repeats or (1 if args.quick else 3)  # part (b): interleaved off/on jobs per rank count
     args.pipe_chunk_rows = args.pipe_chunk_rows or -(-args.nodes // 8)
     store = synthetic_store(args.nodes, args.avg_degree, features=args.features, classes=args.classes)
     rows = (memory_part(store, args) if "a" in args.parts else []) + \
            (pipeline_part(store, args, args.classes) if "b" in args.parts else [])
     columns = ["part", "run", "epoch_s", "time_vs_unchunked", "time_vs_off", "chunks", "peak_MB", "budget_MB",
                "within_budget", "nn_peak_MB", "propagate_peak_MB", "overlap_s", "comm_s", "graph_MB_per_rank",
-               "schedule_MB_dedup", "schedule_MB_no_dedup"]
+               "schedule_MB_dedup", "schedule_MB_no_dedup", "repeats_s"]
     report("chunking", rows, {k: v for k, v in vars(args).items()}, columns)
 
 

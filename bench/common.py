@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -230,10 +231,11 @@ def _log_mlflow(name: str, rows: list[dict], params: dict, files: list[Path]) ->
     for k, v in {**params, **{f"machine.{k}": v for k, v in machine().items()}}.items():
         client.log_param(rid, k, str(v)[:500])
     for i, row in enumerate(rows):
-        label = "_".join(str(v) for k, v in row.items() if isinstance(v, str))[:200]
+        label = "_".join(str(v) for k, v in row.items() if isinstance(v, str) and not k.startswith("repeat"))[:200]
         for k, v in row.items():
             if isinstance(v, (int, float)) and v == v and not isinstance(v, bool):
-                client.log_metric(rid, f"{label}.{k}".replace(" ", "_").replace("/", "_per_"), float(v), step=i)
+                key = re.sub(r"[^A-Za-z0-9_.:-]", "", f"{label}.{k}".replace(" ", "_").replace("/", "_per_"))
+                client.log_metric(rid, key, float(v), step=i)
     for f in files:
         client.log_artifact(rid, str(f))
     client.set_terminated(rid)
