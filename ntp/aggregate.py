@@ -151,7 +151,8 @@ class RowBlocks:
       stream while the current block computes;
     - ``"all"``: as ``"topology"``, and the dense input ``h`` stays in host memory too: each chunk's columns are
       renumbered to the chunk's own sources, only those rows of ``h`` are copied to the device, and the output rows
-      come back to ``h``'s memory. The device then holds one chunk's working set (edges, gathered source rows,
+      come back to ``h``'s memory (on CUDA the next chunk's rows are copied on the side stream too, when ``h`` is
+      complete before the loop). The device then holds one chunk's working set (edges, gathered source rows,
       output rows): what ntp.chunking's memory budget counts.
 
     On CPU the three forms compute the same products with the same kernel; only where the inputs come from differs.
@@ -187,15 +188,24 @@ class RowBlocks:
         return len(self.bounds) - 1
 
     def __iter__(self):
+        return self.chunks()
+
+    def chunks(self, rows_from: torch.Tensor | None = None):
         """``(r0, r1, apply)`` for every chunk, in order; ``apply(h)`` is the chunk's rows of ``M @ h``, returned
-        in ``h``'s memory. The chunk's topology is on the device when it is yielded (streamed when offloaded)."""
-        parts = self._stream_cuda() if self.offload != "none" and self.device.type == "cuda" else iter(self._parts)
+        in ``h``'s memory. The chunk's topology is on the device when it is yielded (streamed when offloaded).
+
+        ``rows_from``: the input, when it is complete before the loop starts (pipelining fills it during the loop):
+        on CUDA with ``offload="all"`` the next chunk's source rows are then copied on the side stream too."""
+        streamed = self.offload != "none" and self.device.type == "cuda"
+        parts = self._stream_cuda(rows_from if self.gathers_rows else None) if streamed else iter(self._parts)
         for j, ((r0, r1), part) in enumerate(zip(self.ranges(), parts)):
             yield r0, r1, lambda h, part=part, j=j, rows=r1 - r0: self._apply(part, j, rows, h)
 
     def _apply(self, part: tuple[torch.Tensor, ...], j: int, rows: int, h: torch.Tensor) -> torch.Tensor:
-        crow, col, val = part
-        if self.gathers_rows:
+        crow, col, val, *prefetched = part
+        if prefetched:
+            x = prefetched[0]
+        elif self.gathers_rows:
             src = self.sources[j]
             x = h.index_select(0, src if src.device == h.device else src.to(h.device))
             if x.device != self.device:
@@ -205,14 +215,17 @@ class RowBlocks:
         y = csr_matmul(torch.sparse_csr_tensor(crow, col, val, size=(rows, x.shape[0])), x)
         return y if y.device == h.device else y.to(h.device)
 
-    def _stream_cuda(self):  # pragma: no cover - needs a GPU
+    def _stream_cuda(self, rows_from: torch.Tensor | None):  # pragma: no cover - needs a GPU
         copy_stream = torch.cuda.Stream(self.device)
         compute_stream = torch.cuda.current_stream(self.device)
 
         def prefetch(j: int):
+            host = self._parts[j]
+            if rows_from is not None:  # this chunk's source rows, gathered into pinned memory
+                host = host + (rows_from.index_select(0, self.sources[j]).pin_memory(),)
             copy_stream.wait_stream(compute_stream)  # never overwrite memory the compute stream still reads
             with torch.cuda.stream(copy_stream):
-                tensors = tuple(t.to(self.device, non_blocking=True) for t in self._parts[j])
+                tensors = tuple(t.to(self.device, non_blocking=True) for t in host)
                 done = torch.cuda.Event()
                 done.record(copy_stream)
             return tensors, done
@@ -229,10 +242,10 @@ class RowBlocks:
     def matmul(self, h: torch.Tensor) -> torch.Tensor:
         """``M @ h``, chunk by chunk, into one preallocated output in ``h``'s memory (never a concatenation)."""
         if len(self) == 1:
-            (_, _, apply), = iter(self)
+            (_, _, apply), = self.chunks(rows_from=h)
             return apply(h)
         out = h.new_empty(self.num_rows, h.shape[1])
-        for r0, r1, apply in self:
+        for r0, r1, apply in self.chunks(rows_from=h):
             out[r0:r1] = apply(h)
         return out
 

@@ -9,7 +9,7 @@ from ntp.aggregate import CSR, EdgeWeightedTopology, SparseOperator, gcn_values,
 from ntp.chunking import ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
 from ntp.collectives import Comm, gather, split
 from ntp.partition import ceil_div
-from ntp.pipelining import PipelinedOperator, propagate_gather, split_propagate
+from ntp.pipelining import PipelinedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.placement import graph_resident_bytes
 
 #: Propagation operators by name. "gcn": D^-1/2 (A+I) D^-1/2; "mean": D^-1 A (SAGE); "mean_self": D^-1 (A+I);
@@ -106,7 +106,8 @@ class GraphContext:
     def propagate_rows(self, name: str, z: torch.Tensor, steps: int, alpha: float | None = None) -> torch.Tensor:
         """``gather(P^steps(split(z)))`` from the row layout back to it, with ``P(h) = A h`` or, given ``alpha``,
         ``P(h) = (1 - alpha) A h + alpha split(z)`` (APPNP). Tensor parallel with ``pipeline``: the first step is
-        fused with the split and the last with the gather, chunk by chunk (ntp.pipelining); same values."""
+        fused with the split and the last with the gather, chunk by chunk (ntp.pipelining; one step: both, in one
+        loop); same values."""
         width = z.shape[1]
         if not (self.pipeline and self.supports_pipelining and self.comm.world > 1 and steps > 0):
             z_cols = self.to_graph(z)
@@ -116,14 +117,13 @@ class GraphContext:
             return self.from_graph(h, width)
         pop = self.pipelined_operator(name)
         if steps == 1:
-            z_cols = self.to_graph(z)
-            h = z_cols
+            last = split_propagate_gather(z.to(self.device), pop).to(self.nn_device)
         else:
             p, z_cols = split_propagate(z.to(self.device), pop)
             h = _mix(p, z_cols, alpha)
             for _ in range(steps - 2):
                 h = _mix(self.propagate(name, h), z_cols, alpha)
-        last = propagate_gather(h, pop, width).to(self.nn_device)
+            last = propagate_gather(h, pop, width).to(self.nn_device)
         return last if alpha is None else (1 - alpha) * last + alpha * z  # gather(split(z)) is z, exactly
 
     def propagate_weighted(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -109,9 +109,10 @@ def _start_split(comm: Comm, clock: OverlapClock, x_rows: torch.Tensor, ex: _Exc
         return None
     m, r = comm.world, comm.rank
     widths = [col_b[q + 1] - col_b[q] for q in range(m)]
-    local = x_rows[ex.mine]
-    send = torch.cat([local[:, col_b[q] : col_b[q + 1]].reshape(-1) for q in range(m)])
     in_splits = [ex.counts[r] * widths[q] for q in range(m)]
+    send = x_rows.new_empty(sum(in_splits))
+    for q, block in enumerate(send.split(in_splits)):  # one copy: this rank's new rows, rank q's columns
+        torch.index_select(x_rows[:, col_b[q] : col_b[q + 1]], 0, ex.mine, out=block.view(ex.counts[r], widths[q]))
     out_splits = [ex.counts[q] * widths[r] for q in range(m)]
     recv = x_rows.new_empty(sum(out_splits))
     return _InFlight(comm, clock, kind, recv, send, out_splits, in_splits)
@@ -145,44 +146,79 @@ def split_then_apply(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: RowBl
     return out, zc
 
 
+class _Gathers:
+    """Chunk outputs sent to their owners (the row layout): chunk ``j``'s all-to-all is in flight while the next chunk
+    computes, and is placed into ``out_rows`` when the next one is sent (or at :meth:`finish`)."""
+
+    def __init__(self, pop: PipelinedOperator, width: int, kind: str, dtype: torch.dtype) -> None:
+        self.pop, self.kind = pop, kind
+        comm = pop.comm
+        self.col_b = comm.layout.col_bounds(width)
+        self.widths = [self.col_b[q + 1] - self.col_b[q] for q in range(comm.world)]
+        self.own0 = comm.layout.rows()[0]
+        self.out_rows = torch.empty(comm.layout.num_rows(), width, dtype=dtype, device=comm.device)
+        self.pending: tuple[int, _InFlight] | None = None
+
+    def send(self, j: int, y: torch.Tensor) -> None:
+        comm, r = self.pop.comm, self.pop.comm.rank
+        owners = self.pop.chunk_owner_rows[j]
+        send = y.contiguous().view(-1).to(comm.device)  # owners' row ranges tile the chunk in rank order
+        in_splits = [(b - a) * self.widths[r] for a, b in owners]
+        a_r, b_r = owners[r]
+        out_splits = [(b_r - a_r) * w for w in self.widths]
+        flight = _InFlight(comm, self.pop.clock, self.kind, send.new_empty(sum(out_splits)), send, out_splits,
+                           in_splits)
+        self._place_pending()
+        self.pending = (j, flight)
+
+    def finish(self) -> torch.Tensor:
+        self._place_pending()
+        return self.out_rows
+
+    def _place_pending(self) -> None:
+        if self.pending is None:
+            return
+        j, flight = self.pending
+        self.pending = None
+        a, b = self.pop.chunk_owner_rows[j][self.pop.comm.rank]
+        parts = flight.wait().split([(b - a) * w for w in self.widths])
+        if b > a:
+            for q, part in enumerate(parts):
+                self.out_rows[a - self.own0 : b - self.own0, self.col_b[q] : self.col_b[q + 1]] = part.view(b - a, -1)
+
+
 def apply_then_gather(pop: PipelinedOperator, h_cols: torch.Tensor, blocks: RowBlocks, width: int,
                       extra: torch.Tensor | None, kind: str) -> torch.Tensor:
     """``gather(M @ h + extra)`` with each chunk's rows sent to their owners while the next chunk aggregates."""
-    comm, clock = pop.comm, pop.clock
-    lay, m, r = comm.layout, comm.world, comm.rank
-    col_b = lay.col_bounds(width)
-    widths = [col_b[q + 1] - col_b[q] for q in range(m)]
-    own0 = lay.rows()[0]
-    out_rows = h_cols.new_empty(lay.num_rows(), width, device=comm.device)
+    gathers = _Gathers(pop, width, kind, h_cols.dtype)
     h_cols = h_cols.contiguous()
-
-    def place(j: int, flight: _InFlight) -> None:
-        a, b = pop.chunk_owner_rows[j][r]
-        if b > a:
-            parts = flight.wait().split([(b - a) * widths[q] for q in range(m)])
-            for q in range(m):
-                out_rows[a - own0 : b - own0, col_b[q] : col_b[q + 1]] = parts[q].view(b - a, widths[q])
-        else:
-            flight.wait()
-
-    pending: tuple[int, _InFlight] | None = None
     with in_phase(pop.phases):  # one phase for the whole loop (see split_then_apply)
         for j, (r0, r1, apply) in enumerate(blocks):
             y = apply(h_cols)
-            if extra is not None:
-                y = y + extra[r0:r1]
-            owners = pop.chunk_owner_rows[j]
-            send = torch.cat([y[a - r0 : b - r0].reshape(-1) for a, b in owners]).to(comm.device)
-            in_splits = [(b - a) * widths[r] for a, b in owners]
-            a_r, b_r = owners[r]
-            out_splits = [(b_r - a_r) * widths[q] for q in range(m)]
-            flight = _InFlight(comm, clock, kind, send.new_empty(sum(out_splits)), send, out_splits, in_splits)
-            if pending is not None:
-                place(*pending)
-            pending = (j, flight)
-        if pending is not None:
-            place(*pending)
-    return out_rows
+            gathers.send(j, y if extra is None else y.add_(extra[r0:r1]))  # y is this chunk's fresh product
+    return gathers.finish()
+
+
+def split_apply_gather(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: RowBlocks, exchanges: list[_Exchange],
+                       width: int) -> torch.Tensor:
+    """``gather(M @ split(x))``: per chunk, its new source rows arrive (issued one chunk ahead), it aggregates, and
+    its output rows leave while the next chunk aggregates. Rows no chunk needs are never sent."""
+    comm = pop.comm
+    lay = comm.layout
+    col_b = lay.col_bounds(width)
+    c0, c1 = lay.cols(width)
+    x_rows = x_rows.contiguous()
+    zc = x_rows.new_zeros(lay.num_nodes, c1 - c0, device=pop.home)
+    gathers = _Gathers(pop, width, GATHER, x_rows.dtype)
+    last = len(blocks) - 1
+    with in_phase(pop.phases):
+        pending = _start_split(comm, pop.clock, x_rows, exchanges[0], col_b, SPLIT)
+        for j, (r0, r1, apply) in enumerate(blocks):
+            ahead = _start_split(comm, pop.clock, x_rows, exchanges[j + 1], col_b, SPLIT) if j < last else None
+            _place_split(zc, exchanges[j], pending)
+            gathers.send(j, apply(zc))
+            pending = ahead
+    return gathers.finish()
 
 
 # -- autograd: each backward is the other's forward over A^T ------------------------------------------------------------
@@ -213,6 +249,24 @@ class _PropagateGather(torch.autograd.Function):
         pop = ctx.pop
         out, _ = split_then_apply(pop, g_rows.contiguous(), pop.op.backward_blocks, pop.backward_exchanges, SPLIT)
         return out, None, None
+
+
+class _SplitPropagateGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_rows: torch.Tensor, pop: PipelinedOperator):
+        ctx.pop, ctx.width = pop, x_rows.shape[1]
+        return split_apply_gather(pop, x_rows, pop.op.forward_blocks, pop.forward_exchanges, ctx.width)
+
+    @staticmethod
+    def backward(ctx, g_rows: torch.Tensor):
+        pop = ctx.pop
+        return split_apply_gather(pop, g_rows.contiguous(), pop.op.backward_blocks, pop.backward_exchanges,
+                                  ctx.width), None
+
+
+def split_propagate_gather(x_rows: torch.Tensor, pop: PipelinedOperator) -> torch.Tensor:
+    """``gather(A @ split(x))``: one propagation step with both collectives pipelined (a coupled layer, K = 1)."""
+    return _SplitPropagateGather.apply(x_rows, pop)
 
 
 def split_propagate(x_rows: torch.Tensor, pop: PipelinedOperator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,6 +169,7 @@ def timing_table(results: Results) -> Any:
             row["bytes_sent_total"] = int(sum(sent.values()))
             row["bytes_recv_total"] = int(sum(recv.values()))
             row["peak_mem_bytes"] = int(w.get("peak_mem_bytes", 0))
+            row.update(_chunking_fields(w))
             rows.append(row)
     columns = ["epoch", "rank", "epoch_s", "compute_s"]
     return pd.DataFrame(rows, columns=columns + [c for c in (rows[0] if rows else {}) if c not in columns])
@@ -227,6 +228,14 @@ def worker_metrics(worker: Mapping[str, Any]) -> dict[str, float]:
         parts = worker.get(key) or {}
         out[f"{key}_total"] = float(sum(parts.values()))
         out.update({f"{key}/{kind}": float(v) for kind, v in parts.items()})
+    out.update({k.replace("peak_mem_", "peak_mem/"): v for k, v in _chunking_fields(worker).items()})
+    return out
+
+
+def _chunking_fields(worker: Mapping[str, Any]) -> dict[str, float]:
+    """Chunks, communication overlapped with compute, CPU seconds and peak memory per phase, where recorded."""
+    out = {k: float(worker[k]) for k in ("chunks", "overlap_s", "cpu_s") if worker.get(k) is not None}
+    out.update({f"peak_mem_{phase}": float(v) for phase, v in (worker.get("peak_mem_by_phase") or {}).items()})
     return out
 
 

@@ -65,6 +65,8 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if env.world > 1 and cfg.mode == "single":
         raise ConfigError("--mode single runs one process; use --mode tp with several processes (or --nproc 1)")
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world))
+    if cfg.pipeline and env.device.type == "cpu" and env.world > 1 and env.is_main:
+        _warn_cpu_pipelining(env.local_world * torch.get_num_threads())
     data = (load or _load_from_store)(cfg, env.world, env.rank)
     layout = Layout(data.num_nodes, env.world, env.rank)
     check_same_on_all_ranks(env, "graph (nodes, edges, feature width, classes)",
@@ -92,6 +94,15 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     return Job(cfg, env, data, comm, ctx, model, optimizer, x=torch.from_numpy(data.features).to(nn_device),
                y=y_all[r0:r1].to(nn_device), local_split={k: v.to(nn_device) for k, v in local_split.items()},
                global_train_count=train_count)
+
+
+def _warn_cpu_pipelining(busy_threads: int) -> None:
+    cores = os.cpu_count() or 1
+    if busy_threads >= cores:
+        print(f"[ntp] warning: --pipeline on CPU ranks that use all {cores} cores ({busy_threads} compute threads): "
+              "gloo's communication is CPU work too, so it has nothing idle to overlap with and pipelining may be a "
+              "few percent slower here (docs/benchmarks.md, section 6); it pays where a GPU or a network link "
+              "moves the data", flush=True)
 
 
 def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module,
@@ -188,13 +199,14 @@ def fit(job: Job) -> dict:
         job.comm.stats.reset()
         reset_peak_memory(env.device)
         job.ctx.reset_stats()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         loss = train_step(job, epoch)
-        epoch_s = time.perf_counter() - t0
+        epoch_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
         if not np.isfinite(loss):
             raise TrainingError(f"loss became {loss} at epoch {epoch}; lower --lr (now {cfg.lr}) or check the "
                                 f"store's features for NaN/inf (`ntp data info {cfg.store}`)")
-        worker = {**worker_record(env.rank, epoch_s, job.comm.stats, env.device), **job.ctx.worker_stats()}
+        worker = {**worker_record(env.rank, epoch_s, job.comm.stats, env.device), **job.ctx.worker_stats(),
+                  "cpu_s": cpu_s}  # CPU seconds of all this process's threads (compute and communication)
         metrics = {}
         if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
             metrics = evaluate_splits(job)

@@ -10,7 +10,7 @@ import torch
 from ntp.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
 from ntp.chunking import MemoryBudgetError, budget_plan, row_costs, source_schedule, uniform_plan
 from ntp.config import ConfigError, TrainConfig, parse_bytes
-from ntp.cost import decoupled_bytes
+from ntp.cost import coupled_bytes, decoupled_bytes
 from ntp.dist import DistEnv
 from ntp.placement import choose_nn_device, graph_resident_bytes, nn_stage_bytes
 from ntp.train import fit, setup
@@ -233,11 +233,17 @@ def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
     base = dict(mode="tp", model="gcn", hidden=11, dropout=0.0, nn_layers=2, prop_steps=3)
+    coupled = dict(base, arch="coupled", chunk_rows=9)
     configs = [dict(base, chunk_rows=9), dict(base, chunk_rows=9, pipeline=True),
-               dict(base, chunk_rows=9, pipeline=True, dedup=False), dict(base)]
+               dict(base, chunk_rows=9, pipeline=True, dedup=False), dict(base), coupled, dict(coupled, pipeline=True)]
     per_rank = run_on_ranks(pipeline_bytes_worker, world, configs)
     n, classes = 100, 5
-    chunked, piped, no_dedup, plain = (list(r) for r in zip(*per_rank))
+    chunked, piped, no_dedup, plain, coupled_off, coupled_on = (list(r) for r in zip(*per_rank))
+    for off, on in zip(coupled_off, coupled_on):  # one step per layer: split and gather in one pipelined loop
+        graph_bytes = [sum(r["sent"].get(k, 0) for k in ("split", "gather")) for r in (off, on)]
+        assert graph_bytes[0] == coupled_bytes(n, [11, classes], world) and graph_bytes[1] <= graph_bytes[0]
+        assert on["async"] > 2 * 2 * 12, "2 layers x (forward, backward) x 12 chunk gathers, and the splits too"
+        assert on["loss"] == pytest.approx(off["loss"], rel=1e-5)
     cost = decoupled_bytes(n, classes, world)
     for r in range(world):
         assert chunked[r]["sent"]["split"] + chunked[r]["sent"]["gather"] == cost, "chunking keeps the cost model"

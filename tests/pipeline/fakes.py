@@ -14,6 +14,8 @@ def epoch_record(epoch: int, ranks: int = 2, evaluated: bool = True) -> dict:
             "bytes_sent": {"split": 1000 * (r + 1), "gather": 2000, "allreduce": 64},
             "bytes_recv": {"split": 1000, "gather": 2000 * (r + 1), "allreduce": 64},
             "peak_mem_bytes": 100_000_000 + r,
+            "chunks": 4, "overlap_s": 0.01 * r, "cpu_s": 0.2, "nn_device": "cpu", "offload": "none",
+            "pipelined": r == 1, "peak_mem_by_phase": {"nn": 90_000_000, "propagate": 100_000_000 + r},
         }
         for r in range(ranks)
     ]

@@ -21,7 +21,8 @@ def test_timing_table_and_summary(tmp_path: Path) -> None:
     table = tracking.timing_table(res)
     assert len(table) == 8
     assert {"epoch", "rank", "compute_s", "comm_s_split", "comm_s_gather", "comm_s_total", "bytes_sent_split",
-            "bytes_recv_gather", "bytes_sent_total", "peak_mem_bytes"} <= set(table.columns)
+            "bytes_recv_gather", "bytes_sent_total", "peak_mem_bytes", "chunks", "overlap_s", "cpu_s",
+            "peak_mem_nn", "peak_mem_propagate"} <= set(table.columns)
     s = tracking.summarize(res)
     assert s["epochs_run"] == 4
     assert s["compute_s_max"] == pytest.approx(0.11) and s["compute_s_min"] == pytest.approx(0.10)
@@ -39,6 +40,8 @@ def test_epoch_and_worker_metrics_skip_missing_values() -> None:
     assert m["workers/compute_s_max"] == pytest.approx(0.11)
     w = tracking.worker_metrics(epoch_record(0)["workers"][1])
     assert w["bytes_sent/split"] == 2000 and w["comm_s_total"] == pytest.approx(0.051)
+    assert w["chunks"] == 4 and w["overlap_s"] == pytest.approx(0.01) and w["peak_mem/propagate"] == 100_000_001
+    assert "nn_device" not in w and "pipelined" not in w, "metrics are numbers; placement is in the params"
 
 
 def test_plots_are_png(tmp_path: Path) -> None:
