@@ -48,7 +48,7 @@ def run(store: Path, nproc: int, epochs: int, **fields) -> dict:
             "peak_MB": max(w["peak_mem_bytes"] for w in workers) / 2**20,
             "nn_peak_MB": phases.get("nn", 0) / 2**20, "propagate_peak_MB": phases.get("propagate", 0) / 2**20,
             "chunks": timed[0]["workers"][0].get("chunks"), "overlap_s": med(lambda w: w.get("overlap_s", 0.0)),
-            "comm_s": med(lambda w: sum(w["comm_s"].values())),
+            "comm_s": med(lambda w: sum(w["comm_s"].values())), "cpu_s": med(lambda w: w.get("cpu_s", 0.0)),
             "graph_MB_per_rank": med(lambda w: w["bytes_sent"].get("split", 0) + w["bytes_sent"].get("gather", 0)) / 1e6}
 
 
@@ -154,7 +154,7 @@ def main() -> None:
     rows = (memory_part(store, args) if "a" in args.parts else []) + \
            (pipeline_part(store, args, args.classes) if "b" in args.parts else [])
     columns = ["part", "run", "epoch_s", "time_vs_unchunked", "time_vs_off", "chunks", "peak_MB", "budget_MB",
-               "within_budget", "nn_peak_MB", "propagate_peak_MB", "overlap_s", "comm_s", "graph_MB_per_rank",
+               "within_budget", "nn_peak_MB", "propagate_peak_MB", "overlap_s", "comm_s", "cpu_s", "graph_MB_per_rank",
                "schedule_MB_dedup", "schedule_MB_no_dedup", "repeats_s"]
     report("chunking", rows, {k: v for k, v in vars(args).items()}, columns)
 

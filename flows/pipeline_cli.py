@@ -37,7 +37,8 @@ def add_dataset_arguments(parser: Any) -> None:
         if name == "name":
             continue
         base = _base_type(f.annotation)
-        help_text = f"{f.description} (default: {f.default})"
+        said = f.default is None or "default" in (f.description or "")  # the description says it, or there is none
+        help_text = f.description if said else f"{f.description} (default: {f.default})"
         dest = f"data_{name}"
         if base is bool:
             parser.add_argument(_flag(name), dest=dest, action="store_true", help=help_text)

@@ -197,7 +197,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML or TOML file with options; flags given on the command line win")
     for f in fields(TrainConfig):
         flag = f"--{_flag(f.name)}"
-        help_text = f"{f.metadata['help']} (default: {f.default})"
+        help_text = f.metadata["help"] + ("" if f.default in (None, "") else f" (default: {f.default})")
         choices = _literal_choices(f.type) or None
         if f.type == "bool":
             parser.add_argument(flag, action="store_true", default=None, help=help_text)

@@ -33,8 +33,8 @@ class GraphContext:
                  width: int = 0, pipeline: bool = False, offload: str = "none", dedup: bool = True,
                  nn_device: torch.device | None = None, reserved_bytes: int = 0) -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.chunking; ``width``: the widest
-        matrix propagated, for the budget); ``pipeline``: decoupled propagation with per-chunk asynchronous split and
-        gather (ntp.pipelining), ``dedup`` sends every source row once; ``offload``: what aggregation streams from
+        matrix propagated, for the budget); ``pipeline``: propagation with per-chunk asynchronous split and gather
+        (ntp.pipelining), ``dedup`` sends every source row once; ``offload``: what aggregation streams from
         host memory (ntp.placement); ``nn_device``: where the row layout lives (default: the rank's device);
         ``reserved_bytes``: device memory the default chunk budget leaves to the NN stage."""
         self.csr = csr

@@ -1,5 +1,4 @@
-"""Inter-chunk pipelining for decoupled tensor parallelism (../shared/design/tensor-parallel.md, "Inter-chunk
-pipelining").
+"""Inter-chunk pipelining for tensor parallelism (../shared/design/tensor-parallel.md, "Inter-chunk pipelining").
 
 Unpipelined, propagation is ``gather(A^K split(Z))``: one all-to-all moves all of ``Z`` before any aggregation
 starts, and the gather starts after the last aggregation ends. Pipelined, the first propagation step is fused with
@@ -10,10 +9,12 @@ the split and the last with the gather, chunk by chunk (the chunks of ntp.chunki
   aggregates. Rows no chunk needs arrive last (APPNP's teleport term still needs every row of ``Z``).
 - :func:`propagate_gather`: chunk ``j``'s output rows are sent to their owners as soon as they are computed, while
   chunk ``j+1`` aggregates.
+- :func:`split_propagate_gather`: both in one loop, for a single propagation step (a coupled layer, or K = 1);
+  rows no chunk needs are never sent.
 
-Each is the other's backward with ``A^T`` in place of ``A``: the backward of ``split_propagate`` aggregates
-``A^T g`` chunk by chunk and gathers it; the backward of ``propagate_gather`` splits ``g`` with the source schedule
-of ``A^T``. Collectives are ``all_to_all_single(..., async_op=True)`` with exact (unpadded) split sizes; bytes are
+The first two are each other's backward with ``A^T`` in place of ``A``: the backward of ``split_propagate``
+aggregates ``A^T g`` chunk by chunk and gathers it; the backward of ``propagate_gather`` splits ``g`` with the
+source schedule of ``A^T``. The backward of ``split_propagate_gather`` is itself over ``A^T``. Collectives are ``all_to_all_single(..., async_op=True)`` with exact (unpadded) split sizes; bytes are
 counted as sent under the kinds ``split`` and ``gather``. Results equal the unpipelined path: every output row is
 the same row-by-row product over the same values.
 """

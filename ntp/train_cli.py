@@ -15,12 +15,11 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
         description="Train a GNN on a graph store. With --nproc M > 1 this launches "
                     "`torchrun --nproc-per-node M -m ntp.train` (gloo on CPU, NCCL on GPUs, one GPU per rank); "
                     "--mode single trains in this process. Example: ntp train --store data/stores/cora-... --nproc 2 "
-                    "--model gcn --epochs 200 --results results.jsonl",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "--model gcn --epochs 200 --results results.jsonl")
     parser.add_argument("--nproc", type=int, default=None,
                         help=f"processes per node (default: all visible GPUs, else {default_nproc()}; 1 with --mode single)")
-    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (multi-node needs --rdzv-endpoint)")
-    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank in [0, nnodes)")
+    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1; multi-node needs --rdzv-endpoint)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank in [0, nnodes) (default: 0)")
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node only)")
     parser.add_argument("--job-timeout", type=float, default=None, help="kill the whole job after this many seconds")
     add_config_arguments(parser)

@@ -88,3 +88,14 @@ def test_prefect_yaml_deployments() -> None:
     assert params.dataset.name == "ogbn-arxiv"
     train_config(params.training, store="s", nproc=8)  # valid training options
     assert spec["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"]
+
+
+@pytest.mark.parametrize("command", ["train", "pipeline", "evaluate", "compare"])
+def test_help_states_each_default_once(command: str) -> None:
+    from flows.cli import build_parser
+
+    sub = build_parser(with_pipeline=True)._subparsers._group_actions[0].choices[command]
+    text = " ".join(sub.format_help().split())
+    assert "(default: None)" not in text and text.count("(default: 100)") <= 1, text
+    if command == "train":
+        assert "--offload {none,topology,all}" in text and "--nn-device {auto,device,cpu}" in text
