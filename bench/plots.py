@@ -68,7 +68,36 @@ def depth_width() -> None:
     fig.savefig(DOCS / "bench_depth_width.png", dpi=110)
 
 
+def chunking() -> None:
+    rows = _rows("chunking")
+    memory = [r for r in rows if r["part"] == "a-memory"]
+    pipe = [r for r in rows if r["part"] == "b-pipeline"]
+    if not memory and not pipe:
+        return
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = [r["run"].replace("chunk_rows", "rows").replace(" offload", "\noffload") for r in memory]
+    ax_mem.bar(range(len(memory)), [r["peak_MB"] for r in memory], color="tab:blue")
+    if memory:
+        ax_mem.axhline(memory[0]["budget_MB"], color="tab:red", linestyle="--", label="RSS budget")
+        low = min(r["peak_MB"] for r in memory)
+        ax_mem.set_ylim(low * 0.9, max(r["peak_MB"] for r in memory) * 1.03)
+    ax_mem.set_xticks(range(len(memory)), names, fontsize=7)
+    ax_mem.set_ylabel("peak RSS, MB (one process)")
+    ax_mem.set_title("(a) chunks keep the peak under the budget", fontsize=9)
+    ax_mem.legend(fontsize=7)
+    for i, r in enumerate(pipe):  # every repeat as a dot, the median as a bar
+        runs = [float(t) for t in str(r.get("repeats_s", "")).split()]
+        ax_time.bar(i, r["epoch_s"], color="tab:green" if r["run"].endswith(" on") else "tab:gray")
+        ax_time.scatter([i] * len(runs), runs, color="black", s=10, zorder=3)
+    ax_time.set_xticks(range(len(pipe)), [r["run"].replace(" ranks ", "r\npipeline ") for r in pipe], fontsize=7)
+    ax_time.set_ylabel("epoch s (bar: median job; dots: each job)")
+    ax_time.set_title("(b) pipelining off vs on (gloo, 2 cores)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(DOCS / "bench_chunking.png", dpi=110)
+
+
 if __name__ == "__main__":
     kernel()
     modes()
     depth_width()
+    chunking()
