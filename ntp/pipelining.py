@@ -14,8 +14,9 @@ the split and the last with the gather, chunk by chunk (the chunks of ntp.chunki
 
 The first two are each other's backward with ``A^T`` in place of ``A``: the backward of ``split_propagate``
 aggregates ``A^T g`` chunk by chunk and gathers it; the backward of ``propagate_gather`` splits ``g`` with the
-source schedule of ``A^T``. The backward of ``split_propagate_gather`` is itself over ``A^T``. Collectives are ``all_to_all_single(..., async_op=True)`` with exact (unpadded) split sizes; bytes are
-counted as sent under the kinds ``split`` and ``gather``. Results equal the unpipelined path: every output row is
+source schedule of ``A^T``. The backward of ``split_propagate_gather`` is itself over ``A^T``. Collectives are
+``all_to_all_single(..., async_op=True)`` with exact (unpadded) split sizes; bytes are counted as sent under the
+kinds ``split`` and ``gather``. Results equal the unpipelined path: every output row is
 the same row-by-row product over the same values.
 """
 from __future__ import annotations
@@ -124,18 +125,21 @@ def _place_split(zc: torch.Tensor, ex: _Exchange, flight: _InFlight | None) -> N
         zc[ex.sources] = flight.wait().view(-1, zc.shape[1]).to(zc.device)
 
 
+def _column_buffer(pop: PipelinedOperator, x_rows: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """The column bounds of ``x_rows``' width and a zeroed column-layout buffer that the split fills chunk by chunk,
+    where the column layout lives (host memory when embeddings are offloaded)."""
+    lay = pop.comm.layout
+    c0, c1 = lay.cols(x_rows.shape[1])
+    return lay.col_bounds(x_rows.shape[1]), x_rows.new_zeros(lay.num_nodes, c1 - c0, device=pop.home)
+
+
 def split_then_apply(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: RowBlocks, exchanges: list[_Exchange],
                      kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(M @ split(x), split(x))`` with the split issued chunk by chunk, one chunk ahead of the aggregation."""
     comm, clock = pop.comm, pop.clock
-    lay = comm.layout
-    width = x_rows.shape[1]
-    col_b = lay.col_bounds(width)
-    c0, c1 = lay.cols(width)
     x_rows = x_rows.contiguous()
-    home = pop.home  # where the column layout lives (host memory when embeddings are offloaded)
-    zc = x_rows.new_zeros(lay.num_nodes, c1 - c0, device=home)
-    out = x_rows.new_empty(lay.num_nodes, c1 - c0, device=home)
+    col_b, zc = _column_buffer(pop, x_rows)
+    out = torch.empty_like(zc)
     with in_phase(pop.phases):  # one phase for the whole loop: switching phases resets memory counters (slow)
         pending = _start_split(comm, clock, x_rows, exchanges[0], col_b, kind)
         for j, (r0, r1, apply) in enumerate(blocks):
@@ -205,11 +209,8 @@ def split_apply_gather(pop: PipelinedOperator, x_rows: torch.Tensor, blocks: Row
     """``gather(M @ split(x))``: per chunk, its new source rows arrive (issued one chunk ahead), it aggregates, and
     its output rows leave while the next chunk aggregates. Rows no chunk needs are never sent."""
     comm = pop.comm
-    lay = comm.layout
-    col_b = lay.col_bounds(width)
-    c0, c1 = lay.cols(width)
     x_rows = x_rows.contiguous()
-    zc = x_rows.new_zeros(lay.num_nodes, c1 - c0, device=pop.home)
+    col_b, zc = _column_buffer(pop, x_rows)
     gathers = _Gathers(pop, width, GATHER, x_rows.dtype)
     last = len(blocks) - 1
     with in_phase(pop.phases):
