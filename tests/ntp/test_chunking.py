@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ntp.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
-from ntp.chunking import MemoryBudgetError, budget_plan, row_costs, source_schedule, uniform_plan
+from ntp.chunking import EDGE_BYTES, ROW_BYTES, MemoryBudgetError, budget_plan, row_costs, source_schedule, uniform_plan
 from ntp.config import ConfigError, TrainConfig, parse_bytes
 from ntp.cost import coupled_bytes, decoupled_bytes
 from ntp.dist import DistEnv
@@ -138,6 +138,22 @@ def test_offloaded_embeddings_visit_the_device_one_chunk_of_sources_at_a_time() 
             needed = torch.unique(csr.indices[int(csr.indptr[a]) : int(csr.indptr[b])])
             assert torch.equal(src, needed), "a chunk gathers exactly its own sources"
         assert max(len(s) for s in blocks.sources) < pattern.num_nodes
+
+
+def test_offloaded_chunks_fit_the_memory_budget_they_were_planned_for() -> None:
+    """With ``--offload all`` the device holds one chunk: its edges, its gathered source rows and its output rows.
+    Every chunk of a budget plan, forward and backward, fits that budget."""
+    csr = _csr(DIRECTED)
+    pattern = with_self_loops(csr)
+    width = 3
+    for budget in (1_500, 4_000, 20_000):  # planned on the graph, as GraphContext does (self-loops are counted in)
+        plan = budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, budget)
+        op = SparseOperator(pattern, gcn_values(pattern), bounds=plan.bounds, offload="all")
+        for blocks, csr in ((op.forward_blocks, op.pattern), (op.backward_blocks, op.transposed)):
+            for (a, b), src in zip(blocks.ranges(), blocks.sources):
+                edges = int(csr.indptr[b] - csr.indptr[a])
+                working_set = edges * EDGE_BYTES + (len(src) + (b - a)) * width * 4 + (b - a + 1) * ROW_BYTES
+                assert working_set <= budget, f"chunk [{a}, {b}) needs {working_set} B, budget {budget} B"
 
 
 OFFLOADABLE = [c for c in MODELS if c["model"] != "gat"]
