@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -38,6 +39,23 @@ def test_tensor_parallel_cora_accuracy_matches_single(model: str, cora_store: st
     sent = [sum(w["bytes_sent"].values()) for w in workers]
     assert max(sent) / min(sent) == 1.0
     assert all(w["peak_mem_bytes"] > 0 and w["compute_s"] > 0 for w in workers)
+
+
+def test_memory_bounded_options_reach_torchrun_workers_and_keep_results(cora_store: str, tmp_path) -> None:
+    """Budget chunks, offloaded embeddings, a CPU NN stage and pipelining, through `torchrun`: same losses."""
+    cfg = TrainConfig(store=cora_store, model="gcn", epochs=8, hidden=16, eval_every=4, seed=2)
+    ref = launch_training(cfg.replace(mode="single", results=str(tmp_path / "ref.jsonl")), 1, on_line=lambda s: None)
+    lines: list[str] = []
+    bounded = cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl"), memory_budget="300KB", offload="all",
+                          nn_device="cpu", pipeline=True, threads=1)
+    ours = launch_training(bounded, 2, on_line=lines.append, timeout_s=300)
+    np.testing.assert_allclose([r["loss"] for r in _records(ours.results_path)[:-1]],
+                               [r["loss"] for r in _records(ref.results_path)[:-1]], rtol=1e-5)
+    worker = _records(ours.results_path)[1]["workers"][1]
+    assert worker["chunks"] > 1 and worker["offload"] == "all" and worker["nn_device"] == "cpu"
+    assert worker["pipelined"] and worker["cpu_s"] > 0 and set(worker["peak_mem_by_phase"]) == {"nn", "propagate"}
+    if (os.cpu_count() or 1) <= 2:  # two ranks fill this machine: the launcher says pipelining has nothing to overlap
+        assert any("--pipeline on CPU ranks that use all" in line for line in lines)
 
 
 def test_crashed_rank_fails_the_job_promptly_with_its_traceback(cora_store: str, tmp_path) -> None:
