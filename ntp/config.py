@@ -136,6 +136,8 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         known = {f.name for f in fields(cls)}
         clean = {k.replace("-", "_"): v for k, v in data.items()}
+        if isinstance(clean.get("offload"), bool):  # saved before offload had levels: True meant the topology
+            clean["offload"] = "topology" if clean["offload"] else "none"
         unknown = sorted(set(clean) - known)
         if unknown:
             raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {', '.join(sorted(known))}")

@@ -58,6 +58,8 @@ def test_memory_budget_parses_units_and_rejects_nonsense() -> None:
         TrainConfig(offload="topology", model="gat")
     with pytest.raises(ConfigError, match="--offload 'yes' is not valid; choose one of: none, topology, all"):
         TrainConfig(offload="yes")
+    saved_before_levels = {**TrainConfig().to_dict(), "offload": True}  # checkpoints and models of older versions
+    assert TrainConfig.from_dict(saved_before_levels).offload == "topology"
 
 
 # -- plans ---------------------------------------------------------------------------------------------------------
