@@ -215,14 +215,15 @@ class RowBlocks:
         y = csr_matmul(torch.sparse_csr_tensor(crow, col, val, size=(rows, x.shape[0])), x)
         return y if y.device == h.device else y.to(h.device)
 
-    def _stream_cuda(self, rows_from: torch.Tensor | None):  # pragma: no cover - needs a GPU
+    def _stream_cuda(self, rows_from: torch.Tensor | None):  # its loop is tested with no-op streams; overlap needs a GPU
         copy_stream = torch.cuda.Stream(self.device)
         compute_stream = torch.cuda.current_stream(self.device)
 
         def prefetch(j: int):
             host = self._parts[j]
-            if rows_from is not None:  # this chunk's source rows, gathered into pinned memory
-                host = host + (rows_from.index_select(0, self.sources[j]).pin_memory(),)
+            if rows_from is not None:  # this chunk's source rows, gathered (into pinned memory when on the host)
+                rows = rows_from.index_select(0, self.sources[j].to(rows_from.device))
+                host = host + (rows.pin_memory() if rows.device.type == "cpu" else rows,)
             copy_stream.wait_stream(compute_stream)  # never overwrite memory the compute stream still reads
             with torch.cuda.stream(copy_stream):
                 tensors = tuple(t.to(self.device, non_blocking=True) for t in host)
