@@ -251,6 +251,12 @@ def base_parser(doc: str):
     return p
 
 
+def add_graph_arguments(p) -> None:
+    """--graphs and --size, which :func:`graph_selection` reads."""
+    p.add_argument("--graphs", nargs="+", default=None, help="synthetic, cornell5, tolokers")
+    p.add_argument("--size", default=None, choices=["quick", "medium", "big"], help="synthetic graph size")
+
+
 def graph_selection(args, full_size: str) -> tuple[str, list[str]]:
     """(size, graph names) from --size/--graphs: --quick means the small synthetic graph only."""
     size = args.size or ("quick" if args.quick else full_size)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import (base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
+from common import (add_graph_arguments, base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
                     time_median)
 
 
@@ -62,8 +62,7 @@ def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int) -> flo
 
 def main() -> None:
     p = base_parser(__doc__)
-    p.add_argument("--graphs", nargs="+", default=None, help="synthetic, cornell5, tolokers")
-    p.add_argument("--size", default=None, choices=["quick", "medium", "big"])
+    add_graph_arguments(p)
     p.add_argument("--models", nargs="+", default=["gcn", "gat"])
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)

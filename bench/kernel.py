@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import (base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
+from common import (add_graph_arguments, base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
                     time_median)
 
 
 def main() -> None:
     p = base_parser(__doc__)
-    p.add_argument("--graphs", nargs="+", default=None, help="synthetic, cornell5, tolokers")
-    p.add_argument("--size", default=None, choices=["quick", "medium", "big"], help="synthetic graph size")
+    add_graph_arguments(p)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--with-dgl", action="store_true", help="build the DGL environment if needed and time DGL too")
     p.add_argument("--no-pyg-scatter", action="store_true", help="skip PyG's (slow) scatter path")

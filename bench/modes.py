@@ -10,7 +10,7 @@ vertex-partitioned baseline, as DistDGL) and, with --data-decoupled, the decoupl
 """
 from __future__ import annotations
 
-from common import base_parser, graph_selection, graph_stores, report
+from common import add_graph_arguments, base_parser, graph_selection, graph_stores, report
 from runs import run_job
 
 MODES = {"tp-decoupled": dict(mode="tp", arch="decoupled"), "tp-coupled": dict(mode="tp", arch="coupled"),
@@ -19,8 +19,7 @@ MODES = {"tp-decoupled": dict(mode="tp", arch="decoupled"), "tp-coupled": dict(m
 
 def main() -> None:
     p = base_parser(__doc__)
-    p.add_argument("--graphs", nargs="+", default=None)
-    p.add_argument("--size", default=None, choices=["quick", "medium", "big"])
+    add_graph_arguments(p)
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--hidden", type=int, default=128)
