@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 import torch
 
 from ntp.chunking import in_phase
+from ntp.config import Offload
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -138,7 +140,7 @@ def uniform_bounds(n: int, chunk_rows: int) -> list[int]:
 
 #: What aggregation keeps in host memory (ntp.config ``offload``): nothing, the topology, or the topology and the
 #: dense input rows (embeddings), gathered per chunk.
-OFFLOAD_CHOICES = ("none", "topology", "all")
+OFFLOAD_CHOICES = get_args(Offload)
 
 
 class RowBlocks:
@@ -165,7 +167,7 @@ class RowBlocks:
         self.bounds, self.num_cols, self.device, self.offload = list(bounds), num_cols, device, offload
         self.num_rows = bounds[-1]
         self.gathers_rows = offload == "all"
-        self.sources: list[torch.Tensor | None] = []  # per chunk (offload "all"): the chunk's source ids, sorted
+        self.sources: list[torch.Tensor] = []  # per chunk (offload "all"): the chunk's source ids, sorted
         parts = []
         for r0, r1 in self.ranges():
             e0, e1 = int(indptr[r0]), int(indptr[r1])

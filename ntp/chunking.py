@@ -101,12 +101,18 @@ def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, wid
     return ChunkPlan(bounds, f"budget {format_bytes(budget)}")
 
 
-def default_device_budget(device: torch.device, resident_bytes: int) -> int:
-    """Free device memory minus what stays resident, with a margin; 0 (no chunking) on CPU."""
+def free_device_bytes(device: torch.device) -> int:
+    """Free memory of a CUDA device (0 for the CPU: nothing to fit into)."""
     if device.type != "cuda":
         return 0
     free, _total = torch.cuda.mem_get_info(device)
-    return max(int((free - resident_bytes) * DEVICE_MARGIN), 1)
+    return int(free)
+
+
+def default_device_budget(device: torch.device, resident_bytes: int) -> int:
+    """Free device memory minus what stays resident, with a margin; 0 (no chunking) on CPU."""
+    free = free_device_bytes(device)
+    return max(int((free - resident_bytes) * DEVICE_MARGIN), 1) if free else 0
 
 
 def make_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, *, chunk_rows: int = 0,

@@ -7,7 +7,7 @@
   block does not fit in device memory beside what aggregation keeps there (``nn_device="auto"``), or where the
   user says. Moving rows between the stages is a copy that autograd reverses in the backward.
 
-On a CPU-only rank every choice resolves to the CPU and changes nothing but these copies (which are no-ops).
+On a CPU-only rank (ntp.chunking.free_device_bytes is 0) every choice resolves to the CPU and changes nothing but these copies (which are no-ops).
 """
 from __future__ import annotations
 
@@ -34,14 +34,6 @@ def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offlo
     topology = 0 if offload != "none" else 2 * (num_edges + num_nodes) * EDGE_BYTES
     embeddings = 0 if offload == "all" else 4 * num_nodes * slice_width * 4
     return topology + embeddings
-
-
-def free_device_bytes(device: torch.device) -> int:
-    """Free memory of a CUDA device (0 for the CPU: nothing to fit into)."""
-    if device.type != "cuda":
-        return 0
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free)
 
 
 def choose_nn_device(choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int) -> torch.device:

@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ntp import checkpoint, placement
 from ntp.aggregate import CSR
+from ntp.chunking import free_device_bytes
 from ntp.collectives import Comm, all_reduce_gradients
 from ntp.config import ConfigError, TrainConfig, add_config_arguments, config_from_args
 from ntp.context import GraphContext
@@ -113,7 +114,7 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
     nn_bytes = placement.nn_stage_bytes(rows, data.feature_dim, cfg.hidden, data.out_dim, cfg.nn_layers, params)
     graph_bytes = placement.graph_resident_bytes(data.num_nodes, data.num_edges, ceil_div(width, env.world), cfg.offload)
     graph_bytes += cfg.memory_budget_bytes
-    free = placement.free_device_bytes(env.device)
+    free = free_device_bytes(env.device)
     device = placement.choose_nn_device(cfg.nn_device, env.device, nn_bytes, graph_bytes, free)
     if free and env.is_main:
         print(f"[ntp] {placement.describe(device, nn_bytes, graph_bytes, free)}", flush=True)
