@@ -7,7 +7,8 @@
   block does not fit in device memory beside what aggregation keeps there (``nn_device="auto"``), or where the
   user says. Moving rows between the stages is a copy that autograd reverses in the backward.
 
-On a CPU-only rank (ntp.chunking.free_device_bytes is 0) every choice resolves to the CPU and changes nothing but these copies (which are no-ops).
+On a CPU-only rank (ntp.chunking.free_device_bytes is 0) every choice resolves to the CPU and changes nothing
+but these copies (which are no-ops).
 """
 from __future__ import annotations
 
