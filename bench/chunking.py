@@ -28,13 +28,14 @@ from common import base_parser, report, synthetic_store
 
 def run(store: Path, nproc: int, epochs: int, **fields) -> dict:
     from ntp.config import TrainConfig
-    from ntp.launch import launch_training
+    from ntp.run.launch import launch_training
+    from ntp.spec import resolve
 
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.jsonl"
         cfg = TrainConfig(store=str(store), epochs=epochs, results=str(results), eval_every=10**6,
-                          mode="tp" if nproc > 1 else "single", **fields)
-        launch_training(cfg, nproc, on_line=lambda line: None, timeout_s=1800)
+                          mode="tp" if nproc > 1 or fields.get("overlap") else "single", **fields)
+        launch_training(resolve(cfg, nproc=nproc, job_timeout_s=1800), on_line=lambda line: None)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
     epochs_recs = [r for r in recs if "epoch" in r]
     timed = epochs_recs[1:] or epochs_recs
@@ -83,21 +84,21 @@ def memory_part(store: Path, args) -> list[dict]:
     return rows
 
 
-def schedule_bytes(store: Path, world: int, chunk_rows: int, classes: int, dedup: bool) -> int:
+def schedule_bytes(store: Path, world: int, chunk_rows: int, classes: int, send_once: bool) -> int:
     """Max over ranks of the split+gather bytes of one pipelined epoch (GCN operator, prop_steps >= 2)."""
-    from ntp.aggregate import CSR, transpose, with_self_loops
-    from ntp.chunking import source_schedule, uniform_plan
-    from ntp.partition import Layout
+    from ntp.engine.aggregate import CSR, transpose, with_self_loops
+    from ntp.engine.chunking import source_schedule, uniform_plan
+    from ntp.engine.partition import Partition
     from storage import open_store
 
     s = open_store(str(store))
     pattern = with_self_loops(CSR.from_numpy(s.indptr(), s.indices()))
     t, _ = transpose(pattern)
     plan = uniform_plan(pattern.num_nodes, chunk_rows)
-    scheds = [source_schedule(p.indptr, p.indices, plan, dedup) for p in (pattern, t)]
+    scheds = [source_schedule(p.indptr, p.indices, plan, send_once) for p in (pattern, t)]
     per_rank = []
     for r in range(world):
-        lay = Layout(pattern.num_nodes, world, r)
+        lay = Partition(pattern.num_nodes, world, r)
         r0, r1 = lay.rows()
         w_r = lay.cols(classes)[1] - lay.cols(classes)[0]
         split_rows = sum(int(((src >= r0) & (src < r1)).sum()) for sch in scheds for src in sch.new_sources)
@@ -114,13 +115,13 @@ def pipeline_part(store: Path, args, classes: int) -> list[dict]:
         offs, ons = [], []
         for _ in range(args.repeats):  # interleaved, so a busy moment of the machine hits both alike
             offs.append(run(store, world, args.epochs, **common))
-            ons.append(run(store, world, args.epochs, pipeline=True, **common))
+            ons.append(run(store, world, args.epochs, overlap=True, **common))
         off, on = _median_run(offs), _median_run(ons)
-        dedup = schedule_bytes(store, world, args.pipe_chunk_rows, classes, True) / 1e6
+        send_once = schedule_bytes(store, world, args.pipe_chunk_rows, classes, True) / 1e6
         no_dedup = schedule_bytes(store, world, args.pipe_chunk_rows, classes, False) / 1e6
         rows.append(dict(part="b-pipeline", run=f"{world} ranks off", **off))
         rows.append(dict(part="b-pipeline", run=f"{world} ranks on", **on, time_vs_off=on["epoch_s"] / off["epoch_s"],
-                         schedule_MB_dedup=dedup, schedule_MB_no_dedup=no_dedup))
+                         schedule_MB_dedup=send_once, schedule_MB_no_dedup=no_dedup))
     return rows
 
 

@@ -222,7 +222,7 @@ def report(name: str, rows: list[dict], params: dict, columns: Sequence[str] | N
 
 
 def _log_mlflow(name: str, rows: list[dict], params: dict, files: list[Path]) -> None:
-    from ntp import tracking
+    from ntp.run import tracking
 
     client = tracking.client()
     exp = tracking.experiment_id("benchmarks", client)

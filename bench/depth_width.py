@@ -5,7 +5,7 @@
 
 Decoupled: nn_layers = L Linear layers then 2 propagation steps (the split width is the class count, whatever L and
 the width are). Coupled: L GCN layers (split widths: the hidden width L-1 times, then the classes). Data parallel:
-the coupled model with halo exchange. "model_MB" is ntp.cost's prediction for split+gather bytes (tp modes).
+the coupled model with halo exchange. "model_MB" is ntp.engine.cost's prediction for split+gather bytes (tp modes).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from runs import run_job
 
 
 def main() -> None:
-    from ntp import cost
+    from ntp.engine import cost
     from storage import open_store
 
     p = base_parser(__doc__)

@@ -3,7 +3,7 @@
     python bench/epoch.py --quick
     python bench/epoch.py --graphs synthetic cornell5 tolokers --size big --with-dgl
 
-ntp runs its own training step (ntp.train.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
+ntp runs its own training step (ntp.engine.loop.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
 layers, decoupled = MLP then 2 propagation steps). PyG runs GCNConv(cached=True) / GATConv on edge_index (the way
 its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout,
 threads; features of the store (synthetic: 128 wide).
@@ -23,8 +23,8 @@ from common import (add_graph_arguments, base_parser, graph_selection, graph_sto
 
 def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int) -> float:
     from ntp.config import TrainConfig
-    from ntp.dist import init_distributed
-    from ntp.train import setup, train_step
+    from ntp.engine.dist import init_distributed
+    from ntp.engine.loop import setup, train_step
 
     cfg = TrainConfig(store=str(store), model=model, arch=arch, hidden=hidden, heads=heads, nn_layers=2, prop_steps=2,
                       dropout=0.5, threads=threads, mode="single")

@@ -3,7 +3,7 @@
     python bench/modes.py --quick
     python bench/modes.py --graphs synthetic cornell5 tolokers --size medium --epochs 6
 
-Real torchrun jobs (ntp.launch.launch_training, gloo on CPU) of a 2-layer GCN; figures from the results file,
+Real torchrun jobs (ntp.run.launch.launch_training, gloo on CPU) of a 2-layer GCN; figures from the results file,
 medians over epochs after the first: epoch time, bytes sent per rank (all kinds; "graph" = split+gather+halo),
 max/min across ranks of bytes, compute and communication time. Data parallel runs the coupled GCN (the classic
 vertex-partitioned baseline, as DistDGL) and, with --data-decoupled, the decoupled model too.

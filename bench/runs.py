@@ -1,4 +1,4 @@
-"""One real torchrun training job (ntp.launch.launch_training) and the per-rank figures of its results file."""
+"""One real torchrun training job (ntp.run.launch.launch_training) and the per-rank figures of its results file."""
 from __future__ import annotations
 
 import json
@@ -14,14 +14,15 @@ COMM_GRAPH = ("split", "gather", "halo")
 def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
     """Train ``epochs`` epochs on ``nproc`` ranks; medians over epochs after the first (warm-up)."""
     from ntp.config import TrainConfig
-    from ntp.launch import launch_training
+    from ntp.run.launch import launch_training
+    from ntp.spec import resolve
 
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.jsonl"
         mode = cfg_fields.pop("mode")
         cfg = TrainConfig(store=str(store), epochs=epochs, results=str(results), eval_every=10**6,
                           mode=mode if nproc > 1 or mode == "data" else "single", **cfg_fields)
-        launch_training(cfg, nproc, on_line=lambda line: None, timeout_s=900)
+        launch_training(resolve(cfg, nproc=nproc, job_timeout_s=900), on_line=lambda line: None)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
     epochs_recs = [r for r in recs if "epoch" in r][1:] or [r for r in recs if "epoch" in r]
     m = len(epochs_recs[0]["workers"])

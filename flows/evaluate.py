@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import flow
 
-from ntp.tracking import run_store
+from ntp.run.tracking import run_store
 from tasks.evaluate import evaluate_model, fetch_model
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ntp.config import TrainConfig
+from ntp.spec import Device, LaunchSpec, resolve
 
 
 class DatasetOptions(BaseModel):
@@ -51,10 +52,6 @@ def _training_options() -> type[BaseModel]:
     for f in dataclasses.fields(TrainConfig):
         if f.name == "store":
             continue  # the store comes from the prepare step (or the train flow's own parameter)
-        if f.name == "mode":
-            fields["mode"] = (hints["mode"] | None, Field(None, description=f.metadata["help"]
-                                                         + " Empty: tp when nproc > 1, else single."))
-            continue
         fields[f.name] = (hints[f.name], Field(f.default, description=f.metadata["help"]))
     return create_model("TrainingOptions", __config__=ConfigDict(extra="forbid"),
                         __doc__="Training options: the fields of ntp.config.TrainConfig.", **fields)
@@ -64,8 +61,8 @@ TrainingOptions = _training_options()
 
 
 def default_nproc() -> int:
-    """One process per visible GPU, else a CPU count (the engine's default, ``ntp.launch.default_nproc``)."""
-    from ntp.launch import default_nproc as engine_default
+    """One process per visible GPU, else a CPU count (the engine's default, ``ntp.run.launch.default_nproc``)."""
+    from ntp.run.launch import default_nproc as engine_default
 
     return engine_default()
 
@@ -76,24 +73,23 @@ class LaunchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     nproc: int | None = Field(None, ge=1, description="Processes per node. Empty: one per visible GPU, "
-                                                       "else a CPU count (as ntp train).")
+                                                       "else 2 on CPU (1 with mode single), as ntp train.")
     nnodes: int = Field(1, ge=1, description="Number of nodes (multi-node: run the flow on every node).")
     node_rank: int = Field(0, ge=0, description="This node's rank (0 tracks the run in MLflow).")
     rdzv_endpoint: str | None = Field(None, description="Rendezvous HOST:PORT for multi-node jobs.")
-    timeout_s: float | None = Field(None, gt=0,
-                                    description="Kill the whole job after this many seconds (empty: no limit).")
+    device: Device = Field("auto", description="Where ranks compute: cuda (one GPU per "
+                                                   "rank), cpu, or auto (cuda where a GPU is visible).")
+    job_timeout_s: float | None = Field(None, gt=0,
+                                        description="Stop the whole job after this many seconds (empty: no limit).")
     retries: int = Field(0, ge=0, description="Retry a failed training job this many times.")
     retry_delay_s: float = Field(10.0, ge=0, description="Seconds between retries.")
 
-    def resolved_nproc(self) -> int:
-        return self.nproc or default_nproc()
 
-
-def train_config(training: BaseModel, *, store: str, nproc: int) -> TrainConfig:
-    """The TrainConfig of ``training`` for ``store``; an empty mode becomes tp when nproc > 1, else single."""
-    values = training.model_dump()
-    values["mode"] = values.get("mode") or ("tp" if nproc > 1 else "single")
-    return TrainConfig.from_dict({**values, "store": store})
+def launch_spec(training: BaseModel, launch: LaunchOptions, *, store: str) -> LaunchSpec:
+    """The resolved launch of the form's training and launch options on ``store`` (ntp.spec.resolve)."""
+    cfg = TrainConfig.from_dict({**training.model_dump(), "store": store})
+    return resolve(cfg, nproc=launch.nproc, nnodes=launch.nnodes, node_rank=launch.node_rank,
+                   rdzv_endpoint=launch.rdzv_endpoint, device=launch.device, job_timeout_s=launch.job_timeout_s)
 
 
 class PipelineParams(BaseModel):

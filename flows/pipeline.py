@@ -7,7 +7,7 @@ from prefect import flow
 
 from flows.params import PipelineParams
 from flows.train import run_training
-from ntp.tracking import run_url
+from ntp.run.tracking import run_url
 from tasks.evaluate import evaluate_model
 from tasks.prepare import prepare_store
 from tasks.publish import artifact_key, publish_results, results_markdown

@@ -11,7 +11,7 @@ import types
 import typing
 from typing import Any, get_args, get_origin
 
-from ntp.config import add_config_arguments, config_from_args, load_config_file
+from ntp.run.flags import add_config_arguments, add_launch_arguments, config_from_args
 
 #: DatasetOptions fields whose flag differs from the field name (TrainConfig already owns --seed).
 _RENAMED = {"seed": "data-seed"}
@@ -57,14 +57,9 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
                     "best model; MLflow holds the run (default: sqlite under the data directory, or "
                     "$MLFLOW_TRACKING_URI). Uses $PREFECT_API_URL when set, else an ephemeral Prefect.")
     add_dataset_arguments(p.add_argument_group("dataset (as `ntp data prepare`)"))
-    add_config_arguments(p.add_argument_group("training (as `ntp train`)"))  # type: ignore[arg-type]
-    launch = p.add_argument_group("launch")
-    launch.add_argument("--nproc", type=int, default=None,
-                        help="processes per node (default: one per visible GPU, else as ntp train)")
-    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    launch.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
-    launch.add_argument("--rdzv-endpoint", default=None, help="rendezvous HOST:PORT for multi-node jobs")
-    launch.add_argument("--job-timeout", type=float, default=None, help="kill the training job after SECONDS")
+    add_config_arguments(p.add_argument_group("training (as `ntp train`)"), exclude=("store",))
+    launch = p.add_argument_group("launch (as `ntp train`)")
+    add_launch_arguments(launch)
     launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")
     launch.add_argument("--retry-delay", type=float, default=10.0, help="seconds between retries (default 10)")
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
@@ -76,19 +71,15 @@ def params_from_args(args: argparse.Namespace) -> Any:
     """The ``PipelineParams`` of parsed `ntp pipeline` arguments."""
     from flows.params import DatasetOptions, LaunchOptions, PipelineParams, TrainingOptions
 
-    if getattr(args, "store", None):
-        raise ValueError("ntp pipeline builds its own store; use --out STORE to choose its path, not --store")
     cfg = config_from_args(args).to_dict()
     cfg.pop("store")
-    file_values = load_config_file(args.config) if getattr(args, "config", None) else {}
-    if args.mode is None and "mode" not in file_values:
-        cfg["mode"] = None  # tp when nproc > 1, else single
     dataset = {name: getattr(args, f"data_{name}") for name in DatasetOptions.model_fields if name != "name"}
     return PipelineParams(
         dataset=DatasetOptions(name=args.name, **dataset),
         training=TrainingOptions(**cfg),
         launch=LaunchOptions(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                             rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.job_timeout, retries=args.retries,
+                             rdzv_endpoint=args.rdzv_endpoint, device=args.device, job_timeout_s=args.job_timeout,
+                             retries=args.retries,
                              retry_delay_s=args.retry_delay),
         experiment=args.experiment,
     )
@@ -111,7 +102,7 @@ def run_pipeline_cli(args: argparse.Namespace) -> int:
         return 1
     print(f"store: {out['store']}")
     if out.get("run_id"):
-        from ntp.tracking import run_url
+        from ntp.run.tracking import run_url
 
         ev = out.get("evaluation") or {}
         print("evaluation: " + ", ".join(f"{k} {ev[k]:.4f}" for k in ("train", "valid", "test") if k in ev)

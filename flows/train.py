@@ -5,33 +5,27 @@ from typing import Any
 
 from prefect import flow
 
-from flows.params import LaunchOptions, TrainingOptions, train_config
-from ntp.config import ConfigError
+from flows.params import LaunchOptions, TrainingOptions, launch_spec
+from ntp.errors import is_input_error
 from tasks.train import train_model
 
 
 def _retry(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry failed training jobs, but not invalid configurations."""
+    """Retry failed training jobs (a lost worker may come back), never invalid input (it would fail again)."""
     try:
         state.result()
-    except ConfigError:
-        return False
-    except BaseException:
-        return True
+    except BaseException as exc:
+        return not is_input_error(exc)
     return True
 
 
 def run_training(store: str, training: Any, launch: LaunchOptions, experiment: str | None) -> Any:
-    """Run the train task with the launch options' retries (shared by `train` and `pipeline`).
-
-    An explicit ``mode=single`` runs one process unless ``nproc`` was given too.
-    """
-    nproc = launch.resolved_nproc() if launch.nproc or training.mode != "single" else 1
-    cfg = train_config(training, store=store, nproc=nproc)
+    """Run the train task with the launch options' retries (shared by `train` and `pipeline`). The launch spec is
+    resolved here, in the flow, so an invalid combination fails before any task runs."""
+    spec = launch_spec(training, launch, store=store)
     task = train_model.with_options(retries=launch.retries, retry_delay_seconds=launch.retry_delay_s,
                                     retry_condition_fn=_retry)
-    return task(cfg, nproc=nproc, nnodes=launch.nnodes, node_rank=launch.node_rank,
-                rdzv_endpoint=launch.rdzv_endpoint, timeout_s=launch.timeout_s, experiment=experiment)
+    return task(spec, experiment=experiment)
 
 
 @flow(name="train")

@@ -1,11 +1,11 @@
 """Typed training configuration: one object, validated, recorded with the results.
 
-A config comes from command-line flags, a YAML/TOML file (``--config FILE``), or both (flags win).
-Every check raises :class:`ConfigError` with a message that says how to fix the input.
+A config comes from command-line flags, a YAML/TOML file (``--config FILE``), or both (flags win): the driver
+merges them (ntp.run.flags). Every check raises :class:`ConfigError` with a message that says how to fix the input.
+How many processes run it, and where, is the launch spec's business (ntp.spec), not the config's.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
+
+from ntp.errors import ConfigError
 
 Model = Literal["gcn", "sgc", "appnp", "sage", "gin", "gat"]
 Arch = Literal["decoupled", "coupled"]
@@ -26,10 +28,8 @@ NNDevice = Literal["auto", "device", "cpu"]
 
 #: Models whose propagation has no weights between steps: they only exist decoupled.
 DECOUPLED_ONLY = ("sgc", "appnp")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message says how to fix it."""
+#: Keys of configs saved by older versions -> their names now.
+RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
 
 
 def opt(default: Any, help: str) -> Any:
@@ -44,7 +44,8 @@ class TrainConfig:
     store: str = opt("", "Path of the graph store (from `ntp data prepare`).")
     model: Model = opt("gcn", "gcn, sgc, appnp, sage, gin or gat.")
     arch: Arch = opt("decoupled", "decoupled: NN stage then propagation (4 all-to-all per epoch); coupled: classic GNN layers.")
-    mode: Mode = opt("single", "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned data parallel.")
+    mode: Mode | None = opt(None, "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned "
+                                  "data parallel. Empty: single for one process, tp for several.")
     epochs: int = opt(100, "Number of training epochs.")
     hidden: int = opt(64, "Hidden width of the NN stage / GNN layers.")
     nn_layers: int = opt(2, "Decoupled: Linear layers in the NN stage. Coupled: number of GNN layers.")
@@ -67,14 +68,14 @@ class TrainConfig:
     chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
     memory_budget: str = opt("", "Memory for one aggregation chunk's working set, e.g. 8GB or 512MB; chunks are the "
                                  "largest that fit (default: free GPU memory with a margin; no chunking on CPU).")
-    pipeline: bool = opt(False, "Tensor parallel: split and gather per chunk as asynchronous collectives overlapping "
-                                "aggregation; sources already received are not sent again (attention, gat, is not "
-                                "pipelined).")
+    overlap: bool = opt(False, "Tensor parallel: split and gather chunk by chunk as asynchronous collectives that "
+                               "overlap aggregation (inter-chunk pipelining); a source row is sent once. Not for gat.")
     offload: Offload = opt("none", "What aggregation keeps in (pinned) host memory and streams to the device chunk by "
                                    "chunk: none, topology, or all (topology and the column-slice embeddings).")
     nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU), cpu, or auto (cpu when its "
                                       "row blocks do not fit in device memory beside aggregation's chunks).")
-    timeout_s: float = opt(300.0, "Timeout of every collective; a rank that waits longer fails the job.")
+    collective_timeout_s: float = opt(300.0, "Timeout of every collective, in seconds; a rank that waits longer "
+                                             "fails the job.")
     threads: int = opt(0, "Intra-op threads per rank (0: cores / ranks on this node).")
     fail_at_epoch: int = opt(-1, "Testing aid: this rank fails (raises) at this epoch; see fail_rank.")
     fail_rank: int = opt(-1, "Testing aid: the rank that fails at fail_at_epoch (-1: none).")
@@ -84,10 +85,10 @@ class TrainConfig:
 
     def validate(self) -> None:
         for f in fields(self):
-            choices = _literal_choices(f.type)
+            choices = literal_choices(f.type)
             value = getattr(self, f.name)
-            if choices and value not in choices:
-                raise ConfigError(f"--{_flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
+            if choices and value not in choices and not (value is None and f.default is None):
+                raise ConfigError(f"--{flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
         _positive(self, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads")
         _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads")
         if not 0.0 <= self.dropout < 1.0:
@@ -98,16 +99,14 @@ class TrainConfig:
             raise ConfigError(f"--lr {self.lr} must be positive; e.g. --lr 0.01")
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay {self.weight_decay} must be >= 0")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"--timeout-s {self.timeout_s} must be positive (seconds)")
+        if self.collective_timeout_s <= 0:
+            raise ConfigError(f"--collective-timeout-s {self.collective_timeout_s} must be positive (seconds)")
         if self.arch == "coupled" and self.model in DECOUPLED_ONLY:
             raise ConfigError(f"--model {self.model} is decoupled by nature; use --arch decoupled (or a coupled model: gcn, sage, gin, gat)")
         if self.arch == "decoupled" and self.prop_steps == 0 and self.model == "gat":
             raise ConfigError("--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)")
         parse_bytes(self.memory_budget, "--memory-budget")
-        if self.pipeline and self.mode == "data":
-            raise ConfigError("--pipeline overlaps the split and gather of tensor parallelism; use it with --mode tp "
-                              "(or drop --pipeline)")
+        self._check_used_options()
         if self.offload != "none" and self.mode == "data":
             raise ConfigError("--offload streams tensor parallelism's chunks; the data-parallel baseline keeps its "
                               "own block on the device: use --mode tp, or --offload none")
@@ -117,6 +116,18 @@ class TrainConfig:
                               "chunks its aggregation)")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
+
+    def _check_used_options(self) -> None:
+        """An option the chosen model, architecture or mode would ignore is an error, not a silent no-op."""
+        if self.overlap and self.mode in ("single", "data"):
+            raise ConfigError(f"--overlap overlaps the split and gather of tensor parallelism; --mode {self.mode} "
+                              "has none: use --mode tp (or drop --overlap)")
+        if self.overlap and self.model == "gat":
+            raise ConfigError("--overlap pipelines fixed propagation operators; attention (--model gat) computes its "
+                              "edge weights every step and is not overlapped: drop --overlap")
+        if self.norm != "none" and self.arch == "coupled":
+            raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
+                              "layers have none: use --arch decoupled, or drop --norm")
 
     @property
     def memory_budget_bytes(self) -> int:
@@ -136,6 +147,7 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         known = {f.name for f in fields(cls)}
         clean = {k.replace("-", "_"): v for k, v in data.items()}
+        clean = {RENAMED_KEYS.get(k, k): v for k, v in clean.items()}
         if isinstance(clean.get("offload"), bool):  # saved before offload had levels: True meant the topology
             clean["offload"] = "topology" if clean["offload"] else "none"
         unknown = sorted(set(clean) - known)
@@ -189,58 +201,24 @@ _LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer,
              "NNDevice": NNDevice}
 
 
-def _literal_choices(type_name: str) -> tuple[str, ...]:
-    literal = _LITERALS.get(type_name)
+def literal_choices(type_name: str) -> tuple[str, ...]:
+    """The choices of a field annotated with one of the Literal aliases above (``"Mode | None"`` included)."""
+    literal = _LITERALS.get(type_name.removesuffix(" | None"))
     return tuple(get_args(literal)) if literal is not None else ()
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one --flag per TrainConfig field (defaults None so a --config file can fill them)."""
-    parser.add_argument("--config", help="YAML or TOML file with options; flags given on the command line win")
-    for f in fields(TrainConfig):
-        flag = f"--{_flag(f.name)}"
-        help_text = f.metadata["help"] + ("" if f.default in (None, "") else f" (default: {f.default})")
-        choices = _literal_choices(f.type) or None
-        if f.type == "bool":
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
-        elif f.type in ("int", "float"):
-            parser.add_argument(flag, type=int if f.type == "int" else float, default=None, help=help_text)
-        else:
-            parser.add_argument(flag, choices=choices, default=None, help=help_text)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Merge a --config file with the flags that were given."""
-    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
-    base = load_config_file(args.config) if getattr(args, "config", None) else {}
-    return TrainConfig.from_dict({**base, **given})
-
-
-def config_to_argv(cfg: TrainConfig) -> list[str]:
-    """The flags that reproduce ``cfg`` (used to hand a config to torchrun workers)."""
-    argv: list[str] = []
-    for f in fields(TrainConfig):
-        value = getattr(cfg, f.name)
-        if value is None or value == f.default:
-            continue
-        if f.type == "bool":
-            argv += [f"--{_flag(f.name)}"] if value else []
-        else:
-            argv += [f"--{_flag(f.name)}", str(value)]
-    return argv
-
-
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The command-line flag of a field: ``memory_budget`` -> ``memory-budget``."""
     return name.replace("_", "-")
 
 
 def _positive(cfg: TrainConfig, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{_flag(name)} {getattr(cfg, name)} must be at least 1")
+            raise ConfigError(f"--{flag(name)} {getattr(cfg, name)} must be at least 1")
 
 
 def _non_negative(cfg: TrainConfig, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) < 0:
-            raise ConfigError(f"--{_flag(name)} {getattr(cfg, name)} must be >= 0")
+            raise ConfigError(f"--{flag(name)} {getattr(cfg, name)} must be >= 0")

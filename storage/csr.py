@@ -51,7 +51,7 @@ class Preprocessing:
 
 
 @dataclass
-class CSR:
+class CsrArrays:
     """In-edge CSR: row v holds the sources u of edges u -> v, sorted by u."""
 
     indptr: np.ndarray
@@ -136,7 +136,7 @@ class CsrBuilder:
             raise StoreError(f"edge {what} id {int(bad)} is outside [0, {self.n}); "
                              "check the edge list against the number of nodes")
 
-    def finish(self) -> CSR:
+    def finish(self) -> CsrArrays:
         """Pass 2: scatter, sort rows, deduplicate. Returns the final CSR.
 
         Row order before sorting is: original edges, then reverse copies, then added self-loops,
@@ -197,7 +197,7 @@ def _row_blocks(indptr: np.ndarray, size: int) -> Iterator[tuple[int, int]]:
 
 
 def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray | None,
-               dedup: bool) -> CSR:
+               dedup: bool) -> CsrArrays:
     n = len(indptr) - 1
     new_counts = np.diff(indptr) if not dedup else np.zeros(n, dtype=np.int64)
     write = 0
@@ -231,4 +231,4 @@ def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray | No
         write += k
     out_indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(new_counts, out=out_indptr[1:])
-    return CSR(out_indptr, indices[:write], weights[:write] if weights is not None else None)
+    return CsrArrays(out_indptr, indices[:write], weights[:write] if weights is not None else None)

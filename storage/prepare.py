@@ -16,7 +16,8 @@ from storage.schema import FEATURE_DTYPES, StoreError
 from storage.sources.base import GraphSource
 from storage.sources.download import fetch_ogb
 from storage.sources.edgelist import edgelist_source
-from storage.sources.ogb_layout import identity_files, ogb_layout_source
+from storage.sources.ogb_folder import identity_files
+from storage.sources.ogb_layout import ogb_layout_source
 from storage.sources.ogb_meta import ogb_info, ogb_table
 from storage.sources.synthetic import SyntheticSpec, synthetic_source
 

@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 
 from storage import schema as S
-from storage.csr import CSR, CsrBuilder, Preprocessing
+from storage.csr import CsrArrays, CsrBuilder, Preprocessing
 from storage.layout import Layout, create_array
 from storage.schema import StoreError, StoreMeta
 from storage.sources.base import GraphSource
@@ -149,7 +149,7 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
     return meta
 
 
-def _write_topology(group: zarr.Group, csr: CSR, n: int, layout: Layout,
+def _write_topology(group: zarr.Group, csr: CsrArrays, n: int, layout: Layout,
                     progress: Callable[[str], None]) -> dict[str, str]:
     progress(f"writing topology ({len(csr.indices):,} edges)")
     sums = {

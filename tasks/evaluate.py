@@ -7,12 +7,12 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from ntp import tracking
+from ntp.run import tracking
 
 
 @task(name="fetch-model", cache_policy=NO_CACHE)
 def fetch_model(run_id: str, dst: str) -> tuple[str, dict[str, Any]]:
-    """``ntp.tracking.download_model``: the model file of an MLflow run and its description."""
+    """``ntp.run.tracking.download_model``: the model file of an MLflow run and its description."""
     path, info = tracking.download_model(run_id, dst)
     return str(path), info
 
@@ -20,8 +20,8 @@ def fetch_model(run_id: str, dst: str) -> tuple[str, dict[str, Any]]:
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_model(model_path: str, store: str, run_id: str | None = None,
                    experiment: str | None = None) -> dict[str, Any]:
-    """``ntp.evaluate.evaluate_model``, then the metrics go to ``run_id`` (or a new evaluate run)."""
-    from ntp.evaluate import evaluate_model as evaluate
+    """``ntp.engine.inference.evaluate_model``, then the metrics go to ``run_id`` (or a new evaluate run)."""
+    from ntp.engine.inference import evaluate_model as evaluate
 
     logger = get_run_logger()
     metrics = evaluate(Path(model_path), Path(store))

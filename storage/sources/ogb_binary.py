@@ -20,7 +20,7 @@ import numpy as np
 
 from storage.sources.base import EdgeBlock, GraphSource
 from storage.sources.npz import NpzFile
-from storage.sources.ogb_layout import _fail, checked_split_folder, ogb_source, task_of
+from storage.sources.ogb_folder import checked_split_folder, folder_problem, ogb_source, task_of
 from storage.sources.ogb_meta import OgbInfo
 
 DATA = "raw/data.npz"
@@ -38,7 +38,7 @@ def is_binary_folder(root: Path) -> bool:
 def _single(npz: NpzFile, key: str, root: Path) -> int:
     values = npz.member(key).read_all().ravel()
     if len(values) != 1:
-        raise _fail(root, f"{DATA}: {key} lists {len(values)} graphs; only single-graph datasets "
+        raise folder_problem(root, f"{DATA}: {key} lists {len(values)} graphs; only single-graph datasets "
                           "are supported")
     return int(values[0])
 
@@ -48,26 +48,26 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     root = Path(root)
     for rel in (DATA, LABELS):
         if not (root / rel).is_file():
-            raise _fail(root, f"{rel} is missing")
+            raise folder_problem(root, f"{rel} is missing")
     data, label_npz = NpzFile(root / DATA), NpzFile(root / LABELS)
     n = _single(data, "num_nodes_list", root)
     e = _single(data, "num_edges_list", root)
     edge_index = data.member("edge_index")
     if edge_index.shape != (2, e):
-        raise _fail(root, f"{DATA}: edge_index has shape {edge_index.shape} but num_edges_list "
+        raise folder_problem(root, f"{DATA}: edge_index has shape {edge_index.shape} but num_edges_list "
                           f"says {e} edges (expected (2, {e}))")
     if not np.issubdtype(edge_index.dtype, np.integer):
-        raise _fail(root, f"{DATA}: edge_index has dtype {edge_index.dtype}, expected integers")
+        raise folder_problem(root, f"{DATA}: edge_index has dtype {edge_index.dtype}, expected integers")
     if "node_feat" not in data:
-        raise _fail(root, f"{DATA} has no node_feat array (found {sorted(data.keys())})")
+        raise folder_problem(root, f"{DATA} has no node_feat array (found {sorted(data.keys())})")
     node_feat = data.member("node_feat")
     if len(node_feat.shape) != 2 or node_feat.shape[0] != n:
-        raise _fail(root, f"{DATA}: node_feat has shape {node_feat.shape} but num_nodes_list "
+        raise folder_problem(root, f"{DATA}: node_feat has shape {node_feat.shape} but num_nodes_list "
                           f"says {n} nodes")
     dim = node_feat.shape[1]
     node_label = label_npz.member("node_label")
     if len(node_label.shape) not in (1, 2) or node_label.shape[0] != n:
-        raise _fail(root, f"{LABELS}: node_label has shape {node_label.shape} but num_nodes_list "
+        raise folder_problem(root, f"{LABELS}: node_label has shape {node_label.shape} but num_nodes_list "
                           f"says {n} nodes")
     label_cols = 1 if len(node_label.shape) == 1 else node_label.shape[1]
     split_dir = checked_split_folder(root, info)
@@ -84,7 +84,7 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     def labels() -> np.ndarray:
         if task_type == "multiclass":
             if label_cols != 1:
-                raise _fail(root, f"{LABELS}: node_label has {label_cols} columns but "
+                raise folder_problem(root, f"{LABELS}: node_label has {label_cols} columns but "
                                   f"{name} is a multiclass dataset (expected 1)")
             out = np.empty(n, dtype=np.int64)
         else:

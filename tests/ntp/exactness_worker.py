@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from ntp.config import TrainConfig
-from ntp.dist import distributed
-from ntp.train import setup, train_step
+from ntp.engine.dist import distributed
+from ntp.engine.loop import setup, train_step
 from tests.ntp.graphs import loader
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ntp.data import GraphData, from_arrays
+from ntp.engine.data import GraphData, from_arrays
 
 
 def random_graph(n: int = 100, d: int = 17, classes: int = 5, avg_degree: int = 5, directed: bool = True,
@@ -24,7 +24,7 @@ def random_graph(n: int = 100, d: int = 17, classes: int = 5, avg_degree: int = 
 
 
 def loader(graph: dict):
-    """A DataLoader for ntp.train.setup that serves ``graph`` without a store."""
+    """A DataLoader for ntp.engine.loop.setup that serves ``graph`` without a store."""
 
     def load(cfg, world: int, rank: int) -> GraphData:
         return from_arrays(graph["edge_index"], graph["x"], graph["y"], graph["splits"], world=world, rank=rank)

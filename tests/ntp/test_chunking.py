@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from ntp.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
-from ntp.chunking import EDGE_BYTES, ROW_BYTES, MemoryBudgetError, budget_plan, row_costs, source_schedule, uniform_plan
-from ntp.config import ConfigError, TrainConfig, parse_bytes
-from ntp.cost import coupled_bytes, decoupled_bytes
-from ntp.dist import DistEnv
-from ntp.placement import choose_nn_device, graph_resident_bytes, nn_stage_bytes
-from ntp.train import fit, setup
+from ntp.engine.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
+from ntp.engine.chunking import EDGE_BYTES, ROW_BYTES, budget_plan, row_costs, source_schedule, uniform_plan
+from ntp.config import TrainConfig, parse_bytes
+from ntp.errors import ConfigError, MemoryPlanError
+from ntp.engine.cost import coupled_bytes, decoupled_bytes
+from ntp.engine.dist import DistEnv
+from ntp.engine.placement import choose_nn_device, graph_resident_bytes, nn_stage_bytes
+from ntp.engine.loop import fit, setup
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import loader, random_graph
 from tests.ntp.spawn import run_on_ranks
@@ -51,8 +52,8 @@ def test_memory_budget_parses_units_and_rejects_nonsense() -> None:
     for bad in ("8 gigs", "lots", "0MB", "-1GB"):
         with pytest.raises(ConfigError, match="--memory-budget .* e.g. --memory-budget 8GB"):
             TrainConfig(memory_budget=bad)
-    with pytest.raises(ConfigError, match="--pipeline .* use it with --mode tp"):
-        TrainConfig(pipeline=True, mode="data")
+    with pytest.raises(ConfigError, match="--overlap .* use --mode tp"):
+        TrainConfig(overlap=True, mode="data")
     with pytest.raises(ConfigError, match="--offload .* use --mode tp"):
         TrainConfig(offload="all", mode="data")
     with pytest.raises(ConfigError, match="attention .* use --offload none"):
@@ -76,7 +77,7 @@ def test_budget_plan_chunks_are_the_largest_that_fit() -> None:
             if b < csr.num_nodes:
                 assert costs[a : b + 1].sum() > budget, "a chunk could have taken one more row"
     assert budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.sum())).num_chunks == 1
-    with pytest.raises(MemoryBudgetError, match="raise --memory-budget to at least"):
+    with pytest.raises(MemoryPlanError, match="raise --memory-budget to at least"):
         budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.max()) - 1)
 
 
@@ -92,7 +93,7 @@ def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:
         received |= set(sched.new_sources[j].tolist())
         needed = set(pattern.indices[int(pattern.indptr[a]) : int(pattern.indptr[b])].tolist())
         assert needed <= received, f"chunk {j} aggregates before its sources arrived"
-    plain = source_schedule(pattern.indptr, pattern.indices, plan, dedup=False)
+    plain = source_schedule(pattern.indptr, pattern.indices, plan, send_once=False)
     assert plain.total > sched.total
 
 
@@ -235,14 +236,14 @@ def reference() -> list[dict]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, reference: list[dict]) -> None:
     variants = {"chunked": dict(chunk_rows=9), "budget": dict(memory_budget="3KB"),
-                "pipelined": dict(chunk_rows=9, pipeline=True),
-                "pipelined-one-chunk": dict(pipeline=True),
+                "pipelined": dict(chunk_rows=9, overlap=True),
+                "pipelined-one-chunk": dict(overlap=True),
                 "offloaded": dict(chunk_rows=9, offload="all"),
-                "pipelined-offloaded": dict(chunk_rows=9, pipeline=True, offload="all")}
+                "pipelined-offloaded": dict(chunk_rows=9, overlap=True, offload="all")}
     configs, names = [], []
     for vname, extra in variants.items():
         models = PIPE_MODELS + (MODELS if vname in ("chunked", "budget") else COUPLED_PIPE_MODELS)
-        if "offload" in extra:
+        if "offload" in extra or "overlap" in extra:  # attention streams nothing and overlaps nothing
             models = [c for c in models if c["model"] != "gat"]
         for c in models:
             configs.append(dict(c, mode="tp", **extra))
@@ -258,15 +259,15 @@ def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, referenc
 
 
 def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
-    from ntp.dist import distributed
-    from ntp.train import train_step
+    from ntp.engine.dist import distributed
+    from ntp.engine.loop import train_step
 
     with distributed(60) as env:
         out = []
         for c in configs:
-            dedup = c.pop("dedup", True)
+            send_once = c.pop("send_once", True)
             job = setup(TrainConfig(**c), env, loader(DIRECTED))
-            job.ctx.dedup = dedup  # before the first propagation builds the schedules
+            job.ctx.send_once = send_once  # before the first propagation builds the schedules
             train_step(job, 0)  # builds the operators
             job.comm.stats.reset()
             job.ctx.reset_stats()
@@ -281,8 +282,8 @@ def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
 def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
     base = dict(mode="tp", model="gcn", hidden=11, dropout=0.0, nn_layers=2, prop_steps=3)
     coupled = dict(base, arch="coupled", chunk_rows=9)
-    configs = [dict(base, chunk_rows=9), dict(base, chunk_rows=9, pipeline=True),
-               dict(base, chunk_rows=9, pipeline=True, dedup=False), dict(base), coupled, dict(coupled, pipeline=True)]
+    configs = [dict(base, chunk_rows=9), dict(base, chunk_rows=9, overlap=True),
+               dict(base, chunk_rows=9, overlap=True, send_once=False), dict(base), coupled, dict(coupled, overlap=True)]
     per_rank = run_on_ranks(pipeline_bytes_worker, world, configs)
     n, classes = 100, 5
     chunked, piped, no_dedup, plain, coupled_off, coupled_on = (list(r) for r in zip(*per_rank))
@@ -297,7 +298,7 @@ def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
         assert plain[r]["sent"]["split"] + plain[r]["sent"]["gather"] == cost
         moved = sum(piped[r]["sent"].get(k, 0) for k in ("split", "gather"))
         assert moved <= cost, "pipelined: each row once, no padding"
-        assert sum(no_dedup[r]["sent"].get(k, 0) for k in ("split", "gather")) > moved, "dedup saves bytes"
+        assert sum(no_dedup[r]["sent"].get(k, 0) for k in ("split", "gather")) > moved, "send_once saves bytes"
         assert piped[r]["chunks"] == 12 and piped[r]["async"] > 4 and piped[r]["overlap"] >= 0.0
         assert piped[r]["loss"] == pytest.approx(chunked[r]["loss"], rel=1e-5)
         assert no_dedup[r]["loss"] == pytest.approx(chunked[r]["loss"], rel=1e-5)

@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ntp.collectives import Comm, gather, split
+from ntp.engine.collectives import Comm, gather, split
 from ntp.config import TrainConfig
-from ntp.cost import coupled_bytes, decoupled_bytes
-from ntp.dist import distributed
-from ntp.partition import Layout
-from ntp.train import setup, train_step
+from ntp.engine.cost import coupled_bytes, decoupled_bytes
+from ntp.engine.dist import distributed
+from ntp.engine.partition import Partition
+from ntp.engine.loop import setup, train_step
 from tests.ntp.graphs import loader, random_graph
 from tests.ntp.spawn import run_on_ranks
 
@@ -22,9 +22,9 @@ def _full(seed: int) -> torch.Tensor:
 
 def split_gather_worker() -> dict:
     with distributed(30) as env:
-        comm = Comm(Layout(N, env.world, env.rank), env.device)
-        r0, r1 = comm.layout.rows()
-        c0, c1 = comm.layout.cols(D)
+        comm = Comm(Partition(N, env.world, env.rank), env.device)
+        r0, r1 = comm.part.rows()
+        c0, c1 = comm.part.cols(D)
         x = _full(0)[r0:r1].clone().requires_grad_()
         cols = split(x, comm)
         cols.backward(_full(1)[:, c0:c1])  # upstream gradient in the column layout

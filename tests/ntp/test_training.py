@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from flows.cli import main as ntp_main
-from ntp.config import ConfigError, TrainConfig
-from ntp.dist import DistEnv
-from ntp.launch import TrainingFailed, launch_training
-from ntp.train import TrainingError, fit, setup
+from ntp.config import TrainConfig
+from ntp.engine.dist import DistEnv
+from ntp.engine.loop import fit
+from ntp.engine.setup import setup
+from ntp.errors import ConfigError, TrainingError, WorkerFailed
+from ntp.run.cli import main as ntp_main
+from ntp.run.launch import launch_training
+from ntp.spec import resolve
 from tests.ntp.graphs import loader, random_graph
 
 SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
@@ -23,13 +26,16 @@ def _records(path) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
 
+def _launch(cfg: TrainConfig, nproc: int, job_timeout_s: float | None = None, on_line=lambda s: None):
+    return launch_training(resolve(cfg, nproc=nproc, device="cpu", job_timeout_s=job_timeout_s), on_line=on_line)
+
+
 @pytest.mark.parametrize("model", ["gcn", "gat"])
 def test_tensor_parallel_cora_accuracy_matches_single(model: str, cora_store: str, tmp_path) -> None:
     """Two torchrun ranks reach the single-process test accuracy on Cora (within 1 point), with balanced bytes."""
     cfg = TrainConfig(store=cora_store, model=model, epochs=60, hidden=32, lr=0.02, eval_every=5, seed=1)
-    single = launch_training(cfg.replace(mode="single", results=str(tmp_path / "single.jsonl")), 1, on_line=lambda s: None)
-    tp = launch_training(cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl")), 2, on_line=lambda s: None,
-                         timeout_s=300)
+    single = _launch(cfg.replace(mode="single", results=str(tmp_path / "single.jsonl")), 1)
+    tp = _launch(cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl")), 2, job_timeout_s=300)
     ref, ours = _records(single.results_path), _records(tp.results_path)
     assert ref[-1]["test_metric"] > 0.75, f"{model} on Cora should learn (test accuracy {ref[-1]['test_metric']})"
     assert abs(ours[-1]["test_metric"] - ref[-1]["test_metric"]) <= 0.01
@@ -44,26 +50,26 @@ def test_tensor_parallel_cora_accuracy_matches_single(model: str, cora_store: st
 def test_memory_bounded_options_reach_torchrun_workers_and_keep_results(cora_store: str, tmp_path) -> None:
     """Budget chunks, offloaded embeddings, a CPU NN stage and pipelining, through `torchrun`: same losses."""
     cfg = TrainConfig(store=cora_store, model="gcn", epochs=8, hidden=16, eval_every=4, seed=2)
-    ref = launch_training(cfg.replace(mode="single", results=str(tmp_path / "ref.jsonl")), 1, on_line=lambda s: None)
+    ref = _launch(cfg.replace(mode="single", results=str(tmp_path / "ref.jsonl")), 1)
     lines: list[str] = []
     bounded = cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl"), memory_budget="300KB", offload="all",
-                          nn_device="cpu", pipeline=True, threads=1)
-    ours = launch_training(bounded, 2, on_line=lines.append, timeout_s=300)
+                          nn_device="cpu", overlap=True, threads=1)
+    ours = _launch(bounded, 2, job_timeout_s=300, on_line=lines.append)
     np.testing.assert_allclose([r["loss"] for r in _records(ours.results_path)[:-1]],
                                [r["loss"] for r in _records(ref.results_path)[:-1]], rtol=1e-5)
     worker = _records(ours.results_path)[1]["workers"][1]
     assert worker["chunks"] > 1 and worker["offload"] == "all" and worker["nn_device"] == "cpu"
-    assert worker["pipelined"] and worker["cpu_s"] > 0 and set(worker["peak_mem_by_phase"]) == {"nn", "propagate"}
+    assert worker["overlapped"] and worker["cpu_s"] > 0 and set(worker["peak_mem_by_phase"]) == {"nn", "propagate"}
     if (os.cpu_count() or 1) <= 2:  # two ranks fill this machine: the launcher says pipelining has nothing to overlap
-        assert any("--pipeline on CPU ranks that use all" in line for line in lines)
+        assert any("--overlap on CPU ranks that use all" in line for line in lines)
 
 
 def test_crashed_rank_fails_the_job_promptly_with_its_traceback(cora_store: str, tmp_path) -> None:
-    cfg = TrainConfig(store=cora_store, mode="tp", epochs=50, fail_rank=1, fail_at_epoch=2, timeout_s=30,
+    cfg = TrainConfig(store=cora_store, mode="tp", epochs=50, fail_rank=1, fail_at_epoch=2, collective_timeout_s=30,
                       results=str(tmp_path / "r.jsonl"))
     t0 = time.perf_counter()
-    with pytest.raises(TrainingFailed) as err:
-        launch_training(cfg, 2, on_line=lambda s: None, timeout_s=120)
+    with pytest.raises(WorkerFailed) as err:
+        _launch(cfg, 2, job_timeout_s=120)
     assert time.perf_counter() - t0 < 60
     message = str(err.value)
     assert "injected failure on rank 1 at epoch 2" in message
@@ -72,8 +78,8 @@ def test_crashed_rank_fails_the_job_promptly_with_its_traceback(cora_store: str,
 
 def test_job_timeout_kills_every_worker(cora_store: str, tmp_path) -> None:
     cfg = TrainConfig(store=cora_store, mode="tp", epochs=100000, results=str(tmp_path / "r.jsonl"))
-    with pytest.raises(TrainingFailed, match="timed out"):
-        launch_training(cfg, 2, on_line=lambda s: None, timeout_s=15)
+    with pytest.raises(WorkerFailed, match="timed out"):
+        _launch(cfg, 2, job_timeout_s=15)
 
 
 def test_resume_ends_like_an_uninterrupted_run(tmp_path) -> None:
@@ -87,7 +93,7 @@ def test_resume_ends_like_an_uninterrupted_run(tmp_path) -> None:
     a, b = _records(tmp_path / "a.jsonl"), _records(tmp_path / "b.jsonl")
     assert [r["epoch"] for r in b[:-1]] == list(range(8))
     assert [r["loss"] for r in b[:-1]] == pytest.approx([r["loss"] for r in a[:-1]], rel=1e-6)
-    assert (resumed["best_epoch"], resumed["test_metric"]) == (whole["best_epoch"], whole["test_metric"])
+    assert (resumed.best_epoch, resumed.test_metric) == (whole.best_epoch, whole.test_metric)
 
 
 def test_non_finite_loss_stops_with_the_epoch() -> None:
@@ -105,17 +111,17 @@ def test_graph_without_training_labels_is_refused() -> None:
 
 
 def test_saved_model_evaluates_to_the_training_result(cora_store: str, tmp_path) -> None:
-    from ntp.evaluate import evaluate_model
+    from ntp.engine.inference import evaluate_model
 
     cfg = TrainConfig(store=cora_store, epochs=20, hidden=16, model_out=str(tmp_path / "model.pt"),
                       checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=20)
     job = setup(cfg, SINGLE)
     final = fit(job)
     metrics = evaluate_model(tmp_path / "model.pt", cora_store)
-    assert metrics["test"] == pytest.approx(final["test_metric"])
-    assert metrics["valid"] == pytest.approx(final["best_valid_metric"])
+    assert metrics["test"] == pytest.approx(final.test_metric)
+    assert metrics["valid"] == pytest.approx(final.best_valid_metric)
     last = evaluate_model(tmp_path / "ckpt" / "ckpt-000019.pt", cora_store)  # a checkpoint: the last epoch's weights
-    assert last["test"] == pytest.approx(job.history[-1]["test_metric"])
+    assert last["test"] == pytest.approx(job.history[-1].test_metric)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -150,11 +156,11 @@ def _binary_graph() -> dict:
 
 
 def binary_worker() -> list[float]:
-    from ntp.dist import distributed
+    from ntp.engine.dist import distributed
 
     with distributed(30) as env:
         job = setup(TrainConfig(mode="tp", epochs=4, hidden=8, dropout=0.3), env, loader(_binary_graph()))
-        return [fit(job)["test_metric"], job.history[-1]["loss"]]
+        return [fit(job).test_metric, job.history[-1].loss]
 
 
 def test_binary_task_trains_with_rocauc_and_tp_equals_single() -> None:
@@ -163,15 +169,15 @@ def test_binary_task_trains_with_rocauc_and_tp_equals_single() -> None:
     job = setup(TrainConfig(epochs=4, hidden=8, dropout=0.3), SINGLE, loader(_binary_graph()))
     assert (job.data.task_type, job.data.metric) == ("binary", "rocauc")
     single = fit(job)
-    assert 0.0 <= single["test_metric"] <= 1.0
+    assert 0.0 <= single.test_metric <= 1.0
     for test_metric, loss in run_on_ranks(binary_worker, 2):
-        assert test_metric == pytest.approx(single["test_metric"], rel=1e-5)
-        assert loss == pytest.approx(job.history[-1]["loss"], rel=1e-5)
+        assert test_metric == pytest.approx(single.test_metric, rel=1e-5)
+        assert loss == pytest.approx(job.history[-1].loss, rel=1e-5)
 
 
 def test_early_stopping_ends_after_patience_evaluations_without_progress() -> None:
     graph = random_graph(n=60, d=6, classes=3, seed=3)
     job = setup(TrainConfig(epochs=200, lr=0.5, patience=3, eval_every=1, hidden=4), SINGLE, loader(graph))
     final = fit(job)
-    last = job.history[-1]["epoch"]
-    assert last < 199 and last == final["best_epoch"] + 3
+    last = job.history[-1].epoch
+    assert last < 199 and last == final.best_epoch + 3

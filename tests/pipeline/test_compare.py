@@ -5,8 +5,8 @@ import argparse
 
 import pytest
 
-from ntp import tracking
-from ntp.compare import add_compare_command, main
+from ntp.run import tracking
+from ntp.run.compare import add_compare_command, main
 from tests.pipeline.fakes import write_results
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ntp import tracking
+from ntp.run import tracking
 from tests.pipeline.conftest import CORA
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
@@ -23,7 +23,7 @@ def pipeline_result() -> dict[str, Any]:
     from flows.pipeline import pipeline
 
     params = PipelineParams(dataset={"name": "cora", "from_dir": str(CORA)}, training=TINY,
-                            launch={"nproc": 2, "timeout_s": 120}, experiment="pipeline-test")
+                            launch={"nproc": 2, "job_timeout_s": 120}, experiment="pipeline-test")
     return pipeline(params)
 
 
@@ -85,12 +85,12 @@ def test_evaluate_flow_from_model_path(pipeline_result: dict[str, Any], tmp_path
 def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: str) -> None:
     from flows.params import LaunchOptions, TrainingOptions
     from flows.train import train
-    from ntp.launch import TrainingFailed
+    from ntp.errors import WorkerFailed
 
     start = time.monotonic()
-    with pytest.raises(TrainingFailed) as err:
+    with pytest.raises(WorkerFailed) as err:
         train(store=cora_store, training=TrainingOptions(**{**TINY, "fail_rank": 1, "fail_at_epoch": 1}),
-              launch=LaunchOptions(nproc=2, timeout_s=120), experiment="crash-test")
+              launch=LaunchOptions(nproc=2, job_timeout_s=120), experiment="crash-test")
     elapsed = time.monotonic() - start
     assert elapsed < 60, f"the crash took {elapsed:.0f} s to fail the flow"
     assert "Traceback" in str(err.value) and "rank 1" in str(err.value).lower()
@@ -123,18 +123,34 @@ def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[st
 def test_job_timeout_kills_training_and_fails_run(cora_store: str) -> None:
     from flows.params import LaunchOptions, TrainingOptions
     from flows.train import train
-    from ntp.launch import TrainingFailed
+    from ntp.errors import WorkerFailed
 
     start = time.monotonic()
-    with pytest.raises(TrainingFailed, match="timed out"):
+    with pytest.raises(WorkerFailed, match="timed out"):
         train(store=cora_store, training=TrainingOptions(epochs=100000, hidden=16, eval_every=1000),
-              launch=LaunchOptions(nproc=2, timeout_s=8), experiment="timeout-test")
+              launch=LaunchOptions(nproc=2, job_timeout_s=8), experiment="timeout-test")
     assert time.monotonic() - start < 60, "the job outlived its timeout by far"
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("timeout-test").experiment_id])
     parents = [r for r in runs if r.data.tags.get(tracking.TAG_KIND) == "train"]
     assert [r.info.status for r in parents] == ["FAILED"]
     assert all(r.info.status == "FAILED" for r in runs), "workers of a failed job (if any epoch ran) are FAILED too"
+
+
+def test_input_errors_fail_at_once_and_are_never_retried(cora_store: str) -> None:
+    """A memory budget that cannot work is the user's input: no rank starts and Prefect does not retry it."""
+    from flows.params import LaunchOptions, TrainingOptions
+    from flows.train import train
+    from ntp.errors import MemoryPlanError
+
+    start = time.monotonic()
+    with pytest.raises(MemoryPlanError, match="raise --memory-budget"):
+        train(store=cora_store, training=TrainingOptions(epochs=2, memory_budget="1KB"),
+              launch=LaunchOptions(nproc=2, device="cpu", retries=2, retry_delay_s=0), experiment="plan-test")
+    assert time.monotonic() - start < 30
+    c = tracking.client()
+    runs = c.search_runs([c.get_experiment_by_name("plan-test").experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
+    assert [r.info.status for r in runs] == ["FAILED"], "one attempt, no retries"
 
 
 def test_single_mode_runs_one_process(cora_store: str) -> None:

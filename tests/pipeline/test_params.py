@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from flows.params import DatasetOptions, LaunchOptions, PipelineParams, TrainingOptions, train_config
+from flows.params import DatasetOptions, LaunchOptions, PipelineParams, TrainingOptions, launch_spec
 from ntp.config import ConfigError, TrainConfig
 from tests.pipeline.conftest import PROJECT
 
@@ -20,16 +20,18 @@ def test_training_options_mirror_train_config() -> None:
     defaults = TrainConfig()
     for name, field in TrainingOptions.model_fields.items():
         assert field.description, name
-        if name != "mode":
-            assert field.default == getattr(defaults, name), name
+        assert field.default == getattr(defaults, name), name
 
 
-def test_train_config_resolves_mode() -> None:
-    assert train_config(TrainingOptions(), store="s", nproc=2).mode == "tp"
-    assert train_config(TrainingOptions(), store="s", nproc=1).mode == "single"
-    assert train_config(TrainingOptions(mode="single"), store="s", nproc=4).mode == "single"
+def test_launch_spec_resolves_mode_and_refuses_contradictions() -> None:
+    cpu = LaunchOptions(device="cpu")
+    assert launch_spec(TrainingOptions(), cpu.model_copy(update={"nproc": 2}), store="s").mode == "tp"
+    assert launch_spec(TrainingOptions(), cpu.model_copy(update={"nproc": 1}), store="s").mode == "single"
+    assert launch_spec(TrainingOptions(mode="single"), cpu, store="s").nproc_per_node == 1
+    with pytest.raises(ConfigError, match="--mode single runs one process"):
+        launch_spec(TrainingOptions(mode="single"), cpu.model_copy(update={"nproc": 4}), store="s")
     with pytest.raises(ConfigError):
-        train_config(TrainingOptions(model="sgc", arch="coupled"), store="s", nproc=1)
+        launch_spec(TrainingOptions(model="sgc", arch="coupled"), cpu, store="s")
 
 
 def test_pipeline_schema_is_a_typed_form() -> None:
@@ -43,11 +45,6 @@ def test_pipeline_schema_is_a_typed_form() -> None:
         PipelineParams(dataset={"name": "x", "bogus": 1})
 
 
-def test_launch_options_default_nproc() -> None:
-    assert LaunchOptions().resolved_nproc() >= 1
-    assert LaunchOptions(nproc=3).resolved_nproc() == 3
-
-
 def test_pipeline_command_line_to_params() -> None:
     from flows.pipeline_cli import add_pipeline_command, params_from_args
 
@@ -59,16 +56,16 @@ def test_pipeline_command_line_to_params() -> None:
     p = params_from_args(args)
     assert p.dataset == DatasetOptions(name="synthetic", nodes=500, seed=3, symmetrize=True)
     assert (p.training.epochs, p.training.seed, p.training.model, p.training.mode) == (5, 7, "sage", None)
-    assert (p.launch.nproc, p.launch.retries, p.launch.timeout_s, p.experiment) == (2, 1, 60.0, "exp")
+    assert (p.launch.nproc, p.launch.retries, p.launch.job_timeout_s, p.experiment) == (2, 1, 60.0, "exp")
     assert args.func.__name__ == "run_pipeline_cli"
-    bad = parser.parse_args(["pipeline", "cora", "--store", "somewhere"])
-    assert args.func(bad) == 2
+    with pytest.raises(SystemExit):  # the pipeline builds its own store: --store is not one of its options
+        parser.parse_args(["pipeline", "cora", "--store", "somewhere"])
 
 
 def test_packages_do_not_import_prefect_eagerly() -> None:
-    code = ("import sys, argparse, flows, flows.pipeline_cli, ntp.tracking, ntp.compare;"
+    code = ("import sys, argparse, flows, flows.pipeline_cli, ntp.run.tracking, ntp.run.compare;"
             "p = argparse.ArgumentParser(); s = p.add_subparsers();"
-            "flows.pipeline_cli.add_pipeline_command(s); ntp.compare.add_compare_command(s);"
+            "flows.pipeline_cli.add_pipeline_command(s); ntp.run.compare.add_compare_command(s);"
             "assert not [m for m in sys.modules if m.split('.')[0] in ('prefect', 'mlflow')], 'eager import'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PROJECT, timeout=120)
 
@@ -86,15 +83,15 @@ def test_prefect_yaml_deployments() -> None:
     assert nightly["schedules"][0]["cron"].split()[:2] == ["0", "2"]
     params = PipelineParams(**nightly["parameters"]["params"])
     assert params.dataset.name == "ogbn-arxiv"
-    train_config(params.training, store="s", nproc=8)  # valid training options
+    launch_spec(params.training, params.launch.model_copy(update={"device": "cpu"}), store="s")  # valid options
     assert spec["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"]
 
 
 @pytest.mark.parametrize("command", ["train", "pipeline", "evaluate", "compare"])
 def test_help_states_each_default_once(command: str) -> None:
-    from flows.cli import build_parser
+    from ntp.run.cli import build_parser
 
-    sub = build_parser(with_pipeline=True)._subparsers._group_actions[0].choices[command]
+    sub = build_parser(load_plugin=command)._subparsers._group_actions[0].choices[command]
     text = " ".join(sub.format_help().split())
     assert "(default: None)" not in text and text.count("(default: 100)") <= 1, text
     if command == "train":

@@ -1,23 +1,24 @@
-"""ntp.tracking: results parsing, summaries, plots and MLflow runs from hand-written results files."""
+"""ntp.run.tracking: results parsing, summaries, plots and MLflow runs from hand-written results files."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from ntp import tracking
-from tests.pipeline.fakes import write_results
+from ntp.records import from_dict, read_results
+from ntp.run import tracking
+from tests.pipeline.fakes import epoch_record, write_results
 
 
 def test_read_results_ignores_truncated_last_line(tmp_path: Path) -> None:
-    res = tracking.read_results(write_results(tmp_path / "r.jsonl", epochs=3, final=False, truncated=True))
-    assert [e["epoch"] for e in res.epochs] == [0, 1, 2]
+    res = read_results(write_results(tmp_path / "r.jsonl", epochs=3, final=False, truncated=True))
+    assert [e.epoch for e in res.epochs] == [0, 1, 2]
     assert res.final is None and res.world_size == 2
-    assert tracking.read_results(tmp_path / "missing.jsonl").epochs == []
+    assert read_results(tmp_path / "missing.jsonl").epochs == []
 
 
 def test_timing_table_and_summary(tmp_path: Path) -> None:
-    res = tracking.read_results(write_results(tmp_path / "r.jsonl", epochs=4, ranks=2))
+    res = read_results(write_results(tmp_path / "r.jsonl", epochs=4, ranks=2))
     table = tracking.timing_table(res)
     assert len(table) == 8
     assert {"epoch", "rank", "compute_s", "comm_s_split", "comm_s_gather", "comm_s_total", "bytes_sent_split",
@@ -33,19 +34,17 @@ def test_timing_table_and_summary(tmp_path: Path) -> None:
 
 
 def test_epoch_and_worker_metrics_skip_missing_values() -> None:
-    from tests.pipeline.fakes import epoch_record
-
-    m = tracking.epoch_metrics(epoch_record(1, evaluated=False))
+    m = tracking.epoch_metrics(from_dict(epoch_record(1, evaluated=False)))
     assert "test_metric" not in m and m["loss"] == 1.0
     assert m["workers/compute_s_max"] == pytest.approx(0.11)
-    w = tracking.worker_metrics(epoch_record(0)["workers"][1])
+    w = tracking.worker_metrics(from_dict(epoch_record(0)).workers[1])
     assert w["bytes_sent/split"] == 2000 and w["comm_s_total"] == pytest.approx(0.051)
     assert w["chunks"] == 4 and w["overlap_s"] == pytest.approx(0.01) and w["peak_mem/propagate"] == 100_000_001
-    assert "nn_device" not in w and "pipelined" not in w, "metrics are numbers; placement is in the params"
+    assert "nn_device" not in w and "overlapped" not in w, "metrics are numbers; placement is in the params"
 
 
 def test_plots_are_png(tmp_path: Path) -> None:
-    res = tracking.read_results(write_results(tmp_path / "r.jsonl"))
+    res = read_results(write_results(tmp_path / "r.jsonl"))
     for plot in (tracking.plot_curves, tracking.plot_workers):
         out = plot(res, tmp_path / f"{plot.__name__}.png")
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -59,6 +58,7 @@ def test_training_run_logs_parent_children_artifacts(tmp_path: Path) -> None:
     with tracking.start_training_run({"model": "gcn", "epochs": 3, "store": str(tmp_path)}, world_size=2,
                                      store_meta=meta, store_path=tmp_path, flow_run_id="flow-123",
                                      system_metrics_interval_s=0.5) as run:
+        run.log_epochs(read_results(results).epochs)  # live, while a real job runs
         summary = run.log_results(results)
         run.log_model(model, config={"model": "gcn"}, store_meta=meta)
     c = run.client
@@ -89,6 +89,7 @@ def test_failed_training_leaves_run_failed(tmp_path: Path) -> None:
     results = write_results(tmp_path / "r.jsonl", epochs=2, final=False, truncated=True)
     with pytest.raises(RuntimeError, match="rank 1 crashed"):
         with tracking.start_training_run({"model": "gcn"}, world_size=2, experiment="failures") as run:
+            run.log_epochs(read_results(results).epochs)
             run.log_results(results)
             raise RuntimeError("rank 1 crashed")
     parent = run.client.get_run(run.run_id)

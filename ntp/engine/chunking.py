@@ -1,0 +1,291 @@
+"""Chunk plans: memory-bounded aggregation over contiguous destination-row ranges (../shared/design/tensor-parallel.md,
+"Chunk-based scheduling").
+
+A chunk is a contiguous range of destination vertices with ALL their in-edges: a row block of the CSR of ``A``.
+Every rank derives the same plan from the same topology and options, so no rank waits for another. The chunk size
+comes either from ``chunk_rows`` (uniform ranges) or from a memory budget: the largest chunks whose working set fits,
+
+    working set of rows [a, b) = edges * (index + value + kernel scratch) + gathered source rows * w * 4
+                                 + output rows * w * 4 + row pointers,
+
+where ``w`` is the (padded) column-slice width and the gathered source rows are bounded by the chunk's edge count.
+The same boundaries cut ``A^T`` (source ranges) for the backward, so a row's cost is the larger of its in- and
+out-edge costs: the plan bounds the forward and the backward.
+
+Per chunk, :class:`ChunkPlan` also knows the *new* source vertices of the chunk: sources of its in-edges that no
+earlier chunk needed. Inter-chunk pipelining (ntp.engine.overlap) sends exactly those, so a vertex already received for
+an earlier chunk is never sent again.
+
+Also here: per-phase peak memory (:class:`PhaseMemory`) and the time collectives spend in flight while this rank
+computes (:class:`OverlapClock`), both reported in the worker records.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ntp.errors import MemoryPlanError
+
+#: Bytes per edge of a chunk's working set: int64 index + fp32 value + kernel scratch (torch's CPU CSR kernel
+#: converts indices; measured ~8 B/edge transient).
+EDGE_BYTES = 8 + 4 + 8
+#: Bytes per row of a chunk besides its values: the row pointer.
+ROW_BYTES = 8
+#: Share of free device memory the default CUDA budget may use.
+DEVICE_MARGIN = 0.8
+
+
+@dataclass
+class ChunkPlan:
+    """Row boundaries ``bounds`` (``bounds[0] = 0``, ``bounds[-1] = n``) shared by every rank."""
+
+    bounds: list[int]
+    reason: str = "unchunked"  #: how the boundaries were chosen (recorded in the results)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.bounds) - 1
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self.bounds[:-1], self.bounds[1:]))
+
+
+def uniform_plan(num_nodes: int, chunk_rows: int) -> ChunkPlan:
+    """Chunks of ``chunk_rows`` rows (the last may be shorter); ``chunk_rows = 0`` means one chunk."""
+    if chunk_rows <= 0 or chunk_rows >= num_nodes:
+        return ChunkPlan([0, num_nodes])
+    return ChunkPlan(list(range(0, num_nodes, chunk_rows)) + [num_nodes], f"chunk_rows={chunk_rows}")
+
+
+def row_costs(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int,
+              extra_edges_per_row: int = 1) -> np.ndarray:
+    """Working-set bytes of every destination row (the max of its forward and backward share).
+
+    ``extra_edges_per_row`` covers the self-loops that operators add to the pattern (GCN, mean_self, GIN)."""
+    in_deg = (indptr[1:] - indptr[:-1]).numpy()
+    out_deg = np.bincount(indices.numpy(), minlength=num_nodes)
+    return degree_costs(in_deg, out_deg, width, extra_edges_per_row)
+
+
+def degree_costs(in_deg: np.ndarray, out_deg: np.ndarray, width: int, extra_edges_per_row: int = 1) -> np.ndarray:
+    """:func:`row_costs` from the degrees alone (what a store keeps beside its topology)."""
+    deg = np.maximum(in_deg.astype(np.int64), out_deg.astype(np.int64)) + extra_edges_per_row
+    # edges, at most one gathered source row per edge, the output row and its pointer
+    return deg * (EDGE_BYTES + 4 * width) + 4 * width + ROW_BYTES
+
+
+def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int) -> ChunkPlan:
+    """The largest contiguous chunks (greedy, front to back) whose working set fits ``budget`` bytes."""
+    return plan_for_costs(row_costs(indptr, indices, num_nodes, width), width, budget)
+
+
+def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:
+    """Greedy chunks over per-row working-set ``costs``; :class:`MemoryPlanError` when one row alone exceeds
+    ``budget``."""
+    num_nodes = len(costs)
+    worst = int(costs.argmax()) if num_nodes else 0
+    if num_nodes and costs[worst] > budget:
+        raise MemoryPlanError(
+            f"memory budget {format_bytes(budget)} cannot hold the aggregation of vertex {worst} alone "
+            f"({format_bytes(int(costs[worst]))} for its edges and {width}-wide rows); raise --memory-budget "
+            f"to at least {format_bytes(int(costs[worst]))} or use more ranks (narrower column slices)")
+    cum = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(costs, out=cum[1:])
+    if cum[-1] <= budget:
+        return ChunkPlan([0, num_nodes], f"budget {format_bytes(budget)}: fits in one chunk")
+    bounds = [0]
+    while bounds[-1] < num_nodes:
+        a = bounds[-1]
+        b = int(np.searchsorted(cum, cum[a] + budget, side="right")) - 1
+        bounds.append(min(max(b, a + 1), num_nodes))
+    return ChunkPlan(bounds, f"budget {format_bytes(budget)}")
+
+
+def free_device_bytes(device: torch.device) -> int:
+    """Free memory of a CUDA device (0 for the CPU: nothing to fit into)."""
+    if device.type != "cuda":
+        return 0
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def default_device_budget(device: torch.device, resident_bytes: int) -> int:
+    """Free device memory minus what stays resident, with a margin; 0 (no chunking) on CPU."""
+    free = free_device_bytes(device)
+    return max(int((free - resident_bytes) * DEVICE_MARGIN), 1) if free else 0
+
+
+def make_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, *, chunk_rows: int = 0,
+              memory_budget: int = 0, width: int = 1, device: torch.device | None = None,
+              resident_bytes: int = 0) -> ChunkPlan:
+    """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default."""
+    if chunk_rows:
+        return uniform_plan(num_nodes, chunk_rows)
+    budget = memory_budget or default_device_budget(device or torch.device("cpu"), resident_bytes)
+    if not budget:
+        return ChunkPlan([0, num_nodes])
+    return budget_plan(indptr, indices, num_nodes, width, budget)
+
+
+# -- deduplicated sources per chunk (what pipelining sends) -----------------------------------------------------------
+@dataclass
+class SourceSchedule:
+    """For each chunk of a plan over a pattern, the sources first needed by that chunk (sorted global ids), then a
+    last entry with the vertices no chunk needs (they still belong to the column layout). Without ``send_once`` every
+    chunk lists all its sources (a vertex is sent again for every chunk that needs it)."""
+
+    new_sources: list[torch.Tensor]
+    send_once: bool = True
+
+    @property
+    def total(self) -> int:
+        return sum(int(s.numel()) for s in self.new_sources)
+
+
+def source_schedule(indptr: torch.Tensor, indices: torch.Tensor, plan: ChunkPlan, send_once: bool = True) -> SourceSchedule:
+    n = plan.num_nodes
+    first = torch.full((n,), plan.num_chunks, dtype=torch.int64)  # chunk that first needs each vertex
+    per_chunk = []
+    for j, (a, b) in enumerate(plan.ranges()):
+        src = torch.unique(indices[int(indptr[a]) : int(indptr[b])])
+        if send_once:
+            fresh = src[first[src] == plan.num_chunks]
+            first[fresh] = j
+            per_chunk.append(fresh)
+        else:
+            first[src] = torch.minimum(first[src], torch.tensor(j))
+            per_chunk.append(src)
+    per_chunk.append(torch.nonzero(first == plan.num_chunks).flatten())
+    return SourceSchedule(per_chunk, send_once)
+
+
+# -- instrumentation ----------------------------------------------------------------------------------------------
+class PhaseMemory:
+    """Peak memory per phase ("nn", "propagate"): CUDA peak allocated, or the process's peak RSS (VmHWM, reset
+    through /proc/self/clear_refs) on CPU. :meth:`enter` closes the running phase and opens another.
+
+    On CPU, free heap pages are returned to the system (malloc_trim) once per epoch, in :meth:`reset`: doing it at
+    every phase switch made the next large allocations page-fault again (tens of ms per switch)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peaks: dict[str, int] = {}
+        self.phase = "nn"
+        self._cpu_ok = device.type != "cuda" and _can_reset_rss()
+
+    def reset(self) -> None:
+        self.peaks.clear()
+        self.phase = "nn"
+        if self._cpu_ok:
+            _release_free_heap()
+        self._reset_peak()
+
+    def enter(self, phase: str) -> str:
+        """Switch to ``phase``; returns the phase that was running (to switch back)."""
+        previous = self.phase
+        if phase != previous:
+            self._close()
+            self.phase = phase
+        return previous
+
+    def snapshot(self) -> dict[str, int]:
+        self._close()
+        return dict(self.peaks)
+
+    def _close(self) -> None:
+        peak = self._peak()
+        if peak is not None:
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), peak)
+        self._reset_peak()
+
+    def _peak(self) -> int | None:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        if not self._cpu_ok:
+            return None
+        return _vm_hwm()
+
+    def _reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self._cpu_ok:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+
+
+def _release_free_heap() -> None:
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim(0)
+        except (OSError, AttributeError):
+            _LIBC = False
+            return
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
+
+
+def _vm_hwm() -> int:
+    with open("/proc/self/status") as f:
+        match = re.search(r"VmHWM:\s+(\d+) kB", f.read())
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def _can_reset_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _vm_hwm() > 0
+    except OSError:
+        return False
+
+
+class in_phase:
+    """``with in_phase(phases, "propagate"):`` counts the enclosed work in that phase, then returns to the previous
+    one (a no-op when ``phases`` is None)."""
+
+    def __init__(self, phases: PhaseMemory | None, name: str = "propagate") -> None:
+        self.phases, self.name, self.previous = phases, name, None
+
+    def __enter__(self) -> None:
+        if self.phases is not None:
+            self.previous = self.phases.enter(self.name)
+
+    def __exit__(self, *exc) -> None:
+        if self.phases is not None:
+            self.phases.enter(self.previous)
+
+
+@dataclass
+class OverlapClock:
+    """Time asynchronous collectives were in flight while this rank computed (summed over collectives)."""
+
+    overlap_s: float = 0.0
+    async_calls: int = 0
+
+    def reset(self) -> None:
+        self.overlap_s, self.async_calls = 0.0, 0
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n}B"

@@ -1,0 +1,177 @@
+"""What a model needs to run on one rank: the graph operators, the collectives and the dropout stream."""
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+
+from ntp.engine.aggregate import CSR, EdgeWeightedTopology, SparseOperator, gcn_values, mean_values, sum_values, with_self_loops
+from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
+from ntp.engine.collectives import Comm, gather, split
+from ntp.engine.partition import ceil_div
+from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
+from ntp.engine.placement import graph_resident_bytes
+
+#: Propagation operators by name. "gcn": D^-1/2 (A+I) D^-1/2; "mean": D^-1 A (SAGE); "mean_self": D^-1 (A+I);
+#: "sum_root": A + I (GIN with eps = 0, existing self-loops kept as in PyG).
+OPERATORS = ("gcn", "mean", "mean_self", "sum_root")
+
+
+class GraphContext:
+    """Per-rank state shared by all layers: the whole topology, the communicator, and the current step.
+
+    Models talk to the graph only through four methods, so the execution mode lives here, not in the models:
+    ``to_graph`` / ``from_graph`` move a row-layout matrix into and out of the *graph layout* (tensor parallel: the
+    column layout, via split and gather), ``propagate`` / ``propagate_weighted`` apply an operator in the graph
+    layout, and ``graph_cols`` says which columns of a matrix the graph layout holds here.
+    """
+
+    #: Overlap (inter-chunk pipelining) fuses the split and gather of the column layout with propagation (tensor parallel only).
+    supports_overlap = True
+
+    def __init__(self, csr: CSR, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
+                 width: int = 0, overlap: bool = False, offload: str = "none", send_once: bool = True,
+                 nn_device: torch.device | None = None, reserved_bytes: int = 0) -> None:
+        """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.engine.chunking; ``width``: the widest
+        matrix propagated, for the budget); ``overlap``: propagation with per-chunk asynchronous split and gather
+        (ntp.engine.overlap), ``send_once`` sends every source row once; ``offload``: what aggregation streams from
+        host memory (ntp.engine.placement); ``nn_device``: where the row layout lives (default: the rank's device);
+        ``reserved_bytes``: device memory the default chunk budget leaves to the NN stage."""
+        self.csr = csr
+        self.comm = comm
+        self.chunk_rows = chunk_rows
+        self.memory_budget = memory_budget
+        self.width = width
+        self.overlap = overlap
+        self.offload = offload
+        self.send_once = send_once
+        self.nn_device = nn_device or comm.device
+        self.reserved_bytes = reserved_bytes
+        #: where the graph layout lives: host memory when embeddings are offloaded, else the rank's device
+        self.home = torch.device("cpu") if offload == "all" else comm.device
+        self.seed = seed
+        self.step = 0  #: training step (epoch): part of the dropout key, so masks are reproducible on resume
+        self._operators: dict[str, SparseOperator] = {}
+        self._overlapped: dict = {}
+        self.memory = PhaseMemory(comm.device)  #: peak memory per phase ("nn", "propagate")
+        self.clock = OverlapClock()  #: time collectives were in flight while this rank computed
+
+    # -- chunks and instrumentation ----------------------------------------------------------------------------------
+    @cached_property
+    def plan(self) -> ChunkPlan:
+        """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
+        slice_width = ceil_div(max(self.width, 1), self.comm.world)
+        resident = self.reserved_bytes + graph_resident_bytes(self.csr.num_nodes, self.csr.num_edges, slice_width,
+                                                              self.offload)
+        return make_plan(self.csr.indptr, self.csr.indices, self.csr.num_nodes, chunk_rows=self.chunk_rows,
+                         memory_budget=self.memory_budget, width=slice_width, device=self.device,
+                         resident_bytes=resident)
+
+    def reset_stats(self) -> None:
+        """Start an epoch's instrumentation (peak memory per phase, overlap)."""
+        self.memory.reset()
+        self.clock.reset()
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether propagation ran with overlapped split/gather (some operator was used that way)."""
+        return bool(self._overlapped)
+
+    @property
+    def device(self) -> torch.device:
+        return self.comm.device
+
+    @property
+    def row_offset(self) -> int:
+        return self.comm.part.rows()[0]
+
+    # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
+    def to_graph(self, z: torch.Tensor) -> torch.Tensor:
+        return split(z.to(self.device), self.comm).to(self.home)
+
+    def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
+        return gather(h.to(self.device), self.comm, width).to(self.nn_device)
+
+    def graph_cols(self, width: int) -> tuple[int, int]:
+        return self.comm.part.cols(width)
+
+    def propagate(self, name: str, h: torch.Tensor) -> torch.Tensor:
+        """``A_name @ h`` in the graph layout."""
+        return self.operator(name)(h)
+
+    def propagate_rows(self, name: str, z: torch.Tensor, steps: int, alpha: float | None = None) -> torch.Tensor:
+        """``gather(P^steps(split(z)))`` from the row layout back to it, with ``P(h) = A h`` or, given ``alpha``,
+        ``P(h) = (1 - alpha) A h + alpha split(z)`` (APPNP). Tensor parallel with ``overlap``: the first step is
+        fused with the split and the last with the gather, chunk by chunk (ntp.engine.overlap; one step: both, in one
+        loop); same values."""
+        width = z.shape[1]
+        if not (self.overlap and self.supports_overlap and self.comm.world > 1 and steps > 0):
+            z_cols = self.to_graph(z)
+            h = z_cols
+            for _ in range(steps):
+                h = _mix(self.propagate(name, h), z_cols, alpha)
+            return self.from_graph(h, width)
+        pop = self.overlapped_operator(name)
+        if steps == 1:
+            last = split_propagate_gather(z.to(self.device), pop).to(self.nn_device)
+        else:
+            p, z_cols = split_propagate(z.to(self.device), pop)
+            h = _mix(p, z_cols, alpha)
+            for _ in range(steps - 2):
+                h = _mix(self.propagate(name, h), z_cols, alpha)
+            last = propagate_gather(h, pop, width).to(self.nn_device)
+        return last if alpha is None else (1 - alpha) * last + alpha * z  # gather(split(z)) is z, exactly
+
+    def propagate_weighted(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """``A(values) @ h`` over the attention topology (in-edges plus self-loops), in the graph layout."""
+        return self.attention_topology.matmul(values, h)
+
+    # -- operators -------------------------------------------------------------------------------------------------
+    def operator(self, name: str) -> SparseOperator:
+        if name not in self._operators:
+            with in_phase(self.memory, "setup"):  # built once, at the first propagation: not the epochs' peak
+                self._operators[name] = self._build_operator(name)
+        return self._operators[name]
+
+    def _build_operator(self, name: str) -> SparseOperator:
+        pattern, values = operator_pattern(self.csr, name)
+        op = SparseOperator(pattern, values, device=self.device, bounds=self.plan.bounds, offload=self.offload)
+        op.phases = self.memory
+        return op
+
+    def overlapped_operator(self, name: str) -> OverlappedOperator:
+        """The operator with its per-chunk exchange schedules (built once per operator)."""
+        if name not in self._overlapped:
+            op = self.operator(name)
+            with in_phase(self.memory, "setup"):
+                self._overlapped[name] = OverlappedOperator(op, self.comm, self.clock, self.memory, send_once=self.send_once,
+                                                          home=self.home)
+        return self._overlapped[name]
+
+    @cached_property
+    def attention_topology(self) -> EdgeWeightedTopology:
+        """In-edges plus one self-loop per vertex (as GATConv), for attention-weighted propagation."""
+        with in_phase(self.memory, "setup"):
+            topo = EdgeWeightedTopology(with_self_loops(self.csr), self.device, bounds=self.plan.bounds)
+        topo.phases = self.memory
+        return topo
+
+
+def _mix(p: torch.Tensor, z_cols: torch.Tensor, alpha: float | None) -> torch.Tensor:
+    return p if alpha is None else (1 - alpha) * p + alpha * z_cols
+
+
+def operator_pattern(csr: CSR, name: str) -> tuple[CSR, torch.Tensor]:
+    """The sparsity pattern and edge values of propagation operator ``name`` over the whole graph."""
+    if name == "gcn":
+        pattern = with_self_loops(csr)
+        return pattern, gcn_values(pattern)
+    if name == "mean":
+        return csr, mean_values(csr)
+    if name == "mean_self":
+        pattern = with_self_loops(csr)
+        return pattern, mean_values(pattern)
+    if name == "sum_root":
+        pattern = with_self_loops(csr, keep_existing=True)
+        return pattern, sum_values(pattern)
+    raise ValueError(f"unknown operator {name!r}; known: {OPERATORS}")

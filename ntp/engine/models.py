@@ -1,0 +1,199 @@
+"""GNN models in two architectures, each runnable single-process or tensor parallel.
+
+Every model maps row-layout features ``x`` [rows of this rank, in_dim] to row-layout logits [rows, out_dim].
+NN operations run on rows; graph propagation runs on column slices between a ``split`` and a ``gather``. With one
+rank the collectives are identities, so ``--mode single`` is the same code with no communication.
+
+- Decoupled (predict, then propagate): ``Z = MLP(X)``; split once; K propagation steps on the slice; gather once.
+- Coupled (classic layers): every layer transforms rows, splits, aggregates the slice, gathers: the paper's
+  "naive" tensor parallelism. Aggregation is applied after the layer's first Linear (exact by linearity), so the
+  width at the split is the layer's output width, as in PyG's GCNConv. Each layer's split-aggregate-gather is one
+  ``propagate_rows`` call, so the context may pipeline it like the decoupled propagation.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ntp.engine.collectives import all_gather_rows
+from ntp.config import TrainConfig
+from ntp.engine.context import GraphContext
+from ntp.engine.layers import MLP, RowDropout
+from ntp.engine.metrics import ATTENTION
+
+#: Decoupled propagation operator of each model (see ntp.engine.context.OPERATORS).
+DECOUPLED_OPERATOR = {"gcn": "gcn", "sgc": "gcn", "appnp": "gcn", "sage": "mean_self", "gin": "sum_root"}
+
+
+# -- attention (GAT) ----------------------------------------------------------------------------------------------
+class EdgeAttention(nn.Module):
+    """GAT scores split into per-vertex scalars: e(u->v) = LeakyReLU(a_src . z_u + a_dst . z_v), per head.
+
+    The scalars are computed on owned rows and all-gathered (n x heads values); every rank then forms the same edge
+    softmax. Their gradient is the sum of every rank's partial gradient (the all-gather's backward)."""
+
+    def __init__(self, heads: int, head_dim: int, negative_slope: float = 0.2) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.negative_slope = heads, head_dim, negative_slope
+        self.att_src = nn.Parameter(torch.empty(1, heads, head_dim))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, head_dim))
+        nn.init.xavier_uniform_(self.att_src)
+        nn.init.xavier_uniform_(self.att_dst)
+
+    def forward(self, z_rows: torch.Tensor, ctx: GraphContext, shared_heads: bool = False) -> torch.Tensor:
+        """Edge softmax weights [E, heads]. ``shared_heads``: every head scores the same ``z`` (decoupled)."""
+        z = z_rows.unsqueeze(1) if shared_heads else z_rows.view(-1, self.heads, self.head_dim)
+        scores = torch.cat([(z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)], dim=1)
+        scores = all_gather_rows(scores.to(ctx.device), ctx.comm, ATTENTION)  # edges live on the rank's device
+        topo = ctx.attention_topology
+        logits = scores[topo.src, : self.heads] + scores[topo.dst, self.heads :]
+        return topo.softmax(F.leaky_relu(logits, self.negative_slope))
+
+
+def propagate_heads(ctx: GraphContext, alpha: torch.Tensor, h_cols: torch.Tensor, width: int, head_dim: int) -> torch.Tensor:
+    """Aggregate this rank's column slice of a ``width``-wide, head-major matrix with each column's head weights."""
+    c0, c1 = ctx.graph_cols(width)
+    parts = []
+    heads_here = range(c0 // head_dim, (c1 - 1) // head_dim + 1) if c1 > c0 else range(0)
+    for head in heads_here:
+        a, b = max(c0, head * head_dim) - c0, min(c1, (head + 1) * head_dim) - c0
+        parts.append(ctx.propagate_weighted(alpha[:, head].contiguous(), h_cols[:, a:b]))
+    return torch.cat(parts, dim=1) if parts else h_cols
+
+
+# -- decoupled architecture ----------------------------------------------------------------------------------------
+class DecoupledGNN(nn.Module):
+    """``gather(P^K(split(MLP(X))))`` with a model-specific propagation ``P``."""
+
+    def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.model, self.steps, self.alpha, self.out_dim = cfg.model, cfg.prop_steps, cfg.alpha, out_dim
+        self.mlp = MLP(in_dim, cfg.hidden, out_dim, cfg.nn_layers, dropout=cfg.dropout, norm=cfg.norm,
+                       activation=cfg.model != "sgc")
+        self.attention = EdgeAttention(cfg.heads, out_dim) if cfg.model == "gat" else None
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        z = self.mlp(x, ctx)
+        if self.attention is None:  # split, K steps, gather: one call, so the context may pipeline it
+            alpha = self.alpha if self.model == "appnp" else None
+            return ctx.propagate_rows(DECOUPLED_OPERATOR[self.model], z, self.steps, alpha)
+        z_cols = ctx.to_graph(z)
+        h = self._attend(z, z_cols, ctx)
+        return ctx.from_graph(h, self.out_dim)
+
+    def _attend(self, z_rows: torch.Tensor, z_cols: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        alpha = self.attention(z_rows, ctx, shared_heads=True)
+        heads = alpha.shape[1]
+        out = 0
+        for head in range(heads):
+            h = z_cols
+            for _ in range(self.steps):
+                h = ctx.propagate_weighted(alpha[:, head].contiguous(), h)
+            out = out + h
+        return out / heads
+
+
+# -- coupled architecture (naive tensor parallelism) ---------------------------------------------------------------
+class GCNLayer(nn.Module):
+    """PyG GCNConv: ``A_gcn @ (x W) + b``."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        return ctx.propagate_rows("gcn", self.lin(x), 1) + self.bias
+
+
+class SAGELayer(nn.Module):
+    """PyG SAGEConv (mean): ``mean_{u in N(v)} x_u W_l + b_l + x_v W_r``."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.lin_l = nn.Linear(in_dim, out_dim)
+        self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        agg = ctx.propagate_rows("mean", F.linear(x, self.lin_l.weight), 1)
+        return agg + self.lin_l.bias + self.lin_r(x)
+
+
+class GINLayer(nn.Module):
+    """PyG GINConv (eps = 0) with nn = Linear-ReLU-Linear: ``nn(x_v + sum_{u in N(v)} x_u)``."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(in_dim, hidden)
+        self.lin2 = nn.Linear(hidden, out_dim)
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        agg = ctx.propagate_rows("sum_root", F.linear(x, self.lin1.weight), 1)
+        return self.lin2(F.relu(agg + self.lin1.bias))
+
+
+class GATLayer(nn.Module):
+    """PyG GATConv (self-loops added, LeakyReLU 0.2, no attention dropout); heads concatenated or averaged."""
+
+    def __init__(self, in_dim: int, head_dim: int, heads: int, concat: bool) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.concat = heads, head_dim, concat
+        self.lin = nn.Linear(in_dim, heads * head_dim, bias=False)
+        self.attention = EdgeAttention(heads, head_dim)
+        self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim))
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        z = self.lin(x)
+        alpha = self.attention(z, ctx)
+        width = self.heads * self.head_dim
+        h = propagate_heads(ctx, alpha, ctx.to_graph(z), width, self.head_dim)
+        out = ctx.from_graph(h, width)
+        if not self.concat:
+            out = out.view(-1, self.heads, self.head_dim).mean(dim=1)
+        return out + self.bias
+
+
+class CoupledGNN(nn.Module):
+    """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last)."""
+
+    def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.model = cfg.model
+        hidden = max(1, cfg.hidden // cfg.heads) * cfg.heads if cfg.model == "gat" else cfg.hidden
+        layers, dims = [], [in_dim] + [hidden] * (cfg.nn_layers - 1) + [out_dim]
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            last = i == cfg.nn_layers - 1
+            layers.append(self._layer(cfg, a, b, last))
+        self.layers = nn.ModuleList(layers)
+        self.dropouts = nn.ModuleList(RowDropout(cfg.dropout, i) for i in range(cfg.nn_layers))
+
+    @staticmethod
+    def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> nn.Module:
+        if cfg.model == "gcn":
+            return GCNLayer(in_dim, out_dim)
+        if cfg.model == "sage":
+            return SAGELayer(in_dim, out_dim)
+        if cfg.model == "gin":
+            return GINLayer(in_dim, out_dim, cfg.hidden)
+        if cfg.model == "gat":
+            if last:
+                return GATLayer(in_dim, out_dim, heads=1, concat=False)
+            return GATLayer(in_dim, out_dim // cfg.heads, cfg.heads, concat=True)
+        raise ValueError(f"model {cfg.model} has no coupled form")
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(self.dropouts[i](x, ctx), ctx)
+            if i < last:
+                x = F.elu(x) if self.model == "gat" else F.relu(x)
+        return x
+
+
+def build_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> nn.Module:
+    """The model of ``cfg``, initialised from ``cfg.seed`` (identical on every rank)."""
+    torch.manual_seed(cfg.seed)
+    if cfg.arch == "decoupled":
+        return DecoupledGNN(cfg, in_dim, out_dim)
+    return CoupledGNN(cfg, in_dim, out_dim)

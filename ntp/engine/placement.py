@@ -1,0 +1,60 @@
+"""Where the two stages of an epoch run, and where their data lives.
+
+- Aggregation (the graph stage) always computes on the rank's device. With ``offload`` its topology ("topology") or
+  its topology and column-slice embeddings ("all") stay in host memory and stream to the device chunk by chunk
+  (ntp.engine.aggregate.RowBlocks), so the device holds one chunk's working set.
+- The NN stage (row layout: features, MLP activations, parameters) runs on the device, or on the CPU when its row
+  block does not fit in device memory beside what aggregation keeps there (``nn_device="auto"``), or where the
+  user says. Moving rows between the stages is a copy that autograd reverses in the backward.
+
+On a CPU-only rank (ntp.engine.chunking.free_device_bytes is 0) every choice resolves to the CPU and changes nothing
+but these copies (which are no-ops).
+"""
+from __future__ import annotations
+
+import torch
+
+from ntp.engine.chunking import DEVICE_MARGIN, EDGE_BYTES, format_bytes
+
+#: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
+#: dropout input or mask), its gradient, and one temporary.
+ACTIVATION_COPIES = 4
+#: fp32 copies per parameter: the weight, its gradient and Adam's two moments.
+PARAMETER_COPIES = 4
+
+
+def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
+    """The widest matrix propagation moves: the output (decoupled) or the widest layer (coupled)."""
+    return out_dim if arch == "decoupled" else max(hidden, out_dim)
+
+
+def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int) -> int:
+    """Device memory of the NN stage on ``rows`` rows: activations of every layer, and the parameters."""
+    widths = [in_dim] + [hidden] * (layers - 1) + [out_dim]
+    return 4 * (rows * sum(widths) * ACTIVATION_COPIES + params * PARAMETER_COPIES)
+
+
+def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> int:
+    """What aggregation keeps on the device besides one chunk: the topology and its transpose unless offloaded,
+    and the column-slice embeddings (input, output and their gradients) unless ``offload == "all"``."""
+    topology = 0 if offload != "none" else 2 * (num_edges + num_nodes) * EDGE_BYTES
+    embeddings = 0 if offload == "all" else 4 * num_nodes * slice_width * 4
+    return topology + embeddings
+
+
+def choose_nn_device(choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int) -> torch.device:
+    """The device of the NN stage: ``choice`` "cpu" or "device" as given; "auto": the rank's device when the NN
+    stage (``nn_bytes``) fits beside aggregation (``graph_bytes``) in ``free_bytes`` with the usual margin."""
+    if choice == "cpu" or device.type == "cpu":
+        return torch.device("cpu")
+    if choice == "device":
+        return device
+    return device if nn_bytes + graph_bytes <= free_bytes * DEVICE_MARGIN else torch.device("cpu")
+
+
+def describe(nn_device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int) -> str:
+    """One line for the worker log: where the NN stage runs and why."""
+    if not free_bytes:
+        return f"NN stage on {nn_device}"
+    return (f"NN stage on {nn_device}: needs {format_bytes(nn_bytes)}, aggregation keeps {format_bytes(graph_bytes)}, "
+            f"{format_bytes(free_bytes)} free on the device")

@@ -1,0 +1,134 @@
+"""Everything one rank trains with, built from a config and the process group: data, context, model, optimiser."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine import placement
+from ntp.engine.aggregate import CSR
+from ntp.engine.chunking import free_device_bytes
+from ntp.engine.context import GraphContext
+from ntp.engine.data import GraphData, load_rank_data
+from ntp.engine.data_parallel import DataParallelContext
+from ntp.engine.collectives import Comm, check_same_on_all_ranks
+from ntp.engine.dist import DistEnv
+from ntp.engine.models import build_model
+from ntp.engine.partition import Partition, ceil_div
+from ntp.errors import ConfigError
+from ntp.records import EpochRecord
+from ntp.spec import mode_for
+
+SPLITS = ("train", "valid", "test")
+#: (config, world size, rank) -> this rank's GraphData
+DataLoader = Callable[[TrainConfig, int, int], GraphData]
+
+
+@dataclass
+class Best:
+    """The best evaluation so far (by validation metric) and the weights that reached it."""
+
+    epoch: int = -1
+    valid: float = float("-inf")
+    test: float | None = None
+    state: dict | None = None
+
+
+@dataclass
+class Job:
+    """Everything one rank trains with."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    data: GraphData
+    comm: Comm
+    ctx: GraphContext
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    x: torch.Tensor  # this rank's feature rows
+    y: torch.Tensor  # labels of this rank's rows
+    local_split: dict[str, torch.Tensor]  # split name -> local row ids of labeled vertices in the split
+    global_train_count: int
+    best: Best = field(default_factory=Best)
+    history: list[EpochRecord] = field(default_factory=list)  # epoch records (rank 0 writes them)
+
+
+def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job:
+    cfg = cfg.replace(mode=mode_for(cfg.mode, env.world))
+    if env.world > 1 and cfg.mode == "single":
+        raise ConfigError("--mode single runs one process; use --mode tp with several processes (or --nproc 1)")
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world))
+    if cfg.overlap and env.device.type == "cpu" and env.world > 1 and env.is_main:
+        _warn_cpu_overlap(env.local_world * torch.get_num_threads())
+    data = (load or _load_from_store)(cfg, env.world, env.rank)
+    part = Partition(data.num_nodes, env.world, env.rank)
+    check_same_on_all_ranks("graph (nodes, edges, feature width, classes)",
+                            (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
+    comm = Comm(part, env.device, group=None)
+    csr = CSR.from_numpy(data.indptr, data.indices)
+    width = placement.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
+    model = build_model(cfg, data.feature_dim, data.out_dim)
+    nn_device, nn_bytes = _place_nn_stage(cfg, env, data, model, width)
+    ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
+    ctx = ctx_cls(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
+                  overlap=cfg.overlap, offload=cfg.offload, width=width, nn_device=nn_device,
+                  reserved_bytes=nn_bytes if nn_device == env.device else 0)
+    model = model.to(nn_device)
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    r0, r1 = part.rows()
+    y_all = torch.from_numpy(np.asarray(data.labels))
+    local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1) for name in SPLITS}
+    train_ids = torch.from_numpy(np.asarray(data.splits["train"], dtype=np.int64))
+    train_count = int(labeled(y_all[train_ids]).sum())
+    if train_count == 0:
+        raise ConfigError(f"graph {data.name!r} has no labeled training vertex: nothing to train on; give labels and "
+                          "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)")
+    return Job(cfg, env, data, comm, ctx, model, optimizer, x=torch.from_numpy(data.features).to(nn_device),
+               y=y_all[r0:r1].to(nn_device), local_split={k: v.to(nn_device) for k, v in local_split.items()},
+               global_train_count=train_count)
+
+
+def _warn_cpu_overlap(busy_threads: int) -> None:
+    cores = os.cpu_count() or 1
+    if busy_threads >= cores:
+        print(f"[ntp] warning: --overlap on CPU ranks that use all {cores} cores ({busy_threads} compute threads): "
+              "gloo's communication is CPU work too, so it has nothing idle to overlap with and overlapping may be a "
+              "few percent slower here (docs/benchmarks.md, section 6); it pays where a GPU or a network link "
+              "moves the data", flush=True)
+
+
+def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module,
+                    width: int) -> tuple[torch.device, int]:
+    """Where the NN stage runs (ntp.engine.placement) and the device memory it needs there."""
+    rows = Partition(data.num_nodes, env.world, env.rank).num_rows()
+    params = sum(p.numel() for p in model.parameters())
+    nn_bytes = placement.nn_stage_bytes(rows, data.feature_dim, cfg.hidden, data.out_dim, cfg.nn_layers, params)
+    graph_bytes = placement.graph_resident_bytes(data.num_nodes, data.num_edges, ceil_div(width, env.world), cfg.offload)
+    graph_bytes += cfg.memory_budget_bytes
+    free = free_device_bytes(env.device)
+    device = placement.choose_nn_device(cfg.nn_device, env.device, nn_bytes, graph_bytes, free)
+    if free and env.is_main:
+        print(f"[ntp] {placement.describe(device, nn_bytes, graph_bytes, free)}", flush=True)
+    return device, nn_bytes
+
+
+def _load_from_store(cfg: TrainConfig, world: int, rank: int) -> GraphData:
+    if not cfg.store:
+        raise ConfigError("no graph store given; pass --store PATH (build one with `ntp data prepare NAME`)")
+    return load_rank_data(cfg.store, world, rank)
+
+
+def labeled(y: torch.Tensor) -> torch.Tensor:
+    """Which rows carry a label (class id >= 0, or a non-NaN task)."""
+    return y >= 0 if y.dim() == 1 else ~torch.isnan(y).all(dim=1)
+
+
+def _local_labeled(ids: np.ndarray, y_all: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+    own = ids_t[(ids_t >= r0) & (ids_t < r1)]
+    return own[labeled(y_all[own])] - r0

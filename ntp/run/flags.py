@@ -1,0 +1,72 @@
+"""Command-line flags of training: one flag per TrainConfig field, the launch flags, and their merge into a spec.
+
+Flags, a ``--config`` YAML/TOML file and the defaults are merged here, once: flags win over the file, the file over
+the defaults; ntp.spec.resolve then fixes processes, mode, backend and device.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from ntp.config import TrainConfig, flag, literal_choices, load_config_file
+from ntp.spec import DEVICES, LaunchSpec, resolve
+
+
+def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                         exclude: tuple[str, ...] = ()) -> None:
+    """One --flag per TrainConfig field but ``exclude`` (defaults None, so a --config file can fill them)."""
+    parser.add_argument("--config", help="YAML or TOML file with training options; flags given on the command line win")
+    for f in fields(TrainConfig):
+        if f.name in exclude:
+            continue
+        help_text = f.metadata["help"] + ("" if f.default in (None, "") else f" (default: {f.default})")
+        kind = f.type.removesuffix(" | None")
+        if kind == "bool":
+            parser.add_argument(f"--{flag(f.name)}", action="store_true", default=None, help=help_text)
+        elif kind in ("int", "float"):
+            parser.add_argument(f"--{flag(f.name)}", type=int if kind == "int" else float, default=None, help=help_text)
+        else:
+            parser.add_argument(f"--{flag(f.name)}", choices=literal_choices(f.type) or None, default=None,
+                                help=help_text)
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Processes, nodes, device and the job's time limit (ntp.spec.resolve decides what is left out)."""
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="processes per node (default: one per visible GPU, else 2; 1 with --mode single)")
+    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1; several need "
+                                                              "--rdzv-endpoint)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank in [0, nnodes) (default: 0)")
+    parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node only)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where ranks compute: cuda (one GPU per rank, NCCL), cpu (gloo), or auto: cuda where "
+                             "a GPU is visible (default: auto)")
+    parser.add_argument("--job-timeout", type=float, default=None,
+                        help="stop the whole job after this many seconds (default: no limit)")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Merge a --config file with the flags that were given."""
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    base = load_config_file(args.config) if getattr(args, "config", None) else {}
+    return TrainConfig.from_dict({**base, **given})
+
+
+def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
+    """The resolved launch of parsed `ntp train` arguments."""
+    return resolve(config_from_args(args), nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                   rdzv_endpoint=args.rdzv_endpoint, device=args.device, job_timeout_s=args.job_timeout)
+
+
+def config_to_argv(cfg: TrainConfig) -> list[str]:
+    """The flags that reproduce ``cfg`` (how a config reaches torchrun's workers)."""
+    argv: list[str] = []
+    for f in fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        if value is None or value == f.default:
+            continue
+        if f.type == "bool":
+            argv += [f"--{flag(f.name)}"] if value else []
+        else:
+            argv += [f"--{flag(f.name)}", str(value)]
+    return argv

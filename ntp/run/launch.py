@@ -1,0 +1,140 @@
+"""Start a training job from its launch spec: in this process (``single``) or as a torchrun job whose output is
+streamed line by line.
+
+The torchrun job runs in its own process group: on a timeout or an interrupt the whole group is killed, so no
+worker outlives the launcher. When a rank fails, torchrun stops the others and the launcher raises
+:class:`WorkerFailed` with that rank's traceback in its message.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ntp.errors import WorkerFailed, is_input_error
+from ntp.run.flags import config_to_argv
+from ntp.run.preflight import check_launch
+from ntp.run.worker import FAILURE_BEGIN, FAILURE_END
+from ntp.spec import LaunchSpec
+
+LineSink = Callable[[str], None]
+
+
+@dataclass
+class LaunchResult:
+    results_path: Path | None
+    model_path: Path | None
+    wall_s: float
+
+
+def torchrun_command(spec: LaunchSpec) -> list[str]:
+    """The torchrun command line of ``spec``. One node: standalone rendezvous on a free local port."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
+           "--max-restarts=0"]
+    if spec.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}"]
+        if spec.node_rank is not None:
+            cmd.append(f"--node-rank={spec.node_rank}")
+    return cmd + ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)]
+
+
+def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[str, str] | None = None) -> LaunchResult:
+    """Run the job to completion. Input errors (store, memory plan) are raised before any rank starts;
+    :class:`WorkerFailed` (with the failing rank's traceback) when the job fails or times out."""
+    check_launch(spec)
+    t0 = time.perf_counter()
+    if spec.mode == "single":
+        _run_in_process(spec)
+    else:
+        _run_torchrun(torchrun_command(spec), spec.job_timeout_s, on_line, env)
+    cfg = spec.config
+    model = Path(cfg.model_out) if cfg.model_out else None
+    return LaunchResult(Path(cfg.results) if cfg.results else None, model if model and model.exists() else None,
+                        time.perf_counter() - t0)
+
+
+def _run_in_process(spec: LaunchSpec) -> None:
+    from ntp.engine.loop import run
+
+    try:
+        run(spec)
+    except Exception as exc:
+        if is_input_error(exc):
+            raise  # the user's input, not a failed worker: keep its type (never retried)
+        raise WorkerFailed(f"training failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _run_torchrun(cmd: list[str], timeout_s: float | None, on_line: LineSink, env: dict[str, str] | None) -> None:
+    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    full_env.setdefault("OMP_NUM_THREADS", "1")  # the worker sets its own thread count; this silences torchrun's notice
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, bufsize=1, env=full_env, start_new_session=True)
+    tail: deque[str] = deque(maxlen=400)
+    reader = threading.Thread(target=_pump, args=(proc, on_line, tail), daemon=True)
+    reader.start()
+    try:
+        returncode = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        reader.join(timeout=5)
+        raise WorkerFailed(f"training timed out after {timeout_s:.0f} s and was stopped; raise --job-timeout or "
+                           f"look at the last output:\n" + "\n".join(list(tail)[-40:])) from None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        _kill_group(proc)  # no orphan: whatever is left of the job's process group goes
+    reader.join(timeout=5)
+    if returncode != 0:
+        raise WorkerFailed(failure_message(returncode, list(tail)))
+
+
+def _pump(proc: subprocess.Popen, on_line: LineSink, tail: deque) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        tail.append(line)
+        on_line(line)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def failure_message(returncode: int, lines: list[str]) -> str:
+    """The first failing rank's traceback (between the markers the worker prints), else the output's tail."""
+    starts = [i for i, line in enumerate(lines) if FAILURE_BEGIN in line]
+    # a crashed rank makes its peers fail too ("connection closed by peer"): prefer the rank that failed first-hand
+    first_hand = [i for i in starts if not _is_peer_failure(lines, i)]
+    begin = (first_hand or starts or [None])[0]
+    if begin is not None:
+        end = next((i for i in range(begin, len(lines)) if FAILURE_END in lines[i]), len(lines) - 1)
+        body = "\n".join(lines[begin : end + 1])
+    else:
+        body = "\n".join(lines[-40:])
+    return f"training job failed (exit code {returncode}):\n{body}"
+
+
+def _is_peer_failure(lines: list[str], begin: int) -> bool:
+    end = next((i for i in range(begin, len(lines)) if FAILURE_END in lines[i]), len(lines))
+    text = "\n".join(lines[begin:end])
+    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "DistBackendError"))

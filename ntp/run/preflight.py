@@ -1,0 +1,33 @@
+"""Checks made before any rank starts: the store opens, and the memory plan of an explicit budget can work.
+
+A problem found here is the user's input (StoreError, MemoryPlanError): it is reported at once, with its fix,
+instead of inside epoch 0 of every rank, and schedulers do not retry it.
+"""
+from __future__ import annotations
+
+from ntp.engine.chunking import ChunkPlan, degree_costs, plan_for_costs, uniform_plan
+from ntp.engine.partition import ceil_div
+from ntp.engine.placement import propagated_width
+from ntp.errors import ConfigError
+from ntp.spec import LaunchSpec
+
+
+def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
+    """Open the store (its own message if it is missing or damaged) and compute the chunk plan that an explicit
+    ``--chunk-rows`` or ``--memory-budget`` asks for (raising MemoryPlanError when it cannot work). Returns that plan,
+    or None when the plan is left to each rank's free device memory."""
+    cfg = spec.config
+    if not cfg.store:
+        raise ConfigError("no graph store given; pass --store PATH (build one with `ntp data prepare NAME`)")
+    from storage import open_store
+
+    store = open_store(cfg.store)
+    meta = store.meta
+    if cfg.chunk_rows:
+        return uniform_plan(meta.num_nodes, cfg.chunk_rows)
+    if not cfg.memory_budget_bytes or spec.mode == "data":
+        return None
+    out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
+    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), spec.world_size)
+    costs = degree_costs(store.in_degrees(), store.out_degrees(), slice_width)
+    return plan_for_costs(costs, slice_width, cfg.memory_budget_bytes)

@@ -1,0 +1,106 @@
+"""What tracking logs, computed from the typed records: per-epoch metrics, per-worker metrics, the timing table
+and the job summary (max/min balance over workers)."""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ntp.records import EpochRecord, Results, WorkerStats
+
+
+def _kinds(results: Results, key: str) -> list[str]:
+    kinds: set[str] = set()
+    for e in results.epochs:
+        for w in e.workers:
+            kinds.update(getattr(w, key).keys())
+    return sorted(kinds)
+
+
+def timing_table(results: Results) -> Any:
+    """One row per (epoch, rank): compute, communication per kind, bytes per kind, totals, peak memory."""
+    import pandas as pd
+
+    comm_kinds = _kinds(results, "comm_s")
+    byte_kinds = sorted(set(_kinds(results, "bytes_sent")) | set(_kinds(results, "bytes_recv")))
+    rows = []
+    for e in results.epochs:
+        for w in e.workers:
+            row: dict[str, Any] = {"epoch": e.epoch, "rank": w.rank, "epoch_s": e.epoch_s, "compute_s": w.compute_s}
+            row.update({f"comm_s_{k}": float(w.comm_s.get(k, 0.0)) for k in comm_kinds})
+            row["comm_s_total"] = w.comm_total_s
+            row.update({f"bytes_sent_{k}": int(w.bytes_sent.get(k, 0)) for k in byte_kinds})
+            row.update({f"bytes_recv_{k}": int(w.bytes_recv.get(k, 0)) for k in byte_kinds})
+            row["bytes_sent_total"] = w.sent_total
+            row["bytes_recv_total"] = w.recv_total
+            row["peak_mem_bytes"] = int(w.peak_mem_bytes)
+            row.update(_chunking_fields(w))
+            rows.append(row)
+    columns = ["epoch", "rank", "epoch_s", "compute_s"]
+    return pd.DataFrame(rows, columns=columns + [c for c in (rows[0] if rows else {}) if c not in columns])
+
+
+def _ratio(hi: float, lo: float) -> float:
+    return hi / lo if lo > 0 else (1.0 if hi == 0 else float("inf"))
+
+
+def summarize(results: Results) -> dict[str, float]:
+    """Job-level numbers: median epoch time, per-rank means over epochs, max/min balance, final metrics."""
+    out: dict[str, float] = {"epochs_run": float(len(results.epochs))}
+    if results.epochs:
+        out["epoch_s_median"] = float(statistics.median(e.epoch_s for e in results.epochs))
+        table = timing_table(results)
+        if len(table):
+            per_rank = table.groupby("rank")[["compute_s", "comm_s_total", "bytes_sent_total", "bytes_recv_total",
+                                              "peak_mem_bytes"]].mean()
+            for col, name in [("compute_s", "compute_s"), ("comm_s_total", "comm_s"),
+                              ("bytes_sent_total", "bytes_sent_per_epoch"), ("peak_mem_bytes", "peak_mem_bytes")]:
+                out[f"{name}_max"] = float(per_rank[col].max())
+                out[f"{name}_min"] = float(per_rank[col].min())
+            out["bytes_per_rank_per_epoch"] = float(per_rank["bytes_sent_total"].mean())
+            out["compute_balance"] = _ratio(out["compute_s_max"], out["compute_s_min"])
+            out["bytes_balance"] = _ratio(out["bytes_sent_per_epoch_max"], out["bytes_sent_per_epoch_min"])
+    final = results.final
+    if final is not None:
+        for key, value in (("best_epoch", final.best_epoch), ("best_valid_metric", final.best_valid_metric),
+                           ("final_test_metric", final.test_metric)):
+            if value is not None:
+                out[key] = float(value)
+    return out
+
+
+def epoch_metrics(record: EpochRecord) -> dict[str, float]:
+    """Parent-run metrics of one epoch: loss and split metrics first (what the charts lead with), then the epoch
+    time and, under ``workers/``, the max and min over workers."""
+    out = {"loss": float(record.loss)}
+    out.update({f"{split}_metric": float(v) for split, v in record.metrics().items()})
+    out["epoch_s"] = float(record.epoch_s)
+    if record.workers:
+        values = {
+            "compute_s": [w.compute_s for w in record.workers],
+            "comm_s": [w.comm_total_s for w in record.workers],
+            "bytes_sent": [float(w.sent_total) for w in record.workers],
+            "bytes_recv": [float(w.recv_total) for w in record.workers],
+            "peak_mem_bytes": [float(w.peak_mem_bytes) for w in record.workers],
+        }
+        for name, vals in values.items():
+            out[f"workers/{name}_max"] = max(vals)
+            out[f"workers/{name}_min"] = min(vals)
+    return out
+
+
+def worker_metrics(worker: WorkerStats) -> dict[str, float]:
+    """Child-run metrics of one worker in one epoch."""
+    out = {"compute_s": float(worker.compute_s), "peak_mem_bytes": float(worker.peak_mem_bytes)}
+    for key in ("comm_s", "bytes_sent", "bytes_recv"):
+        parts = getattr(worker, key)
+        out[f"{key}_total"] = float(sum(parts.values()))
+        out.update({f"{key}/{kind}": float(v) for kind, v in parts.items()})
+    out.update({k.replace("peak_mem_", "peak_mem/"): v for k, v in _chunking_fields(worker).items()})
+    return out
+
+
+def _chunking_fields(worker: WorkerStats) -> dict[str, float]:
+    """Chunks, communication overlapped with compute, CPU seconds and peak memory per phase."""
+    out = {"chunks": float(worker.chunks), "overlap_s": float(worker.overlap_s), "cpu_s": float(worker.cpu_s)}
+    out.update({f"peak_mem_{phase}": float(v) for phase, v in worker.peak_mem_by_phase.items()})
+    return out

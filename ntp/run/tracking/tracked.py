@@ -1,0 +1,97 @@
+"""A tracked training job: launch it inside a parent MLflow run that shows its curves while it trains."""
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ntp.records import FinalRecord, read_results
+from ntp.run.launch import launch_training
+from ntp.run.tracking.live import Consumer, EpochLogger, ResultsFollower
+from ntp.run.tracking.mlflow_store import data_dir
+from ntp.run.tracking.runs import start_training_run
+from ntp.spec import LaunchSpec
+
+
+@dataclass
+class TrackedTraining:
+    """What a training job produced (``run_id`` is None when it was not tracked)."""
+
+    run_id: str | None
+    results_path: Path | None
+    model_path: Path | None
+    wall_s: float
+    summary: dict[str, float]
+    world_size: int
+    config: dict[str, Any] = field(default_factory=dict)
+    final: FinalRecord | None = None
+
+
+def default_run_name(spec: LaunchSpec) -> str:
+    """``model-arch-mode-<world size>-<date>``, e.g. ``gcn-decoupled-tp-4-20261123-0215``."""
+    cfg = spec.config
+    return f"{cfg.model}-{cfg.arch}-{spec.mode}-{spec.world_size}-{datetime.datetime.now():%Y%m%d-%H%M}"
+
+
+def train_untracked(spec: LaunchSpec, *, on_line: Callable[[str], None] = print,
+                    consumers: Sequence[Consumer] = ()) -> TrackedTraining:
+    """Launch without MLflow (``--no-track``, or a node other than node rank 0 of a multi-node job)."""
+    results = spec.config.results
+    if results and consumers:
+        with ResultsFollower(results, consumers, warn=on_line):
+            res = launch_training(spec, on_line=on_line)
+    else:
+        res = launch_training(spec, on_line=on_line)
+    final = read_results(res.results_path).final if res.results_path else None
+    return TrackedTraining(None, res.results_path, res.model_path, res.wall_s, {}, spec.world_size,
+                           spec.config.to_dict(), final)
+
+
+def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: str | None = None,
+                  flow_run_id: str | None = None, on_line: Callable[[str], None] = print,
+                  consumers: Sequence[Consumer] = (), system_metrics: bool = True) -> TrackedTraining:
+    """Launch ``spec`` inside a parent MLflow run: epochs are logged as they happen, the summary, worker runs,
+    plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id>/`` unless the config
+    names them. A failed job's run ends FAILED with what it logged so far, and the error is re-raised. Only node
+    rank 0 tracks (other nodes just train)."""
+    if spec.node_rank not in (0, None):
+        return train_untracked(spec, on_line=on_line, consumers=consumers)
+    from storage import open_store
+
+    cfg = spec.config
+    meta = open_store(cfg.store).meta.to_dict()
+    with start_training_run(cfg.to_dict(), world_size=spec.world_size, store_meta=meta, store_path=cfg.store,
+                            experiment=experiment, run_name=run_name or default_run_name(spec),
+                            flow_run_id=flow_run_id, system_metrics=system_metrics,
+                            tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node,
+                                  "ntp.device": spec.device}) as run:
+        run_dir = data_dir().resolve() / "runs" / run.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = cfg.replace(results=cfg.results or str(run_dir / "results.jsonl"),
+                          model_out=cfg.model_out or str(run_dir / "model.pt"))
+        spec = _with_config(spec, cfg)
+        run.set_tags({"ntp.results": cfg.results, "ntp.model_out": cfg.model_out})  # params hold the requested values
+        try:
+            with ResultsFollower(cfg.results, [EpochLogger(run), *consumers], warn=on_line):
+                res = launch_training(spec, on_line=on_line)
+        except BaseException:
+            if Path(cfg.results).is_file():
+                try:
+                    run.log_results(cfg.results, status="FAILED")
+                except Exception as log_exc:  # never hide the training error behind a logging error
+                    on_line(f"warning: could not log partial results: {log_exc}")
+            raise
+        summary = run.log_results(cfg.results)
+        if res.model_path is not None:
+            run.log_model(res.model_path, config=cfg.to_dict(), store_meta=meta)
+        run.log_metrics({"wall_s": res.wall_s})
+    return TrackedTraining(run.run_id, Path(cfg.results), res.model_path, res.wall_s, summary, spec.world_size,
+                           cfg.to_dict(), read_results(cfg.results).final)
+
+
+def _with_config(spec: LaunchSpec, cfg: Any) -> LaunchSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, config=cfg)

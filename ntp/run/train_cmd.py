@@ -1,0 +1,80 @@
+"""``ntp train``: train on a store, as a torchrun job (several processes) or in this process (one), tracked in
+MLflow unless ``--no-track``."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+from ntp.run.flags import add_config_arguments, add_launch_arguments, spec_from_args
+
+
+def add_train_command(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train", help="train a GNN on a graph store (tensor parallel with several processes)",
+        description="Train a GNN on a graph store. With several processes this launches "
+                    "`torchrun --nproc-per-node M -m ntp.run.worker` (gloo on CPU, NCCL on GPUs, one GPU per rank); "
+                    "one process trains in this one. Every epoch prints a line (loss, metrics, time, ETA); the run "
+                    "is logged to MLflow as it trains (default: sqlite under the data directory, or "
+                    "$MLFLOW_TRACKING_URI). Example: ntp train --store data/stores/cora-... --nproc 2 --model gcn "
+                    "--epochs 200")
+    launch = parser.add_argument_group("launch")
+    add_launch_arguments(launch)
+    tracking = parser.add_argument_group("tracking")
+    tracking.add_argument("--no-track", action="store_true", help="do not log the run to MLflow")
+    tracking.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
+    tracking.add_argument("--run-name", default=None, help="MLflow run name (default: model-arch-mode-ranks-date)")
+    add_config_arguments(parser.add_argument_group("training"))
+    parser.set_defaults(func=run_train)
+    return parser
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from ntp.errors import ConfigError, WorkerFailed, is_input_error
+    from ntp.run.progress import ProgressBar
+    from ntp.run.tracking import train_tracked, train_untracked
+
+    try:
+        spec = spec_from_args(args)
+        print(f"[ntp] {spec.describe()}", flush=True)
+        # one process trains here and prints its own lines; a bar is for the output streamed from torchrun
+        bar = ProgressBar(spec.config.epochs) if ProgressBar.wanted() and spec.mode != "single" else None
+        on_line = bar.line if bar else print
+        consumers = [bar] if bar else []
+        if not args.no_track and importlib.util.find_spec("mlflow") is None:
+            raise ConfigError("MLflow is not installed here, so the run cannot be tracked: install the tracking "
+                              "extra (pip install 'ntp[tracking]') or pass --no-track")
+        try:
+            if args.no_track:
+                result = train_untracked(spec, on_line=on_line, consumers=consumers)
+            else:
+                result = train_tracked(spec, experiment=args.experiment, run_name=args.run_name, on_line=on_line,
+                                       consumers=consumers)
+        finally:
+            if bar:
+                bar.close()
+    except WorkerFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if not is_input_error(exc):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _print_outcome(result)
+    return 0
+
+
+def _print_outcome(result) -> None:
+    final = result.final
+    if final is not None and final.test_metric is not None:
+        print(f"test {final.metric}: {final.test_metric:.4f} (best valid {final.best_valid_metric:.4f} at epoch "
+              f"{final.best_epoch + 1})")
+    if result.results_path:
+        print(f"results: {result.results_path}")
+    if result.model_path:
+        print(f"model: {result.model_path}")
+    if result.run_id:
+        from ntp.run.tracking import run_url
+
+        print(f"mlflow run: {result.run_id}  ({run_url(result.run_id)})")

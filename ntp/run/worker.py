@@ -1,0 +1,53 @@
+"""The program every rank runs: ``torchrun --nproc-per-node M -m ntp.run.worker --store STORE ...``.
+
+It reads the training flags, resolves the launch from torchrun's environment (ntp.spec) and trains
+(ntp.engine.loop). A failing rank prints its traceback between markers, so the launcher can show the rank that
+failed first-hand rather than the peers that lost their connection to it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ntp.errors import ConfigError
+from ntp.run.flags import add_config_arguments, config_from_args
+from ntp.spec import DEVICES, resolve_in_worker
+
+#: Markers around a failing rank's traceback (found by ntp.run.launch.failure_message).
+FAILURE_BEGIN, FAILURE_END = "===== ntp rank failed", "===== end of ntp rank failure"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ntp.run.worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    parser.add_argument("--device", choices=DEVICES, default="auto", help="cuda, cpu or auto (default: auto)")
+    return parser
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = resolve_in_worker(config_from_args(args), args.device)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from ntp.engine.loop import run
+
+    try:
+        run(spec)
+    except BaseException:
+        rank = os.environ.get("RANK", "0")
+        print(f"{FAILURE_BEGIN} (rank {rank}) =====\n{traceback.format_exc().rstrip()}\n{FAILURE_END} (rank {rank}) =====",
+              file=sys.stderr, flush=True)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

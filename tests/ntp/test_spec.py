@@ -1,0 +1,108 @@
+"""The launch spec: defaults decided once, contradictions refused with their fix, and the two bugs it fixed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ntp.config import TrainConfig
+from ntp.errors import ConfigError, MemoryPlanError, WorkerFailed, is_input_error
+from ntp.run.cli import main as ntp_main
+from ntp.run.launch import launch_training
+from ntp.spec import resolve
+from storage import StoreError
+
+
+def test_defaults_follow_the_machine_and_the_process_count() -> None:
+    cpu = resolve(TrainConfig(store="s"), gpus=0)
+    assert (cpu.nproc_per_node, cpu.mode, cpu.device, cpu.backend) == (min(2, os.cpu_count() or 1), "tp", "cpu", "gloo")
+    gpus = resolve(TrainConfig(store="s"), gpus=4)
+    assert (gpus.nproc_per_node, gpus.mode, gpus.device, gpus.backend) == (4, "tp", "cuda", "nccl")
+    one = resolve(TrainConfig(store="s"), nproc=1, gpus=0)
+    assert (one.mode, one.backend) == ("single", None)
+    assert resolve(TrainConfig(store="s", mode="single"), gpus=4).nproc_per_node == 1
+    data = resolve(TrainConfig(store="s", mode="data"), nproc=3, gpus=0)
+    assert (data.mode, data.world_size, data.config.mode) == ("data", 3, "data")
+    two_nodes = resolve(TrainConfig(store="s"), nproc=2, nnodes=2, rdzv_endpoint="h:1", gpus=0)
+    assert (two_nodes.world_size, two_nodes.mode) == (4, "tp")
+
+
+@pytest.mark.parametrize("config, launch, message", [
+    (dict(mode="single"), dict(nproc=2), "--mode single runs one process"),
+    (dict(), dict(nproc=2, device="cuda", gpus=1), "NCCL cannot run two ranks on one GPU"),
+    (dict(), dict(device="cuda", gpus=0), "no CUDA GPU is visible"),
+    (dict(), dict(nproc=0), "--nproc 0 must be at least 1"),
+    (dict(), dict(nnodes=0), "--nnodes 0 must be at least 1"),
+    (dict(), dict(nnodes=2), "needs --rdzv-endpoint"),
+    (dict(), dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "--node-rank 2 must be in [0, --nnodes 2)"),
+    (dict(), dict(job_timeout_s=0), "--job-timeout 0 must be positive"),
+])
+def test_contradictory_launches_are_refused_with_the_fix(config: dict, launch: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve(TrainConfig(store="s", **config), **{"gpus": 0, **launch})
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(arch="coupled", norm="batch"), "coupled layers have none"),
+    (dict(model="gat", overlap=True), "attention (--model gat)"),
+    (dict(mode="data", overlap=True), "--mode data has none"),
+])
+def test_options_the_model_would_ignore_are_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**kwargs)
+    assert message in str(err.value)
+
+
+def test_configs_saved_by_older_versions_still_load() -> None:
+    old = {"pipeline": True, "timeout_s": 30.0, "mode": "tp"}
+    cfg = TrainConfig.from_dict(old)
+    assert (cfg.overlap, cfg.collective_timeout_s) == (True, 30.0)
+
+
+def test_errors_say_who_must_act() -> None:
+    for exc in (ConfigError("x"), MemoryPlanError("x"), StoreError("x")):
+        assert is_input_error(exc)
+    assert not is_input_error(WorkerFailed("x")) and not is_input_error(RuntimeError("x"))
+
+
+def test_an_impossible_memory_budget_is_refused_before_any_rank_starts(cora_store: str, tmp_path) -> None:
+    results = tmp_path / "r.jsonl"
+    spec = resolve(TrainConfig(store=cora_store, memory_budget="1KB", results=str(results)), nproc=2, device="cpu")
+    with pytest.raises(MemoryPlanError, match="raise --memory-budget to at least"):
+        launch_training(spec, on_line=lambda s: None)
+    assert not results.exists(), "no rank ran"
+    assert ntp_main(["train", "--store", cora_store, "--memory-budget", "1KB", "--no-track"]) == 2
+
+
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+def test_ntp_train_without_nproc_runs_the_documented_default(cora_store: str, tmp_path, capsys) -> None:
+    """Bug: `ntp train --store S` ran ONE process although --help promises all GPUs, else 2."""
+    results = tmp_path / "r.jsonl"
+    code = ntp_main(["train", "--store", cora_store, "--epochs", "2", "--no-track", "--device", "cpu",
+                     "--results", str(results)])
+    assert code == 0
+    expected = min(2, os.cpu_count() or 1)
+    records = _records(results)
+    assert len(records[0]["workers"]) == expected
+    assert records[-1]["config"]["mode"] == ("tp" if expected > 1 else "single")
+    out = capsys.readouterr().out
+    assert "test acc" in out and f"results: {results}" in out, out
+
+
+def test_a_config_file_mode_survives_torchrun(cora_store: str, tmp_path) -> None:
+    """Bug: `torchrun -m ... --config run.yaml` with `mode: data` silently trained tensor parallel."""
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(f"mode: data\nstore: {cora_store}\nepochs: 2\nresults: {tmp_path / 'r.jsonl'}\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ntp.run.worker",
+           "--config", str(cfg_file), "--device", "cpu"]
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    records = _records(tmp_path / "r.jsonl")
+    assert records[-1]["config"]["mode"] == "data"
+    assert all("halo" in w["bytes_sent"] and "split" not in w["bytes_sent"] for w in records[0]["workers"])
