@@ -24,7 +24,8 @@ from common import (add_graph_arguments, base_parser, graph_selection, graph_sto
 def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int) -> float:
     from ntp.config import TrainConfig
     from ntp.engine.dist import init_distributed
-    from ntp.engine.loop import setup, train_step
+    from ntp.engine.loop import train_step
+    from ntp.engine.setup import setup
 
     cfg = TrainConfig(store=str(store), model=model, arch=arch, hidden=hidden, heads=heads, nn_layers=2, prop_steps=2,
                       dropout=0.5, threads=threads, mode="single")

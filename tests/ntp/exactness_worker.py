@@ -5,7 +5,8 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import distributed
-from ntp.engine.loop import setup, train_step
+from ntp.engine.loop import train_step
+from ntp.engine.setup import setup
 from tests.ntp.graphs import loader
 
 

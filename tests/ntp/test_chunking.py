@@ -15,7 +15,8 @@ from ntp.errors import ConfigError, MemoryPlanError
 from ntp.engine.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.dist import DistEnv
 from ntp.engine.placement import choose_nn_device, graph_resident_bytes, nn_stage_bytes
-from ntp.engine.loop import fit, setup
+from ntp.engine.loop import fit
+from ntp.engine.setup import setup
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import loader, random_graph
 from tests.ntp.spawn import run_on_ranks

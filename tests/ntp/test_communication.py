@@ -9,7 +9,8 @@ from ntp.config import TrainConfig
 from ntp.engine.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.dist import distributed
 from ntp.engine.partition import Partition
-from ntp.engine.loop import setup, train_step
+from ntp.engine.loop import train_step
+from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
 from tests.ntp.spawn import run_on_ranks
 

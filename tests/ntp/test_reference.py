@@ -9,7 +9,7 @@ from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
-from ntp.engine.loop import setup
+from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
 GRAPH = random_graph(n=60, d=11, classes=4, directed=True, seed=5)
