@@ -30,6 +30,12 @@ NNDevice = Literal["auto", "device", "cpu"]
 DECOUPLED_ONLY = ("sgc", "appnp")
 #: Keys of configs saved by older versions -> their names now.
 RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
+#: Fields that steer how long a run goes, where it writes and how it spreads the work, not what an epoch computes
+#: (up to rounding): they may change on --resume. The store is compared by fingerprint, not path.
+RESUMABLE_CHANGES = frozenset({
+    "epochs", "results", "checkpoint_dir", "checkpoint_every", "model_out", "resume", "resume_anyway", "eval_every",
+    "patience", "collective_timeout_s", "threads", "fail_at_epoch", "fail_rank", "chunk_rows", "memory_budget",
+    "overlap", "offload", "nn_device", "mode", "store"})
 
 
 def opt(default: Any, help: str) -> Any:
@@ -65,6 +71,8 @@ class TrainConfig:
     checkpoint_every: int = opt(10, "Write a checkpoint every N epochs (needs checkpoint_dir).")
     model_out: str | None = opt(None, "Where rank 0 saves the best model (weights + config) at the end of training.")
     resume: bool = opt(False, "Continue from the latest checkpoint in checkpoint_dir.")
+    resume_anyway: bool = opt(False, "With --resume: continue even if the checkpoint was written with other options "
+                                     "(lr, model, ...) or on another store; the new options apply from now on.")
     chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
     memory_budget: str = opt("", "Memory for one aggregation chunk's working set, e.g. 8GB or 512MB; chunks are the "
                                  "largest that fit (default: free GPU memory with a margin; no chunking on CPU).")
@@ -116,6 +124,8 @@ class TrainConfig:
                               "chunks its aggregation)")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
+        if self.resume_anyway and not self.resume:
+            raise ConfigError("--resume-anyway only applies to --resume: add --resume, or drop --resume-anyway")
 
     def _check_used_options(self) -> None:
         """An option the chosen model, architecture or mode would ignore is an error, not a silent no-op."""

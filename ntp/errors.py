@@ -24,12 +24,21 @@ class ModelFileError(ConfigError):
     """A model file is missing, unreadable, or does not fit the store it is applied to."""
 
 
+class CheckpointError(ConfigError):
+    """No checkpoint can be resumed: each is damaged, or was written by another configuration or store."""
+
+
 class TrainingError(NtpError, RuntimeError):
     """Training cannot go on inside a rank (non-finite loss, injected failure); the message says why."""
 
 
 class WorkerFailed(NtpError, RuntimeError):
     """The training job failed or timed out; the message holds the failing rank's traceback."""
+
+
+class Terminated(BaseException):
+    """This process was told to stop (SIGTERM). Like KeyboardInterrupt it is no error of the program: runs it
+    interrupts end KILLED, not FAILED."""
 
 
 def is_input_error(exc: BaseException) -> bool:

@@ -1,6 +1,7 @@
 """Apply a saved model (a ``--model-out`` file or a checkpoint) to a store, in one process."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -17,9 +18,10 @@ _TRAINING_ONLY = {"mode": "single", "resume": False, "results": None, "checkpoin
                   "overlap": False}
 
 
-def evaluate_model(model_path: str | Path, store_path: str | Path) -> dict:
+def evaluate_model(model_path: str | Path, store_path: str | Path, any_store: bool = False) -> dict:
     """Metrics of a saved model (``--model-out`` file) or a checkpoint (``ckpt-*.pt`` in ``--checkpoint-dir``) on
-    train/valid/test: {"train", "valid", "test", "metric"}."""
+    train/valid/test: {"train", "valid", "test", "metric"}. The store must be the one it was trained on (same
+    fingerprint) unless ``any_store``."""
     path = Path(model_path)
     if not path.is_file():
         raise ModelFileError(f"model file {path} does not exist; train with --model-out FILE to write one")
@@ -27,6 +29,7 @@ def evaluate_model(model_path: str | Path, store_path: str | Path) -> dict:
         saved = checkpoint.load(path)
     except Exception as exc:  # torch raises several types for a damaged file
         raise ModelFileError(f"model file {path} cannot be read ({exc}); retrain to write it again") from exc
+    _check_store(path, saved.get("store_fingerprint"), store_path, any_store)
     saved_cfg = TrainConfig.from_dict(saved["config"]).to_dict()  # old key names become today's
     cfg = TrainConfig.from_dict({**saved_cfg, **_TRAINING_ONLY, "store": str(store_path)})
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), None))
@@ -37,3 +40,17 @@ def evaluate_model(model_path: str | Path, store_path: str | Path) -> dict:
         raise ModelFileError(f"model {path} does not fit store {store_path} ({job.data.feature_dim} features, "
                              f"{job.data.out_dim} outputs): evaluate it on the store it was trained on") from exc
     return {**evaluate_splits(job), "metric": job.data.metric}
+
+
+def _check_store(path: Path, saved: str | None, store_path: str | Path, any_store: bool) -> None:
+    """Same shapes are not the same graph: a model of another store would give numbers that mean nothing."""
+    from storage import open_store
+
+    current = open_store(store_path).meta.fingerprint
+    if not saved:  # None: an older version; "": trained on in-memory arrays
+        print(f"[ntp] warning: model file {path} has no store fingerprint (older version, or in-memory data): "
+              f"whether it was trained on store {store_path} is unknown", file=sys.stderr, flush=True)
+    elif saved != current and not any_store:
+        raise ModelFileError(f"model {path} was trained on a store with fingerprint {saved}, but store {store_path} "
+                             f"has fingerprint {current}: evaluate it on the store it was trained on, or pass "
+                             "--any-store (any_store=True) if you mean to apply it to this one")

@@ -17,7 +17,7 @@ from ntp.engine.evaluation import compute_metric
 from ntp.engine.metrics import ALLREDUCE, peak_memory_bytes, reset_peak_memory
 from ntp.engine.setup import SPLITS, Best, DataLoader, Job, setup
 from ntp.engine.sinks import RecordSink, default_sinks
-from ntp.errors import TrainingError
+from ntp.errors import CheckpointError, TrainingError
 from ntp.records import EpochRecord, FinalRecord, WorkerStats
 from ntp.spec import LaunchSpec
 
@@ -156,23 +156,37 @@ def _state(job: Job) -> dict:
     """A checkpoint: plain dicts and tensors only (loaded with weights_only=True)."""
     return {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
             "best": dataclasses.asdict(job.best), "history": [dataclasses.asdict(r) for r in job.history],
-            "config": job.cfg.to_dict()}
+            "config": job.cfg.to_dict(), "store_fingerprint": job.data.fingerprint}
 
 
 def _maybe_resume(job: Job) -> int:
     if not job.cfg.resume:
         return 0
-    path = checkpoint.latest_checkpoint(job.cfg.checkpoint_dir)
-    if path is None:
+    warn = (lambda m: print(m, flush=True)) if job.env.is_main else (lambda m: None)  # once per job, not per rank
+    found = checkpoint.latest_loadable(job.cfg.checkpoint_dir, job.env.device, warn)
+    if found is None:
         return 0  # nothing to resume from yet: a fresh start
+    path, state = found
+    checkpoint.check_resumable(state, path, job.cfg, job.data.fingerprint, warn)
+    _restore(job, path, state)
+    return int(state["epoch"]) + 1
+
+
+def _restore(job: Job, path: Path, state: dict) -> None:
     from ntp.records import from_dict
 
-    state = checkpoint.load(path, job.env.device)
-    job.model.load_state_dict(state["model"])
-    job.optimizer.load_state_dict(state["optimizer"])
+    try:
+        job.model.load_state_dict(state["model"])
+        job.optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError) as exc:  # --resume-anyway with another model shape
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"the weights of checkpoint {path} do not fit this model ({detail}); "
+                              "--resume-anyway cannot change its shape (--model, --arch, --hidden, --nn-layers, "
+                              "--heads, --norm): keep them, or start afresh in another --checkpoint-dir") from exc
+    for group in job.optimizer.param_groups:
+        group.update(job.optimizer.defaults)  # the saved lr/decay would win over today's config
     job.best = Best(**state["best"])
     job.history[:] = [from_dict(r) for r in state["history"]]
-    return int(state["epoch"]) + 1
 
 
 def save_model(job: Job, path: str | Path) -> Path:

@@ -11,6 +11,7 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine import placement
 from ntp.engine.aggregate import CSR
+from ntp.engine.checkpoint import check_output_paths
 from ntp.engine.chunking import free_device_bytes
 from ntp.engine.context import GraphContext
 from ntp.engine.data import GraphData, load_rank_data
@@ -64,7 +65,11 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world))
     if cfg.overlap and env.device.type == "cpu" and env.world > 1 and env.is_main:
         _warn_cpu_overlap(env.local_world * torch.get_num_threads())
+    if env.is_main:  # only rank 0 writes: other nodes may not see its paths
+        check_output_paths(cfg)
     data = (load or _load_from_store)(cfg, env.world, env.rank)
+    y_all = torch.from_numpy(np.asarray(data.labels))
+    train_count = count_train_labels(data.name, y_all, data.splits["train"])  # before a model of 0 outputs is built
     part = Partition(data.num_nodes, env.world, env.rank)
     check_same_on_all_ranks("graph (nodes, edges, feature width, classes)",
                             (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
@@ -81,13 +86,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     r0, r1 = part.rows()
-    y_all = torch.from_numpy(np.asarray(data.labels))
     local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1) for name in SPLITS}
-    train_ids = torch.from_numpy(np.asarray(data.splits["train"], dtype=np.int64))
-    train_count = int(labeled(y_all[train_ids]).sum())
-    if train_count == 0:
-        raise ConfigError(f"graph {data.name!r} has no labeled training vertex: nothing to train on; give labels and "
-                          "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)")
     return Job(cfg, env, data, comm, ctx, model, optimizer, x=torch.from_numpy(data.features).to(nn_device),
                y=y_all[r0:r1].to(nn_device), local_split={k: v.to(nn_device) for k, v in local_split.items()},
                global_train_count=train_count)
@@ -121,6 +120,16 @@ def _load_from_store(cfg: TrainConfig, world: int, rank: int) -> GraphData:
     if not cfg.store:
         raise ConfigError("no graph store given; pass --store PATH (build one with `ntp data prepare NAME`)")
     return load_rank_data(cfg.store, world, rank)
+
+
+def count_train_labels(name: str, labels: torch.Tensor, train_ids: np.ndarray) -> int:
+    """Labeled vertices of the train split; none is a ConfigError (the driver's preflight checks the same)."""
+    ids = torch.from_numpy(np.asarray(train_ids, dtype=np.int64))
+    count = int(labeled(labels[ids]).sum())
+    if count == 0:
+        raise ConfigError(f"graph {name!r} has no labeled training vertex: nothing to train on; give labels and "
+                          "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)")
+    return count
 
 
 def labeled(y: torch.Tensor) -> torch.Tensor:

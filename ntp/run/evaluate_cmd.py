@@ -12,6 +12,9 @@ def add_evaluate_command(subparsers) -> argparse.ArgumentParser:
                                                "on a store; prints the metrics as JSON.")
     parser.add_argument("--model", required=True, help="model file written by `ntp train --model-out FILE`")
     parser.add_argument("--store", required=True, help="graph store to evaluate on")
+    parser.add_argument("--any-store", action="store_true",
+                        help="evaluate even on a store other than the one the model was trained on (another "
+                             "fingerprint); by default that is refused")
     parser.set_defaults(func=_run_evaluate)
     return parser
 
@@ -21,7 +24,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     from ntp.errors import is_input_error
 
     try:
-        print(json.dumps(evaluate_model(args.model, args.store)))
+        print(json.dumps(evaluate_model(args.model, args.store, any_store=args.any_store)))
     except Exception as exc:
         if not is_input_error(exc):
             raise

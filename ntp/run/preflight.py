@@ -1,28 +1,50 @@
-"""Checks made before any rank starts: the store opens, and the memory plan of an explicit budget can work.
+"""Checks made before any rank starts: the store opens and has something to train on, the output paths can be
+written, a resumed checkpoint loads and fits the options, and the memory plan of an explicit budget can work.
 
-A problem found here is the user's input (StoreError, MemoryPlanError): it is reported at once, with its fix,
-instead of inside epoch 0 of every rank, and schedulers do not retry it.
+A problem found here is the user's input (StoreError, ConfigError, MemoryPlanError): it is reported at once, with
+its fix, instead of inside epoch 0 of every rank, and schedulers do not retry it.
 """
 from __future__ import annotations
 
+import torch
+
+from ntp.engine import checkpoint
 from ntp.engine.chunking import ChunkPlan, degree_costs, plan_for_costs, uniform_plan
 from ntp.engine.partition import ceil_div
 from ntp.engine.placement import propagated_width
+from ntp.engine.setup import count_train_labels
 from ntp.errors import ConfigError
 from ntp.spec import LaunchSpec
 
 
 def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
-    """Open the store (its own message if it is missing or damaged) and compute the chunk plan that an explicit
-    ``--chunk-rows`` or ``--memory-budget`` asks for (raising MemoryPlanError when it cannot work). Returns that plan,
-    or None when the plan is left to each rank's free device memory."""
+    """Open the store (its own message if it is missing or damaged), check the run's inputs and outputs, and compute
+    the chunk plan that an explicit ``--chunk-rows`` or ``--memory-budget`` asks for (raising MemoryPlanError when
+    it cannot work). Returns that plan, or None when the plan is left to each rank's free device memory."""
     cfg = spec.config
     if not cfg.store:
         raise ConfigError("no graph store given; pass --store PATH (build one with `ntp data prepare NAME`)")
     from storage import open_store
 
     store = open_store(cfg.store)
-    meta = store.meta
+    count_train_labels(store.meta.name, torch.from_numpy(store.labels()), store.split("train"))
+    checkpoint.check_output_paths(cfg)
+    if cfg.resume:
+        _check_resume(spec, store.meta.fingerprint)
+    return _chunk_plan(spec, store)
+
+
+def _check_resume(spec: LaunchSpec, store_fingerprint: str) -> None:
+    """The checkpoint a rank would resume from loads and fits the options; the ranks warn about what they skip."""
+    cfg = spec.config
+    found = checkpoint.latest_loadable(cfg.checkpoint_dir, "cpu", lambda message: None)
+    if found is not None:
+        path, state = found
+        checkpoint.check_resumable(state, path, cfg, store_fingerprint, lambda message: None)
+
+
+def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
+    cfg, meta = spec.config, store.meta
     if cfg.chunk_rows:
         return uniform_plan(meta.num_nodes, cfg.chunk_rows)
     if not cfg.memory_budget_bytes or spec.mode == "data":
