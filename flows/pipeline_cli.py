@@ -86,17 +86,27 @@ def params_from_args(args: argparse.Namespace) -> Any:
 
 
 def run_pipeline_cli(args: argparse.Namespace) -> int:
-    """Run the pipeline flow in this process; print the store, MLflow run and metrics; 1 on failure."""
+    """Run the pipeline flow in this process; print the store, MLflow run and metrics. Exit codes: 0 done, 1 a step
+    failed, 2 bad input, 130/143 interrupted (Ctrl-C/SIGTERM; nothing is left running)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         params = params_from_args(args)
     except (ValueError, TypeError) as exc:  # ConfigError and pydantic's ValidationError are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from flows.local_server import prefect_api
     from flows.pipeline import pipeline
+    from ntp.errors import Terminated
+    from ntp.run.processes import sigterm_raises
 
     try:
-        out = pipeline(params)
+        with sigterm_raises(), prefect_api():
+            out = pipeline(params)
+    except (KeyboardInterrupt, Terminated) as exc:
+        reason = str(exc) or "interrupted (Ctrl-C)"
+        print(f"stopped: {reason}; the job's processes and the temporary Prefect server are gone",
+              file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # the flow run is already marked failed; the message holds the rank's traceback
         print(f"error: pipeline failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -1,14 +1,15 @@
 """Start a training job from its launch spec: in this process (``single``) or as a torchrun job whose output is
 streamed line by line.
 
-The torchrun job runs in its own process group: on a timeout or an interrupt the whole group is killed, so no
-worker outlives the launcher. When a rank fails, torchrun stops the others and the launcher raises
+The torchrun job runs in its own session and dies with the launcher (ntp.run.processes): on a timeout, an
+interrupt or SIGTERM the whole group is stopped, and if the launcher is killed outright the kernel stops torchrun,
+whose workers die with it. No worker outlives the launcher. When a rank fails, torchrun stops the others and the launcher raises
 :class:`WorkerFailed` with that rank's traceback in its message.
 """
 from __future__ import annotations
 
 import os
-import signal
+import re
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from typing import Callable
 from ntp.errors import WorkerFailed, is_input_error
 from ntp.run.flags import config_to_argv
 from ntp.run.preflight import check_launch
+from ntp.run.processes import spawn_group, stop_group
 from ntp.run.worker import FAILURE_BEGIN, FAILURE_END
 from ntp.spec import LaunchSpec
 
@@ -76,23 +78,23 @@ def _run_in_process(spec: LaunchSpec) -> None:
 def _run_torchrun(cmd: list[str], timeout_s: float | None, on_line: LineSink, env: dict[str, str] | None) -> None:
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     full_env.setdefault("OMP_NUM_THREADS", "1")  # the worker sets its own thread count; this silences torchrun's notice
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, bufsize=1, env=full_env, start_new_session=True)
+    proc = spawn_group(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                       bufsize=1, env=full_env)
     tail: deque[str] = deque(maxlen=400)
     reader = threading.Thread(target=_pump, args=(proc, on_line, tail), daemon=True)
     reader.start()
     try:
         returncode = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        stop_group(proc)
         reader.join(timeout=5)
         raise WorkerFailed(f"training timed out after {timeout_s:.0f} s and was stopped; raise --job-timeout or "
                            f"look at the last output:\n" + "\n".join(list(tail)[-40:])) from None
     except BaseException:
-        _kill_group(proc)
+        stop_group(proc)
         raise
     finally:
-        _kill_group(proc)  # no orphan: whatever is left of the job's process group goes
+        stop_group(proc)  # no orphan: whatever is left of the job's process group goes
     reader.join(timeout=5)
     if returncode != 0:
         raise WorkerFailed(failure_message(returncode, list(tail)))
@@ -106,32 +108,34 @@ def _pump(proc: subprocess.Popen, on_line: LineSink, tail: deque) -> None:
         on_line(line)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def failure_message(returncode: int, lines: list[str]) -> str:
-    """The first failing rank's traceback (between the markers the worker prints), else the output's tail."""
+    """The rank that failed first-hand: its traceback (between the markers the worker prints); else, when every
+    traceback is a peer that lost its connection (the failed rank printed none: killed by a signal, out of memory),
+    torchrun's root cause; else the output's tail."""
     starts = [i for i, line in enumerate(lines) if FAILURE_BEGIN in line]
-    # a crashed rank makes its peers fail too ("connection closed by peer"): prefer the rank that failed first-hand
     first_hand = [i for i in starts if not _is_peer_failure(lines, i)]
-    begin = (first_hand or starts or [None])[0]
-    if begin is not None:
-        end = next((i for i in range(begin, len(lines)) if FAILURE_END in lines[i]), len(lines) - 1)
-        body = "\n".join(lines[begin : end + 1])
+    if first_hand:
+        body = _block(lines, first_hand[0], lambda line: FAILURE_END in line)
+    elif (root := _root_cause(lines)) is not None:
+        rank = re.search(r"rank\s*:\s*(\d+)", root)
+        who = f"rank {rank.group(1)}" if rank else "a rank"
+        body = f"{who} died without a traceback (killed by a signal? out of memory?); torchrun says:\n{root}"
+    elif starts:
+        body = _block(lines, starts[0], lambda line: FAILURE_END in line)
     else:
         body = "\n".join(lines[-40:])
     return f"training job failed (exit code {returncode}):\n{body}"
+
+
+def _block(lines: list[str], begin: int, is_end: Callable[[str], bool]) -> str:
+    end = next((i for i in range(begin + 1, len(lines)) if is_end(lines[i])), len(lines) - 1)
+    return "\n".join(lines[begin : end + 1])
+
+
+def _root_cause(lines: list[str]) -> str | None:
+    """torchrun's "Root Cause (first observed failure)" block, if it printed one."""
+    begin = next((i for i, line in enumerate(lines) if "Root Cause (first observed failure)" in line), None)
+    return None if begin is None else _block(lines, begin, lambda line: line.startswith("====="))
 
 
 def _is_peer_failure(lines: list[str], begin: int) -> bool:

@@ -30,32 +30,21 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ntp.errors import ConfigError, WorkerFailed, is_input_error
-    from ntp.run.progress import ProgressBar
-    from ntp.run.tracking import train_tracked, train_untracked
+    """Exit codes: 0 trained, 1 the job failed, 2 bad input (nothing ran), 130/143 interrupted (Ctrl-C/SIGTERM)."""
+    from ntp.errors import Terminated, WorkerFailed, is_input_error
+    from ntp.run.processes import sigterm_raises
 
     try:
-        spec = spec_from_args(args)
-        print(f"[ntp] {spec.describe()}", flush=True)
-        # one process trains here and prints its own lines; a bar is for the output streamed from torchrun
-        bar = ProgressBar(spec.config.epochs) if ProgressBar.wanted() and spec.mode != "single" else None
-        on_line = bar.line if bar else print
-        consumers = [bar] if bar else []
-        if not args.no_track and importlib.util.find_spec("mlflow") is None:
-            raise ConfigError("MLflow is not installed here, so the run cannot be tracked: install the tracking "
-                              "extra (pip install 'ntp[tracking]') or pass --no-track")
-        try:
-            if args.no_track:
-                result = train_untracked(spec, on_line=on_line, consumers=consumers)
-            else:
-                result = train_tracked(spec, experiment=args.experiment, run_name=args.run_name, on_line=on_line,
-                                       consumers=consumers)
-        finally:
-            if bar:
-                bar.close()
+        with sigterm_raises():
+            result = _train(args)
     except WorkerFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, Terminated) as exc:
+        reason = str(exc) or "interrupted (Ctrl-C)"
+        print(f"stopped: {reason}; the job's processes are gone and its MLflow run is KILLED",
+              file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:
         if not is_input_error(exc):
             raise
@@ -63,6 +52,29 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     _print_outcome(result)
     return 0
+
+
+def _train(args: argparse.Namespace):
+    from ntp.errors import ConfigError
+    from ntp.run.progress import ProgressBar
+    from ntp.run.tracking import train_tracked, train_untracked
+
+    spec = spec_from_args(args)
+    print(f"[ntp] {spec.describe()}", flush=True)
+    if not args.no_track and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("MLflow is not installed here, so the run cannot be tracked: install the tracking extra "
+                          "(pip install 'ntp[tracking]') or pass --no-track")
+    # one process trains here and prints its own lines; a bar is for the output streamed from torchrun
+    bar = ProgressBar(spec.config.epochs) if ProgressBar.wanted() and spec.mode != "single" else None
+    on_line, consumers = (bar.line, [bar]) if bar else (print, [])
+    try:
+        if args.no_track:
+            return train_untracked(spec, on_line=on_line, consumers=consumers)
+        return train_tracked(spec, experiment=args.experiment, run_name=args.run_name, on_line=on_line,
+                             consumers=consumers)
+    finally:
+        if bar:
+            bar.close()
 
 
 def _print_outcome(result) -> None:

@@ -15,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ntp.errors import ConfigError
 from ntp.run.flags import add_config_arguments, config_from_args
+from ntp.run.processes import die_with_parent
 from ntp.spec import DEVICES, resolve_in_worker
 
 #: Markers around a failing rank's traceback (found by ntp.run.launch.failure_message).
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @record
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # torchrun killed outright (its launcher gone, the OOM killer): this rank stops too
     args = build_parser().parse_args(argv)
     try:
         spec = resolve_in_worker(config_from_args(args), args.device)

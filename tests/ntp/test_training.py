@@ -77,9 +77,12 @@ def test_crashed_rank_fails_the_job_promptly_with_its_traceback(cora_store: str,
 
 
 def test_job_timeout_kills_every_worker(cora_store: str, tmp_path) -> None:
+    from tests.processes import processes_with
+
     cfg = TrainConfig(store=cora_store, mode="tp", epochs=100000, results=str(tmp_path / "r.jsonl"))
     with pytest.raises(WorkerFailed, match="timed out"):
         _launch(cfg, 2, job_timeout_s=15)
+    assert not processes_with(str(tmp_path / "r.jsonl")), "torchrun and every worker are gone when it returns"
 
 
 def test_resume_ends_like_an_uninterrupted_run(tmp_path) -> None:

@@ -35,11 +35,27 @@ def tracking_uri() -> str:
     return f"sqlite:///{data / 'mlflow.db'}"
 
 
+#: sqlite URIs whose schema this process has seen created and migrated
+_READY: set[str] = set()
+
+
 def client(uri: str | None = None) -> Any:
-    """An ``MlflowClient`` for ``uri`` (default: :func:`tracking_uri`)."""
+    """An ``MlflowClient`` for ``uri`` (default: :func:`tracking_uri`), its sqlite schema ready."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(uri or tracking_uri())
+    uri = uri or tracking_uri()
+    if not uri.startswith("sqlite:///") or uri in _READY:
+        return MlflowClient(uri)
+    # MLflow creates and migrates a sqlite schema when a process first opens it; several processes doing it at once
+    # leave the database broken. One process at a time does it, under a lock file beside the database.
+    from storage.lock import file_lock
+
+    db = Path(uri[len("sqlite:///"):])
+    with file_lock(db.with_name(db.name + ".lock")):
+        c = MlflowClient(uri)
+        c.search_experiments(max_results=1)
+    _READY.add(uri)
+    return c
 
 
 def experiment_id(name: str, mlflow_client: Any = None) -> str:
@@ -64,7 +80,7 @@ def _artifact_location(uri: str, name: str) -> str | None:
     directory, wherever that is). A server decides for itself (None)."""
     if not uri.startswith("sqlite:///"):
         return None
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "experiment"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"  # never "..": stay inside
     return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / safe).resolve().as_uri()
 
 

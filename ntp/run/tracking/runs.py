@@ -18,6 +18,7 @@ import yaml
 from ntp.records import EpochRecord, Results, read_results
 from ntp.run.tracking.mlflow_store import (TAG_ERROR, TAG_FLOW_RUN, TAG_GIT, TAG_KIND, TAG_PARENT, client,
                                            experiment_id, git_commit, run_url, tracking_uri)
+from ntp.run.tracking.orphans import close_orphaned_runs, end_status, launcher_tags
 from ntp.run.tracking.plots import plot_curves, plot_workers
 from ntp.run.tracking.tables import epoch_metrics, summarize, timing_table, worker_metrics
 
@@ -197,16 +198,18 @@ def start_training_run(
     system_metrics_interval_s: float = 2.0,
     uri: str | None = None,
 ) -> Iterator[TrainingRun]:
-    """A parent run for one training job, FINISHED on normal exit and FAILED (with the error as a tag) on any
-    exception, which is re-raised. Params: every config field, world size, store fingerprint."""
+    """A parent run for one training job: FINISHED on normal exit, KILLED when interrupted (Ctrl-C, SIGTERM), FAILED
+    on any other exception (with the error as a tag); the exception is re-raised. Params: every config field, world
+    size, store fingerprint. Runs of this experiment whose launcher on this host died (SIGKILL) are closed first."""
     uri = uri or tracking_uri()
     c = client(uri)
     meta = dict(store_meta or {})
     exp_name = experiment or meta.get("name") or "ntp"
     exp_id = experiment_id(exp_name, c)
+    close_orphaned_runs(c, exp_id)
     commit = git_commit()
     run_tags = {TAG_KIND: "train", TAG_FLOW_RUN: flow_run_id, TAG_GIT: commit, "mlflow.source.git.commit": commit,
-                "mlflow.source.name": "ntp", **(tags or {})}
+                "mlflow.source.name": "ntp", **launcher_tags(), **(tags or {})}
     run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in run_tags.items() if v is not None})
     tr = TrainingRun(run.info.run_id, exp_id, c, uri)
     monitor = None
@@ -228,7 +231,7 @@ def start_training_run(
         try:
             c.set_tag(tr.run_id, TAG_ERROR, f"{type(exc).__name__}: {exc}"[-4900:])
         finally:
-            c.set_terminated(tr.run_id, "FAILED")
+            c.set_terminated(tr.run_id, end_status(exc))
         raise
     else:
         if monitor is not None:

@@ -11,6 +11,7 @@ from ntp.records import FinalRecord, read_results
 from ntp.run.launch import launch_training
 from ntp.run.tracking.live import Consumer, EpochLogger, ResultsFollower
 from ntp.run.tracking.mlflow_store import data_dir
+from ntp.run.tracking.orphans import end_status
 from ntp.run.tracking.runs import start_training_run
 from ntp.spec import LaunchSpec
 
@@ -76,10 +77,10 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
         try:
             with ResultsFollower(cfg.results, [EpochLogger(run), *consumers], warn=on_line):
                 res = launch_training(spec, on_line=on_line)
-        except BaseException:
+        except BaseException as exc:
             if Path(cfg.results).is_file():
                 try:
-                    run.log_results(cfg.results, status="FAILED")
+                    run.log_results(cfg.results, status=end_status(exc))
                 except Exception as log_exc:  # never hide the training error behind a logging error
                     on_line(f"warning: could not log partial results: {log_exc}")
             raise

@@ -1,0 +1,139 @@
+"""Faults an operator causes, on real process trees and a real sqlite file: nothing is left behind, no run is left
+RUNNING, concurrent first runs do not break the tracking database."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ntp.run import tracking
+from tests.processes import processes_with, wait_for
+
+
+def _start_training(cora_store: str, results: Path, experiment: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "ntp.run.cli", "train", "--store", cora_store, "--nproc", "2", "--device", "cpu",
+           "--epochs", "100000", "--eval-every", "1000", "--results", str(results), "--experiment", experiment]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: results.is_file() and results.stat().st_size > 0 or proc.poll() is not None, 120, "epochs")
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    assert len(processes_with(str(results))) >= 3, "torchrun and two workers"
+    return proc
+
+
+def _parent_run(experiment: str):
+    c = tracking.client()
+    runs = c.search_runs([c.get_experiment_by_name(experiment).experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
+    assert len(runs) == 1
+    return runs[0]
+
+
+def test_sigterm_to_the_launcher_stops_the_job_and_ends_the_run_killed(cora_store: str, tmp_path: Path) -> None:
+    results = tmp_path / "r.jsonl"
+    proc = _start_training(cora_store, results, "sigterm-test")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 143
+    wait_for(lambda: not processes_with(str(results)), 15, "the job's processes to end")
+    assert time.monotonic() - t0 < 15
+    assert "stopped" in proc.stderr.read()
+    run = _parent_run("sigterm-test")
+    assert run.info.status == "KILLED" and "SIGTERM" in run.data.tags[tracking.TAG_ERROR]
+
+
+def test_sigkill_to_the_launcher_leaves_no_worker_and_the_next_run_closes_its_run(cora_store: str,
+                                                                                   tmp_path: Path) -> None:
+    results = tmp_path / "r.jsonl"
+    proc = _start_training(cora_store, results, "sigkill-test")
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not processes_with(str(results)), 30, "torchrun and the workers to die with their launcher")
+    assert _parent_run("sigkill-test").info.status == "RUNNING", "nobody could end it yet"
+    with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="sigkill-test",
+                                     system_metrics=False) as run:
+        pass
+    c = tracking.client()
+    old = next(r for r in c.search_runs([run.experiment_id]) if r.info.run_id != run.run_id)
+    assert old.info.status == "KILLED" and "died without ending the run" in old.data.tags[tracking.TAG_ERROR]
+
+
+@pytest.mark.parametrize("processes", [4])
+def test_concurrent_first_runs_share_a_fresh_sqlite_store(tmp_path: Path, processes: int) -> None:
+    """MLflow migrates a new sqlite schema on first use; racing processes used to leave it broken."""
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    code = ("import sys; from ntp.run import tracking; c = tracking.client(sys.argv[1]);"
+            "run = c.create_run(tracking.experiment_id('race', c)); c.set_terminated(run.info.run_id)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri], stderr=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    errors = [p.stderr.read() for p in procs if p.wait(timeout=120) != 0]
+    assert not errors, errors[0][-2000:]
+    c = tracking.client(uri)
+    assert len(c.search_runs([c.get_experiment_by_name("race").experiment_id])) == processes
+
+
+def test_an_experiment_name_cannot_escape_the_artifact_directory(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}"
+    c = tracking.client(uri)
+    for name in ("..", "../..", "a/../../b"):
+        location = c.get_experiment(tracking.experiment_id(name, c)).artifact_location
+        assert location.startswith((tmp_path / "db" / "mlartifacts").as_uri() + "/"), (name, location)
+
+
+def test_a_rank_killed_by_a_signal_is_the_one_blamed(cora_store: str, tmp_path: Path) -> None:
+    """Rank 1 dies without a traceback (SIGKILL, as the OOM killer does); rank 0 only lost its peer."""
+    import threading
+
+    from ntp.config import TrainConfig
+    from ntp.errors import WorkerFailed
+    from ntp.run.launch import launch_training
+    from ntp.spec import resolve
+
+    results = tmp_path / "r.jsonl"
+
+    def kill_rank_1() -> None:
+        wait_for(lambda: results.is_file() and results.stat().st_size > 0, 120, "epochs")
+        for pid in processes_with(str(results)):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if b"RANK=1" in environ:
+                os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    spec = resolve(TrainConfig(store=cora_store, epochs=100000, results=str(results), collective_timeout_s=60),
+                   nproc=2, device="cpu", job_timeout_s=180)
+    with pytest.raises(WorkerFailed) as err:
+        launch_training(spec, on_line=lambda line: None)
+    message = str(err.value)
+    assert "rank 1 died without a traceback" in message and "SIGKILL" in message, message[:2000]
+
+
+@pytest.mark.parametrize("how, code", [("ctrl-c", 130), ("sigterm", 143)])
+def test_stopping_ntp_pipeline_is_quick_and_leaves_no_server_or_worker(how: str, code: int, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to `ntp pipeline` mid-training: it ends within
+    30 s and neither its temporary Prefect server nor torchrun nor a worker survives."""
+    from tests.pipeline.conftest import CORA
+
+    marker = str(tmp_path / "data")
+    env = {**os.environ, "NTP_DATA_DIR": marker, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    cmd = [sys.executable, "-m", "ntp.run.cli", "pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2",
+           "--device", "cpu", "--epochs", "100000", "--eval-every", "1000", "--experiment", f"stop-{how}"]
+    # as in a terminal: its own process group, SIGINT not ignored (a background shell job would inherit SIG_IGN)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    runs = tmp_path / "data" / "runs"
+    wait_for(lambda: any(p.stat().st_size for p in runs.glob("*/results.jsonl")) or proc.poll() is not None, 240,
+             "training to start")
+    assert proc.poll() is None, proc.stderr.read()
+    t0 = time.monotonic()
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == code
+    assert time.monotonic() - t0 < 30
+    wait_for(lambda: not processes_with(marker, "environ"), 15, "the server, torchrun and the workers to end")
