@@ -56,7 +56,8 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--node-features", metavar="FILE", help=".npy [n, F] or Parquet (one column per feature)")
     e.add_argument("--labels", metavar="FILE", help=".npy or Parquet (int, -1 = unlabeled)")
     e.add_argument("--splits", metavar="DIR", help="folder with train/valid/test .npy or .csv id files")
-    p.add_argument("--force", action="store_true", help="rebuild even if the store exists")
+    p.add_argument("--force", action="store_true", help="rebuild even if the store exists (only ever replaces "
+                   "a graph store, never another directory)")
     p.set_defaults(func=_run_prepare)
 
 

@@ -1,4 +1,4 @@
-"""An exclusive inter-process file lock (fcntl.flock) held while a store is built."""
+"""Exclusive inter-process file locks (fcntl.flock) held while a store is built."""
 
 from __future__ import annotations
 
@@ -28,3 +28,25 @@ def file_lock(path: Path, on_wait: Callable[[str], None] | None = None) -> Itera
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+@contextmanager
+def try_lock(path: Path) -> Iterator[bool]:
+    """Hold an existing lock file's flock if it is free right now; yields whether it was.
+
+    Never creates the file, never waits. A free lock proves no live process is building under it.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import asdict
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any, Callable
 
 from storage.build import build
 from storage.csr import Preprocessing
+from storage.inputs import Digests, file_identity, tree_identity
 from storage.layout import Layout
 from storage.paths import default_data_dir, default_store_path, options_digest, raw_dir
 from storage.progress import stderr_progress
@@ -16,7 +18,6 @@ from storage.schema import FEATURE_DTYPES, StoreError
 from storage.sources.base import GraphSource
 from storage.sources.download import fetch_ogb
 from storage.sources.edgelist import edgelist_source
-from storage.sources.ogb_folder import identity_files
 from storage.sources.ogb_layout import ogb_layout_source
 from storage.sources.ogb_meta import ogb_info, ogb_table
 from storage.sources.synthetic import SyntheticSpec, synthetic_source
@@ -28,14 +29,24 @@ def _path(p: PathLike) -> Path | None:
     return None if p is None else Path(p).expanduser().resolve()
 
 
-def _file_id(p: Path | None) -> list[Any] | None:
+def _file_id(p: Path | None, digests: Digests) -> list[Any] | None:
+    """The input's path and content digest: a store is reused only for the same bytes."""
     if p is None:
         return None
     if not p.exists():
         raise StoreError(f"{p} does not exist. Fix: check the path")
-    if p.is_dir():
-        return [str(p), {q.name: q.stat().st_size for q in sorted(p.iterdir()) if q.is_file()}]
-    return [str(p), p.stat().st_size]
+    return file_identity(p, digests)
+
+
+def _check_sizes(nodes: int | None, avg_degree: float | None, features: int | None,
+                 classes: int | None) -> None:
+    """A size the user gave must be a size: 0 or less never falls back to a default."""
+    for flag, value in (("--nodes", nodes), ("--features", features), ("--classes", classes)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise StoreError(f"{flag} {value} is not a valid size. Fix: pass {flag} N with a whole N >= 1, "
+                             "or leave it out for the default")
+    if avg_degree is not None and not (math.isfinite(avg_degree) and avg_degree >= 0):
+        raise StoreError(f"--avg-degree {avg_degree} is not a valid degree. Fix: pass a number >= 0")
 
 
 def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
@@ -51,7 +62,7 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
 
     name: an OGB node-property dataset (downloaded, or read from `from_dir`), "synthetic",
     "edgelist" (or any name with `edges`), or any name with `from_dir` (an OGB-layout folder).
-    Default location: <data_dir>/stores/<name>-<hash of inputs and options>.
+    Default location: <data_dir>/stores/<name>-<hash of the inputs' bytes and the options>.
     layout: chunk sizes (storage.layout.Layout); they do not change content or the store's path.
     """
     progress = progress or stderr_progress
@@ -61,6 +72,7 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
         raise StoreError("--from-dir and --mirror exclude each other. Fix: pass only one")
     if self_loops and drop_self_loops:
         raise StoreError("--self-loops and --drop-self-loops contradict each other. Fix: pass only one")
+    _check_sizes(nodes, avg_degree, features, classes)
     data_dir = _path(data_dir) or default_data_dir().resolve()
     from_dir, edges = _path(from_dir), _path(edges)
     node_features, labels, splits = _path(node_features), _path(labels), _path(splits)
@@ -69,8 +81,10 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
 
     if name == "synthetic":
         try:
-            spec = SyntheticSpec(nodes=nodes or 10_000, avg_degree=10.0 if avg_degree is None else avg_degree,
-                                 features=features or 32, classes=classes or 8, seed=seed)
+            spec = SyntheticSpec(nodes=10_000 if nodes is None else nodes,
+                                 avg_degree=10.0 if avg_degree is None else avg_degree,
+                                 features=32 if features is None else features,
+                                 classes=8 if classes is None else classes, seed=seed)
         except ValueError as e:
             raise StoreError(f"synthetic graph: {e}. Fix: adjust --nodes/--avg-degree/--features/--classes") from None
         identity: dict[str, Any] = {"kind": "synthetic", **asdict(spec)}
@@ -81,8 +95,11 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
         if edges is None:
             raise StoreError("the edgelist source needs an edge file. Fix: pass --edges FILE (Parquet or CSV "
                              "with src,dst[,weight] columns)")
-        identity = {"kind": "edgelist", "edges": _file_id(edges), "node_features": _file_id(node_features),
-                    "labels": _file_id(labels), "splits": _file_id(splits), "nodes": nodes, "classes": classes}
+        digests = Digests(progress)
+        identity = {"kind": "edgelist", "edges": _file_id(edges, digests),
+                    "node_features": _file_id(node_features, digests), "labels": _file_id(labels, digests),
+                    "splits": _file_id(splits, digests), "nodes": nodes, "classes": classes}
+        digests.save()
         for flag, value in (("--edges", edges), ("--node-features", node_features), ("--labels", labels),
                             ("--splits", splits), ("--nodes", nodes), ("--classes", classes)):
             argv += [flag, str(value)] if value is not None else []
@@ -90,7 +107,10 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
     elif from_dir is not None:
         if not from_dir.is_dir():
             raise StoreError(f"--from-dir {from_dir} is not a directory. Fix: pass an unzipped OGB dataset folder")
-        identity = {"kind": "ogb-layout", "name": name, "path": str(from_dir), "files": identity_files(from_dir)}
+        digests = Digests(progress)
+        identity = {"kind": "ogb-layout", "name": name, "path": str(from_dir),
+                    "files": tree_identity(from_dir, ("raw", "split"), digests)}
+        digests.save()
         argv += ["--from-dir", str(from_dir)]
         make_source = lambda: ogb_layout_source(from_dir, name, info)
     elif info is not None:

@@ -42,10 +42,22 @@ def _read_attrs(path: Path) -> dict[str, Any]:
                             GENERIC_FIX) from None
     except (OSError, ValueError) as e:
         raise store_problem(path, f"zarr.json is unreadable ({e})", GENERIC_FIX) from None
-    attrs = doc.get("attributes") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        raise store_problem(path, f"{meta_file} holds a JSON {type(doc).__name__}, not an object "
+                            "(not a graph store, or an edited metadata file)", GENERIC_FIX)
+    attrs = doc.get("attributes")
     if doc.get("node_type") != "group" or not isinstance(attrs, dict):
         raise store_problem(path, "zarr.json does not describe a graph store group", GENERIC_FIX)
     return attrs
+
+
+def is_graph_store(path: Path) -> bool:
+    """Whether `path` holds one of our stores (its zarr.json carries our metadata), even a damaged one."""
+    try:
+        attrs = _read_attrs(Path(path))
+    except StoreError:
+        return False
+    return "schema_version" in attrs and "fingerprint" in attrs and "rebuild_command" in attrs
 
 
 def _fix_from(attrs: dict[str, Any], path: Path) -> str:
@@ -85,7 +97,10 @@ class GraphStore:
         self.path = path
         self.meta = meta
         self._fix = _fix_from({"rebuild_command": meta.rebuild_command}, path)
-        self._group = zarr.open_group(str(path), mode="r")
+        try:
+            self._group = zarr.open_group(str(path), mode="r")
+        except Exception as e:  # zarr rejects an edited zarr.json in many ways
+            raise store_problem(path, f"zarr.json is not a valid Zarr group ({e})", self._fix) from None
         self._arrays: dict[str, zarr.Array] = {}
 
     def __repr__(self) -> str:
@@ -195,6 +210,33 @@ class GraphStore:
                 h.update(np.ascontiguousarray(self._read(name, slice(start, start + step))).tobytes())
             if h.hexdigest() != expected:
                 raise store_problem(self.path, f"array {name!r} does not match its checksum", self._fix)
+        self._verify_metadata()
+
+    def _verify_metadata(self) -> None:
+        """Recompute what the arrays tell about the metadata: class count, then the fingerprint."""
+        m, classes = self.meta, None
+        if m.task_type == "multiclass" and m.num_nodes:
+            low, high = self._label_range()
+            classes = high + 1
+            if low < -1 or classes > m.num_classes:
+                raise store_problem(self.path, f"num_classes is {m.num_classes} but the labels range over "
+                                    f"[{low}, {high}] (mismatched counts: the metadata was edited)", self._fix)
+        if S.fingerprint(m.to_dict()) != m.fingerprint:
+            hint = (f"; num_classes is {m.num_classes} but the labels use {classes} classes"
+                    if classes is not None and classes != m.num_classes else "")
+            raise store_problem(self.path, "the metadata does not match its fingerprint (one of "
+                                f"{', '.join(S.FINGERPRINT_FIELDS)} was edited{hint})", self._fix)
+
+    def _label_range(self) -> tuple[int, int]:
+        """(min, max) of the multiclass labels, read chunk by chunk."""
+        arr = self._array(S.LABELS)
+        step = arr.chunks[0] * 16
+        low, high = -1, -1
+        for start in range(0, arr.shape[0], step):
+            block = self._read(S.LABELS, slice(start, start + step))
+            low = int(block.min()) if start == 0 else min(low, int(block.min()))
+            high = max(high, int(block.max()))
+        return low, high
 
 
 def _check_slice(s: slice | None, what: str) -> slice:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -133,6 +135,17 @@ def parse_meta(attrs: Mapping[str, Any]) -> StoreMeta:
         checksums=_field(attrs, "checksums", dict),
         build_key=_field(attrs, "build_key", str),
     )
+
+
+FINGERPRINT_FIELDS = ("num_nodes", "num_edges", "feature_dim", "num_classes", "task_type", "feature_dtype",
+                      "preprocessing", "checksums")
+
+
+def fingerprint(fields: Mapping[str, Any]) -> str:
+    """16 hex chars of a hash of the content-defining metadata (an edit of any of them changes it)."""
+    content = {k: fields[k] for k in FINGERPRINT_FIELDS}
+    blob = json.dumps(content, sort_keys=True, default=list)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def index_dtype_for(num_nodes: int) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +11,7 @@ import zarr
 
 from storage import schema as S
 from storage.csr import CsrArrays, CsrBuilder, Preprocessing
+from storage.labels import checked_labels
 from storage.layout import Layout, create_array
 from storage.schema import StoreError, StoreMeta
 from storage.sources.base import GraphSource
@@ -120,8 +120,8 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
 
     progress(f"{source.name}: writing features ({n:,} x {source.feature_dim}, {feature_dtype})")
     sums[S.FEATURES] = _write_features(group, source, feature_dtype, layout)
-    labels = np.asarray(source.labels())
-    num_classes = _check_labels(source, labels)
+    labels, num_classes = checked_labels(source.name, source.task_type, source.labels(), n,
+                                         source.num_classes, source.num_tasks)
     sums[S.LABELS] = write_array(group, S.LABELS, labels, (layout.row_chunk,) + labels.shape[1:])
     del labels
     split_names = []
@@ -143,8 +143,7 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
         rebuild_command=rebuild_command, layout=layout.to_dict(), checksums=sums,
         build_key=build_key,
     )
-    fingerprint = _fingerprint(meta_fields)
-    meta = StoreMeta(fingerprint=fingerprint, schema_version=S.SCHEMA_VERSION, **meta_fields)
+    meta = StoreMeta(fingerprint=S.fingerprint(meta_fields), schema_version=S.SCHEMA_VERSION, **meta_fields)
     group.attrs.update(meta.to_dict())  # written last: a store without it never opens
     return meta
 
@@ -176,29 +175,3 @@ def _write_features(group: zarr.Group, source: GraphSource, feature_dtype: str,
     for block in source.feature_blocks():
         w.append(block)
     return w.close()
-
-
-def _check_labels(source: GraphSource, labels: np.ndarray) -> int:
-    n = source.num_nodes
-    if source.task_type == "multiclass":
-        if labels.shape != (n,) or labels.dtype != np.int64:
-            raise StoreError(f"{source.name}: multiclass labels must be int64 [{n}], "
-                             f"got {labels.dtype} {labels.shape}")
-        if labels.size and labels.min() < -1:
-            raise StoreError(f"{source.name}: labels below -1 found; use -1 for 'no label'")
-        found = int(labels.max()) + 1 if labels.size else 0
-        if source.num_classes and found > source.num_classes:
-            raise StoreError(f"{source.name}: label {found - 1} found but the dataset has "
-                             f"{source.num_classes} classes")
-        return source.num_classes or found
-    if labels.shape != (n, source.num_tasks) or labels.dtype != np.float32:
-        raise StoreError(f"{source.name}: {source.task_type} labels must be float32 "
-                         f"[{n}, {source.num_tasks}], got {labels.dtype} {labels.shape}")
-    return source.num_classes or 2
-
-
-def _fingerprint(fields: dict[str, Any]) -> str:
-    content = {k: fields[k] for k in ("num_nodes", "num_edges", "feature_dim", "num_classes",
-                                     "task_type", "feature_dtype", "preprocessing", "checksums")}
-    blob = json.dumps(content, sort_keys=True, default=list)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]

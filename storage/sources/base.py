@@ -16,7 +16,8 @@ class GraphSource:
 
     edge_blocks() yields (src, dst, weight | None) blocks of raw edges u -> v;
     feature_blocks() yields consecutive float row blocks covering all num_nodes rows;
-    labels() returns int64 [n] (-1 = unlabeled) or float32 [n, num_tasks] (NaN = unlabeled);
+    labels() returns class ids [n], int or float (-1 or NaN = unlabeled; checked by storage.labels),
+    or float32 [n, num_tasks] (NaN = unlabeled);
     splits() returns {"train"|"valid"|"test": vertex ids}.
     """
 

@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from storage.sources.fileerrors import guarded, reading
+
 BLOCK_BYTES = 16 << 20
 
 
@@ -20,14 +22,22 @@ def _compression(path: Path) -> str | None:
 def count_columns(path: Path) -> int:
     """Number of comma-separated fields on the first line (0 for an empty file)."""
     opener = gzip.open if _compression(path) else open
-    with opener(path, "rb") as f:
+    with reading(path), opener(path, "rb") as f:
         first = f.readline()
     return len(first.decode().strip().split(",")) if first.strip() else 0
 
 
 def iter_numeric_blocks(path: Path, num_cols: int, dtype: str,
                         header: bool = False, names: list[str] | None = None) -> Iterator[np.ndarray]:
-    """Yield [rows, num_cols] arrays of `dtype`, one per pyarrow block (bounded memory)."""
+    """Yield [rows, num_cols] arrays of `dtype`, one per pyarrow block (bounded memory).
+
+    A truncated, damaged or unreadable file raises StoreError naming it.
+    """
+    return guarded(path, _numeric_blocks(path, num_cols, dtype, header, names))
+
+
+def _numeric_blocks(path: Path, num_cols: int, dtype: str, header: bool,
+                    names: list[str] | None) -> Iterator[np.ndarray]:
     if num_cols == 0:
         return
     names = names or [f"c{i}" for i in range(num_cols)]

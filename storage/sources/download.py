@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -36,11 +37,25 @@ def fetch_ogb(info: OgbInfo, raw: Path, mirror: str | None, progress: Callable[[
     with file_lock(raw / f".{info.zip_name}.lock", progress):
         if (folder / "raw").is_dir():
             return folder
+        _remove_leftovers(raw, info, progress)
         zip_path = raw / info.zip_name
         if not zip_path.is_file():
             _download(archive_url(info, mirror), zip_path, progress, timeout)
         _unzip(zip_path, raw, info, progress)
     return folder
+
+
+def _remove_leftovers(raw: Path, info: OgbInfo, progress: Callable[[str], None]) -> None:
+    """Under this zip's lock, its partial downloads and unzips belong to processes that died."""
+    name = re.escape(info.zip_name)
+    pattern = re.compile(rf"^(?:{name}\.part|\.{name}\.unzip)-[0-9a-f]{{8}}$")
+    for p in raw.iterdir():
+        if pattern.match(p.name) and not p.is_symlink():
+            progress(f"removing {p}, left by a download that did not finish")
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def _download(url: str, dest: Path, progress: Callable[[str], None], timeout: float) -> None:
@@ -68,7 +83,7 @@ def _download(url: str, dest: Path, progress: Callable[[str], None], timeout: fl
 
 def _unzip(zip_path: Path, raw: Path, info: OgbInfo, progress: Callable[[str], None]) -> None:
     progress(f"unzipping {zip_path}")
-    tmp = raw / f".unzip-{uuid.uuid4().hex[:8]}"
+    tmp = raw / f".{info.zip_name}.unzip-{uuid.uuid4().hex[:8]}"
     try:
         with zipfile.ZipFile(zip_path) as zf:
             for member in zf.namelist():

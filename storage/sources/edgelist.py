@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from storage.schema import StoreError
 from storage.sources.base import EdgeBlock, GraphSource
+from storage.sources.fileerrors import guarded, reading
 
 ROW_BLOCK = 1 << 16
 SPLIT_PARTS = ("train", "valid", "test")
@@ -35,6 +36,10 @@ def _bad(path: Path | None, problem: str, fix: str) -> StoreError:
 
 
 def _edge_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    return guarded(path, _raw_edge_batches(path))
+
+
+def _raw_edge_batches(path: Path) -> Iterator[pa.RecordBatch]:
     if path.suffix == ".parquet":
         yield from pq.ParquetFile(path).iter_batches(batch_size=1 << 20)
         return
@@ -46,10 +51,11 @@ def _edge_batches(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 def _edge_columns(path: Path) -> list[str]:
-    if path.suffix == ".parquet":
-        return pq.ParquetFile(path).schema_arrow.names
-    with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as f:
-        return [c.strip() for c in f.readline().decode().strip().split(",")]
+    with reading(path):
+        if path.suffix == ".parquet":
+            return pq.ParquetFile(path).schema_arrow.names
+        with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as f:
+            return [c.strip() for c in f.readline().decode().strip().split(",")]
 
 
 def split_files(splits: Path) -> dict[str, Path]:
@@ -65,10 +71,11 @@ def split_files(splits: Path) -> dict[str, Path]:
 
 
 def _read_ids(path: Path) -> np.ndarray:
-    if path.suffix == ".npy":
-        return np.load(path).astype(np.int64).ravel()
-    text = path.read_text().split()
-    return np.array([int(t) for t in text], dtype=np.int64)
+    with reading(path):
+        if path.suffix == ".npy":
+            return np.load(path).astype(np.int64).ravel()
+        text = path.read_text().split()
+        return np.array([int(t) for t in text], dtype=np.int64)
 
 
 def _features(path: Path | None) -> tuple[int | None, int, Callable[[], Iterator[np.ndarray]] | None]:
@@ -76,35 +83,35 @@ def _features(path: Path | None) -> tuple[int | None, int, Callable[[], Iterator
     if path is None:
         return None, 1, None
     if path.suffix == ".npy":
-        arr = np.load(path, mmap_mode="r")
+        with reading(path):
+            arr = np.load(path, mmap_mode="r")
         if arr.ndim != 2:
             raise _bad(path, f"features must be 2-D [n, F], got shape {arr.shape}", "save a 2-D array")
-        return arr.shape[0], arr.shape[1], lambda: (np.asarray(arr[i:i + ROW_BLOCK], dtype=np.float32)
-                                                    for i in range(0, arr.shape[0], ROW_BLOCK))
+        return arr.shape[0], arr.shape[1], lambda: guarded(path, (np.asarray(arr[i:i + ROW_BLOCK], np.float32)
+                                                                  for i in range(0, arr.shape[0], ROW_BLOCK)))
     if path.suffix == ".parquet":
-        pf = pq.ParquetFile(path)
+        with reading(path):
+            pf = pq.ParquetFile(path)
         def blocks() -> Iterator[np.ndarray]:
             for b in pf.iter_batches(batch_size=ROW_BLOCK):
                 yield np.stack([c.to_numpy(zero_copy_only=False) for c in b.columns], axis=1).astype(np.float32)
-        return pf.metadata.num_rows, len(pf.schema_arrow.names), blocks
+        return pf.metadata.num_rows, len(pf.schema_arrow.names), lambda: guarded(path, blocks())
     raise _bad(path, "unsupported feature file type", "use .npy or .parquet")
 
 
 def _labels(path: Path | None) -> np.ndarray | None:
     if path is None:
         return None
-    if path.suffix == ".npy":
-        y = np.load(path)
-    elif path.suffix == ".parquet":
-        t = pq.read_table(path)
-        cols = [c.to_numpy(zero_copy_only=False) for c in t.columns]
-        y = cols[0] if len(cols) == 1 else np.stack(cols, axis=1)
-    else:
+    if path.suffix not in (".npy", ".parquet"):
         raise _bad(path, "unsupported label file type", "use .npy or .parquet")
-    if y.ndim == 1 and np.issubdtype(y.dtype, np.integer):
-        return y.astype(np.int64)
-    if y.ndim == 1 and np.issubdtype(y.dtype, np.floating):
-        return np.where(np.isnan(y), -1, np.nan_to_num(y)).astype(np.int64)
+    with reading(path):
+        if path.suffix == ".npy":
+            y = np.load(path)
+        else:
+            cols = [c.to_numpy(zero_copy_only=False) for c in pq.read_table(path).columns]
+            y = cols[0] if len(cols) == 1 else np.stack(cols, axis=1)
+    if y.ndim == 1:
+        return y  # class ids, checked (integers, range) by storage.labels
     if y.ndim == 2:
         return y.astype(np.float32)
     raise _bad(path, f"labels of shape {y.shape} and dtype {y.dtype}", "use int [n] or float [n, T]")
@@ -128,6 +135,8 @@ def edgelist_source(name: str, edges: Path, node_features: Path | None = None,
             w = b.column("weight").to_numpy(zero_copy_only=False) if weighted else None
             yield src, dst, w
 
+    if nodes is not None and nodes < 1:
+        raise _bad(edges, f"--nodes {nodes} is not a vertex count", "pass --nodes N with N >= 1, or leave it out")
     n = nodes or feat_rows or (len(y) if y is not None else None)
     if n is None:
         n = max((int(max(s.max(initial=-1), d.max(initial=-1))) for s, d, _ in edge_blocks()), default=-1) + 1

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from storage.schema import StoreError
+from storage.sources.fileerrors import guarded, reading
 
 BLOCK_BYTES = 32 << 20  # bytes per block yielded (all lanes together)
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # zip local file header (30 bytes)
@@ -66,7 +67,7 @@ class NpyMember:
 
     def read_all(self) -> np.ndarray:
         """The whole array (only for small arrays such as the count lists)."""
-        with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as f:
+        with reading(self.path), zipfile.ZipFile(self.path) as zf, zf.open(self.member) as f:
             return npformat.read_array(f, allow_pickle=False)
 
     def iter_blocks(self, axis: int, block_bytes: int | None = None) -> Iterator[np.ndarray]:
@@ -74,8 +75,12 @@ class NpyMember:
 
         axis=0 gives [rows, cols] blocks (a 1-D array reads as [n, 1]); axis=1 gives [rows, k]
         column blocks. Block sizes aim
-        at `block_bytes` (default BLOCK_BYTES) and are at least one slice.
+        at `block_bytes` (default BLOCK_BYTES) and are at least one slice. A truncated or damaged
+        member raises StoreError naming the file.
         """
+        return guarded(self.path, self._blocks(axis, block_bytes))
+
+    def _blocks(self, axis: int, block_bytes: int | None) -> Iterator[np.ndarray]:
         shape = self.shape + (1,) if len(self.shape) == 1 and axis == 0 else self.shape
         if len(shape) != 2:
             raise _bad(self.path, f"{self.key} has shape {self.shape}, expected 2-D")
@@ -160,7 +165,7 @@ class NpzFile:
         info = self._infos.get(key)
         if info is None:
             raise _bad(self.path, f"array {key!r} is missing (found {sorted(self._infos)})")
-        with zipfile.ZipFile(self.path) as zf, zf.open(info) as f:
+        with reading(self.path), zipfile.ZipFile(self.path) as zf, zf.open(info) as f:
             shape, fortran, dtype, header_len = _read_header(f, self.path, key)
         if dtype.hasobject:
             raise _bad(self.path, f"{key} holds Python objects, not numbers")
@@ -174,7 +179,7 @@ class NpzFile:
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:
         """Absolute offset of a member's bytes: after its local header, name and extra field."""
-        with open(self.path, "rb") as f:
+        with reading(self.path), open(self.path, "rb") as f:
             f.seek(info.header_offset)
             raw = f.read(_LOCAL_HEADER.size)
         if len(raw) != _LOCAL_HEADER.size:

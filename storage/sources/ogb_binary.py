@@ -86,15 +86,14 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
             if label_cols != 1:
                 raise folder_problem(root, f"{LABELS}: node_label has {label_cols} columns but "
                                   f"{name} is a multiclass dataset (expected 1)")
-            out = np.empty(n, dtype=np.int64)
+            out = np.empty(n, dtype=np.float64)  # storage.labels checks they are class ids
         else:
             out = np.empty((n, label_cols), dtype=np.float32)
         pos = 0
         for block in node_label.iter_blocks(axis=0):
             k = len(block)
             if task_type == "multiclass":
-                col = block[:, 0].astype(np.float64)
-                out[pos:pos + k] = np.where(np.isnan(col), -1, np.nan_to_num(col)).astype(np.int64)
+                out[pos:pos + k] = block[:, 0]
             else:
                 out[pos:pos + k] = block
             pos += k

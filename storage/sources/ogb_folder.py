@@ -1,5 +1,5 @@
 """What the two OGB folder layouts (CSV files, or ogbn-papers100M's binary .npz files) share: the split folder,
-task metadata, the source's identity and provenance, and the error that names the folder."""
+task metadata, provenance, and the error that names the folder."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,13 +29,6 @@ def split_folder(root: Path, info: OgbInfo | None) -> Path:
     if len(subs) != 1:
         raise folder_problem(root, f"expected exactly one folder under split/, found {[p.name for p in subs]}")
     return subs[0]
-
-
-def identity_files(root: Path) -> dict[str, int]:
-    """Relative path -> size of every file under raw/ and split/ (the source's identity)."""
-    return {str(p.relative_to(root)): p.stat().st_size
-            for sub in ("raw", "split") if (root / sub).is_dir()
-            for p in sorted((root / sub).rglob("*")) if p.is_file()}
 
 
 SPLIT_PARTS = ("train", "valid", "test")

@@ -75,7 +75,7 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
         if len(raw) != n:
             raise folder_problem(root, f"node-label.csv.gz has {len(raw)} rows but num-node-list says {n}")
         if task[0] == "multiclass":
-            return np.where(np.isnan(raw[:, 0]), -1, np.nan_to_num(raw[:, 0])).astype(np.int64)
+            return raw[:, 0]  # floats: storage.labels checks they are class ids
         return raw.astype(np.float32)
 
     return ogb_source(root, name, info, split_dir, task, num_nodes=n, num_edges=e, feature_dim=dim,

@@ -14,8 +14,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ holds no packages: make store_helpers importable
 
 from storage import prepare  # noqa: E402
+from storage.inputs import CACHE_ENV  # noqa: E402
 from store_helpers import REPO, SMALL_CHUNKS, quiet  # noqa: E402
 
+
+@pytest.fixture(scope="session", autouse=True)
+def digest_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Keep the input-digest cache of storage.inputs out of the user's home (subprocesses inherit it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("digest-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

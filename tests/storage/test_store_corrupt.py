@@ -7,7 +7,9 @@ import shutil
 
 import pytest
 
-from storage import StoreError, open_store
+from storage import StoreError, open_store, prepare
+from storage.cli import main
+from store_helpers import quiet
 
 
 def expect_error(path, *fragments: str) -> str:
@@ -85,3 +87,38 @@ def test_no_metadata_at_all(store_copy):
 
 def test_not_a_directory(tmp_path):
     expect_error(tmp_path / "nothing", "no such store directory", "ntp data prepare")
+
+
+@pytest.mark.parametrize("delta, fragment", [(1, "num_classes is 5 but the labels use 4 classes"),
+                                             (-1, "num_classes is 3 but the labels range over [0, 3]")])
+def test_verify_recomputes_num_classes(store_copy, delta, fragment):
+    edit_attrs(store_copy, num_classes=4 + delta)
+    store = open_store(store_copy)  # shapes still agree: only reading the labels tells
+    with pytest.raises(StoreError) as info:
+        store.verify()
+    assert fragment in str(info.value) and "Fix: rebuild it with `ntp data prepare synthetic" in str(info.value)
+
+
+def test_info_verify_reports_an_edited_num_classes(store_copy, capsys):
+    edit_attrs(store_copy, num_classes=5)
+    assert main(["data", "info", str(store_copy)]) == 0  # the quick check cannot know
+    capsys.readouterr()
+    assert main(["data", "info", str(store_copy), "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert "num_classes is 5" in err and f"--out {store_copy}" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("doc", ["[1, 2]", "null", "42", '"a string"'])
+def test_zarr_json_that_is_not_an_object(store_copy, doc):
+    (store_copy / "zarr.json").write_text(doc)
+    expect_error(store_copy, "zarr.json holds a JSON", "not an object", "Fix:")
+    with pytest.raises(StoreError, match="not a graph store"):
+        prepare("synthetic", nodes=50, out=store_copy, progress=quiet, force=True)
+    assert (store_copy / "indices").is_dir()  # never deleted: it no longer proves to be ours
+
+
+def test_zarr_json_that_zarr_rejects(store_copy):
+    doc = json.loads((store_copy / "zarr.json").read_text())
+    doc["zarr_format"] = 99
+    (store_copy / "zarr.json").write_text(json.dumps(doc))
+    expect_error(store_copy, "not a valid Zarr group", "ntp data prepare synthetic")

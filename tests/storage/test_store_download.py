@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -13,7 +18,7 @@ import pytest
 
 from storage import StoreError, open_store, prepare
 
-from store_helpers import quiet
+from store_helpers import REPO, quiet
 
 
 def make_ogb_zip(src: Path, dest_dir: Path, folder: str, split: str) -> Path:
@@ -102,3 +107,43 @@ def test_count_mismatch_is_reported(shared_datasets, tmp_path):
 def test_heterogeneous_not_supported(tmp_path):
     with pytest.raises(StoreError, match="not supported yet"):
         prepare("ogbn-mag", data_dir=tmp_path, progress=quiet)
+
+
+def stalling_server(stop: threading.Event) -> socket.socket:
+    """A server that sends 2 MiB of a 10 MB file, then stalls until `stop` is set."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(5)
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n" + b"\0" * (2 << 20))
+        stop.wait(60)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock
+
+
+def test_killed_download_leaves_nothing_behind(http_root, shared_datasets, tmp_path):
+    stop = threading.Event()
+    sock = stalling_server(stop)
+    data, raw = tmp_path / "data", tmp_path / "data" / "raw"
+    code = "import sys; from storage import prepare; prepare('ogbn-arxiv', mirror=sys.argv[1], data_dir=sys.argv[2])"
+    proc = subprocess.Popen([sys.executable, "-c", code, f"http://127.0.0.1:{sock.getsockname()[1]}", str(data)],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not [p for p in raw.glob("arxiv.zip.part-*") if p.stat().st_size] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+        stop.set()
+        sock.close()
+    assert list(raw.glob("arxiv.zip.part-*")), "the killed download should have left its partial file"
+    root, url = http_root
+    make_ogb_zip(shared_datasets / "ogb-layout" / "cora", root / "ogb", "arxiv", "time")
+    open_store(prepare("ogbn-arxiv", mirror=url, data_dir=data, progress=quiet))
+    assert sorted(p.name for p in raw.iterdir()) == [".arxiv.zip.lock", "arxiv", "arxiv.zip"]
