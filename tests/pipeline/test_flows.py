@@ -34,17 +34,19 @@ def test_pipeline_tracks_parent_children_metrics_plots_model(pipeline_result: di
     assert run.data.params["mode"] == "tp" and run.data.params["world_size"] == "2"
     assert run.data.params["store_fingerprint"] and run.data.tags.get(tracking.TAG_FLOW_RUN)
     assert len(c.get_metric_history(run.info.run_id, "loss")) == 3
-    for key in ("valid_metric", "final_test_metric", "epoch_s_median", "workers/compute_s_max",
-                "workers/bytes_sent_min", "eval/train", "eval/valid", "eval/test"):
+    for key in ("valid_metric", "final_test_metric", "epoch_s_median", "compute_s_max", "bytes_sent_per_epoch_min",
+                "comm_bytes_per_edge", "peak_mem_bytes_per_edge", "eval/train", "eval/valid", "eval/test"):
         assert key in run.data.metrics, key
+    assert not any(k.startswith("workers/") for k in run.data.metrics), "per-worker series are in the child runs"
     assert 0.0 <= run.data.metrics["eval/test"] <= 1.0
     assert any(k.startswith("system/") for k in run.data.metrics), "no system metrics"
     children = tracking.TrainingRun(run.info.run_id, run.info.experiment_id, c, tracking.tracking_uri()).children()
     assert sorted(ch.data.tags["ntp.rank"] for ch in children) == ["0", "1"]
     assert all(len(c.get_metric_history(ch.info.run_id, "compute_s")) == 3 for ch in children)
-    paths = {a.path for d in ("plots", "timing", "model", "config") for a in c.list_artifacts(run.info.run_id, d)}
-    assert {"plots/curves.png", "plots/workers.png", "timing/worker_timing.parquet", "timing/worker_timing.csv",
-            "model/model.json", "config/config.yaml"} <= paths
+    paths = {a.path for d in ("plots", "timing", "tables", "model", "config")
+             for a in c.list_artifacts(run.info.run_id, d)}
+    assert {"plots/curves.png", "plots/workers.png", "plots/memory.png", "timing/worker_timing.parquet",
+            "timing/worker_timing.csv", "tables/worker_summary.json", "model/model.json", "config/config.yaml"} <= paths
     assert any(p.startswith("model/") and not p.endswith(".json") for p in paths)
     assert run.inputs.dataset_inputs[0].dataset.name == "cora"
 

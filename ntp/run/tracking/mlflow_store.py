@@ -1,7 +1,8 @@
 """Where MLflow lives and how runs are named, tagged and linked.
 
 The tracking URI is ``$MLFLOW_TRACKING_URI`` when set (a real server), else a sqlite database in the data
-directory, with artifacts beside it.
+directory, with artifacts beside it. Links point at ``$NTP_MLFLOW_UI_URL`` (default: the server itself, or
+http://127.0.0.1:5000 where ``mlflow ui`` serves a sqlite database).
 """
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ TAG_FLOW_RUN = "prefect.flow_run_id"
 TAG_GIT = "git_commit"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_ERROR = "ntp.error"
+#: The experiment tag the MLflow UI reads for an experiment's kind; ours train models (not GenAI apps).
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+#: MLflow 3.17's UI picks its view (GenAI or machine learning) from this URL parameter, else from the browser's
+#: last choice (GenAI at first), not from the tag: our links carry it.
+UI_VIEW = "workflowType=machine_learning"
+UI_URL_ENV = "NTP_MLFLOW_UI_URL"
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
 
 
 def data_dir() -> Path:
@@ -59,20 +68,34 @@ def client(uri: str | None = None) -> Any:
 
 
 def experiment_id(name: str, mlflow_client: Any = None) -> str:
-    """Id of experiment ``name``, created when missing (safe when two jobs create it at once)."""
+    """Id of experiment ``name``, created when missing (safe when two jobs create it at once) and marked as a
+    model-training experiment (an older one without a kind is marked too)."""
     from mlflow.exceptions import MlflowException
 
     c = mlflow_client or client()
     exp = c.get_experiment_by_name(name)
     if exp is not None:
+        if TAG_EXPERIMENT_KIND not in exp.tags:
+            _mark_kind(c, exp.experiment_id)
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name))
+        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name),
+                                   tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
     except MlflowException:
         exp = c.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+
+
+def _mark_kind(c: Any, exp_id: str) -> None:
+    """Best effort: a shared server may refuse experiment tags to a user who may still log runs."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
+    except MlflowException:
+        pass
 
 
 def _artifact_location(uri: str, name: str) -> str | None:
@@ -84,13 +107,34 @@ def _artifact_location(uri: str, name: str) -> str | None:
     return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / safe).resolve().as_uri()
 
 
+def ui_url(uri: str | None = None) -> str:
+    """Where the MLflow UI is: ``$NTP_MLFLOW_UI_URL``, else the tracking server (http URIs), else
+    http://127.0.0.1:5000 (``mlflow ui``'s default)."""
+    uri = uri or tracking_uri()
+    default = uri if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL
+    return (os.environ.get(UI_URL_ENV) or default).rstrip("/")
+
+
 def run_url(run_id: str, uri: str | None = None) -> str:
-    """A link to the run: the server page for http(s) URIs, else an ``mlflow ui`` hint."""
+    """A link to the run in the UI's machine-learning view: the page itself for a server, else the ``mlflow ui``
+    command that serves the database and the page it will show."""
     uri = uri or tracking_uri()
     exp = client(uri).get_run(run_id).info.experiment_id
+    page = f"{ui_url(uri)}/#/experiments/{exp}/runs/{run_id}?{UI_VIEW}"
     if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
-    return f"mlflow ui --backend-store-uri {uri}  ->  http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}"
+        return page
+    return f"{_ui_command(uri)}  ->  {page}  (UI address: ${UI_URL_ENV}, default {DEFAULT_UI_URL})"
+
+
+def _ui_command(uri: str) -> str:
+    """``mlflow ui`` serving ``uri`` where :func:`ui_url` says (its host and port, when the address has a port)."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(ui_url(uri))
+    command = f"mlflow ui --backend-store-uri {uri}"
+    if where.port is not None:
+        command += f" --host {where.hostname} --port {where.port}"
+    return command
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:

@@ -5,6 +5,7 @@ Every method logs into an explicit run id (no global active run), so several job
 from __future__ import annotations
 
 import json
+import posixpath
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,16 +20,25 @@ from ntp.records import EpochRecord, Results, read_results
 from ntp.run.tracking.mlflow_store import (TAG_ERROR, TAG_FLOW_RUN, TAG_GIT, TAG_KIND, TAG_PARENT, client,
                                            experiment_id, git_commit, run_url, tracking_uri)
 from ntp.run.tracking.orphans import close_orphaned_runs, end_status, launcher_tags
-from ntp.run.tracking.plots import plot_curves, plot_workers
-from ntp.run.tracking.tables import epoch_metrics, summarize, timing_table, worker_metrics
+from ntp.run.tracking.plots import curves_figure, memory_figure, workers_figure
+from ntp.run.tracking.tables import epoch_metrics, summarize, timing_table, worker_metrics, worker_summary
 
 MODEL_DIR = "model"
+PLOTS_DIR = "plots"
+TABLES_DIR = "tables"
 _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
 
 
 def _metric_batches(metrics: list[Any]) -> Iterator[list[Any]]:
     for i in range(0, len(metrics), _BATCH):
         yield metrics[i:i + _BATCH]
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _param_value(value: Any) -> str:
@@ -44,6 +54,7 @@ class TrainingRun:
     experiment_id: str
     client: Any
     uri: str
+    num_edges: int | None = None  #: the store's, for the bytes-per-edge summaries
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -90,27 +101,51 @@ class TrainingRun:
         for batch in _metric_batches(items):
             self.client.log_batch(self.run_id, metrics=batch)
 
-    def log_results(self, results_path: str | Path, status: str = "FINISHED") -> dict[str, float]:
-        """What the whole job shows once it ends: the summary, one child run per worker (ended with ``status``: a
-        failed job's workers are FAILED), the timing table, plots and the results file. Per-epoch metrics are logged
-        as the epochs happen (ntp.run.tracking.live). Returns :func:`summarize`."""
+    def log_results(self, results_path: str | Path, status: str = "FINISHED",
+                    num_edges: int | None = None) -> dict[str, float]:
+        """What the whole job shows once it ends: the summary (bytes per edge from ``num_edges``, default: the
+        store's), one child run per worker (ended with ``status``: a failed job's workers are FAILED), the timing
+        files, tables, figures and the results file. Per-epoch metrics are logged as the epochs happen
+        (ntp.run.tracking.live). Returns :func:`summarize`."""
         results = read_results(results_path)
-        summary = summarize(results)
+        summary = summarize(results, num_edges or self._num_edges())
         self.log_metrics(summary)
         self._log_workers(results, status)
         self.log_artifact(results_path, "results")
         if results.epochs:
-            with tempfile.TemporaryDirectory() as tmp:
-                table = timing_table(results)
-                table.to_parquet(Path(tmp) / "worker_timing.parquet", index=False)
-                table.to_csv(Path(tmp) / "worker_timing.csv", index=False)
-                plot_curves(results, Path(tmp) / "curves.png")
-                plot_workers(results, Path(tmp) / "workers.png")
-                for name in ("worker_timing.parquet", "worker_timing.csv"):
-                    self.log_artifact(Path(tmp) / name, "timing")
-                for name in ("curves.png", "workers.png"):
-                    self.log_artifact(Path(tmp) / name, "plots")
+            self._log_timing_files(results)
+            self.log_table(worker_summary(results), f"{TABLES_DIR}/worker_summary.json")
+            self.log_table(timing_table(results), f"{TABLES_DIR}/worker_timing.json")
+            for name, figure in (("curves", curves_figure), ("workers", workers_figure), ("memory", memory_figure)):
+                self.client.log_figure(self.run_id, figure(results), f"{PLOTS_DIR}/{name}.png")
         return summary
+
+    def _num_edges(self) -> int | None:
+        """The store's edge count: given at start, else the run's ``data.num_edges`` param."""
+        if self.num_edges is None:
+            self.num_edges = _as_int(self.client.get_run(self.run_id).data.params.get("data.num_edges"))
+        return self.num_edges
+
+    def _log_timing_files(self, results: Results) -> None:
+        """The timing table as Parquet and CSV files (what scripts read; the JSON table is for the UI)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            table = timing_table(results)
+            table.to_parquet(Path(tmp) / "worker_timing.parquet", index=False)
+            table.to_csv(Path(tmp) / "worker_timing.csv", index=False)
+            for name in ("worker_timing.parquet", "worker_timing.csv"):
+                self.log_artifact(Path(tmp) / name, "timing")
+
+    def log_table(self, data: Any, artifact_file: str) -> None:
+        """``MlflowClient.log_table`` (the UI shows it as a table), except that logging a table again replaces it:
+        MLflow would append the rows to the existing file."""
+        folder = posixpath.dirname(artifact_file) or None
+        if not any(a.path == artifact_file for a in self.client.list_artifacts(self.run_id, folder)):
+            self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / posixpath.basename(artifact_file)
+            data.to_json(path, orient="split", index=False)  # log_table's own format
+            self.log_artifact(path, folder)
 
     def _log_workers(self, results: Results, status: str) -> None:
         from mlflow.entities import Metric
@@ -211,7 +246,7 @@ def start_training_run(
     run_tags = {TAG_KIND: "train", TAG_FLOW_RUN: flow_run_id, TAG_GIT: commit, "mlflow.source.git.commit": commit,
                 "mlflow.source.name": "ntp", **launcher_tags(), **(tags or {})}
     run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in run_tags.items() if v is not None})
-    tr = TrainingRun(run.info.run_id, exp_id, c, uri)
+    tr = TrainingRun(run.info.run_id, exp_id, c, uri, _as_int(meta.get("num_edges")))
     monitor = None
     try:
         params = {**dict(config), "world_size": world_size, "store_fingerprint": meta.get("fingerprint")}

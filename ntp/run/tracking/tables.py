@@ -1,5 +1,6 @@
-"""What tracking logs, computed from the typed records: per-epoch metrics, per-worker metrics, the timing table
-and the job summary (max/min balance over workers)."""
+"""What tracking logs, computed from the typed records: the parent's per-epoch metrics (the key curves only),
+per-worker metrics (child runs), the timing table, the per-worker summary and the job summary (max/min balance over
+workers, bytes per edge)."""
 from __future__ import annotations
 
 import statistics
@@ -43,22 +44,31 @@ def _ratio(hi: float, lo: float) -> float:
     return hi / lo if lo > 0 else (1.0 if hi == 0 else float("inf"))
 
 
-def summarize(results: Results) -> dict[str, float]:
-    """Job-level numbers: median epoch time, per-rank means over epochs, max/min balance, final metrics."""
+def worker_summary(results: Results) -> Any:
+    """One row per rank, means over epochs: compute and exposed communication seconds, bytes sent and received,
+    peak memory (the per-worker table of the run)."""
+    import pandas as pd
+
+    table = timing_table(results)
+    columns = {"compute_s": "compute_s", "comm_s_total": "comm_s", "bytes_sent_total": "bytes_sent",
+               "bytes_recv_total": "bytes_recv", "peak_mem_bytes": "peak_mem_bytes"}
+    if not len(table):
+        return pd.DataFrame(columns=["rank", *columns.values()])
+    per_rank = table.groupby("rank")[list(columns)].mean().rename(columns=columns)
+    return per_rank.reset_index()
+
+
+def summarize(results: Results, num_edges: int | None = None) -> dict[str, float]:
+    """Job-level numbers: median epoch time, per-rank means over epochs, max/min balance, final metrics and, given
+    the store's edge count, bytes per edge (``comm_bytes_per_edge``, ``peak_mem_bytes_per_edge``)."""
     out: dict[str, float] = {"epochs_run": float(len(results.epochs))}
     if results.epochs:
         out["epoch_s_median"] = float(statistics.median(e.epoch_s for e in results.epochs))
-        table = timing_table(results)
-        if len(table):
-            per_rank = table.groupby("rank")[["compute_s", "comm_s_total", "bytes_sent_total", "bytes_recv_total",
-                                              "peak_mem_bytes"]].mean()
-            for col, name in [("compute_s", "compute_s"), ("comm_s_total", "comm_s"),
-                              ("bytes_sent_total", "bytes_sent_per_epoch"), ("peak_mem_bytes", "peak_mem_bytes")]:
-                out[f"{name}_max"] = float(per_rank[col].max())
-                out[f"{name}_min"] = float(per_rank[col].min())
-            out["bytes_per_rank_per_epoch"] = float(per_rank["bytes_sent_total"].mean())
-            out["compute_balance"] = _ratio(out["compute_s_max"], out["compute_s_min"])
-            out["bytes_balance"] = _ratio(out["bytes_sent_per_epoch_max"], out["bytes_sent_per_epoch_min"])
+        per_rank = worker_summary(results)
+        if len(per_rank):
+            out.update(_balance(per_rank))
+            if num_edges:
+                out.update(_per_edge(results, out["bytes_per_rank_per_epoch"], num_edges))
     final = results.final
     if final is not None:
         for key, value in (("best_epoch", final.best_epoch), ("best_valid_metric", final.best_valid_metric),
@@ -68,23 +78,31 @@ def summarize(results: Results) -> dict[str, float]:
     return out
 
 
+def _balance(per_rank: Any) -> dict[str, float]:
+    """Max and min over ranks of the per-rank means, and their ratios."""
+    out: dict[str, float] = {}
+    for col, name in [("compute_s", "compute_s"), ("comm_s", "comm_s"), ("bytes_sent", "bytes_sent_per_epoch"),
+                      ("peak_mem_bytes", "peak_mem_bytes")]:
+        out[f"{name}_max"] = float(per_rank[col].max())
+        out[f"{name}_min"] = float(per_rank[col].min())
+    out["bytes_per_rank_per_epoch"] = float(per_rank["bytes_sent"].mean())
+    out["compute_balance"] = _ratio(out["compute_s_max"], out["compute_s_min"])
+    out["bytes_balance"] = _ratio(out["bytes_sent_per_epoch_max"], out["bytes_sent_per_epoch_min"])
+    return out
+
+
+def _per_edge(results: Results, bytes_per_rank: float, num_edges: int) -> dict[str, float]:
+    """Traffic and memory normalised by the graph's size, so runs on different graphs compare."""
+    peak = max(w.peak_mem_bytes for e in results.epochs for w in e.workers)
+    return {"comm_bytes_per_edge": bytes_per_rank / num_edges, "peak_mem_bytes_per_edge": float(peak) / num_edges}
+
+
 def epoch_metrics(record: EpochRecord) -> dict[str, float]:
-    """Parent-run metrics of one epoch: loss and split metrics first (what the charts lead with), then the epoch
-    time and, under ``workers/``, the max and min over workers."""
+    """Parent-run metrics of one epoch: only the key curves (loss, split metrics, epoch time), so the run's charts
+    lead with them; per-worker series live in the child runs, their balance in the summary."""
     out = {"loss": float(record.loss)}
     out.update({f"{split}_metric": float(v) for split, v in record.metrics().items()})
     out["epoch_s"] = float(record.epoch_s)
-    if record.workers:
-        values = {
-            "compute_s": [w.compute_s for w in record.workers],
-            "comm_s": [w.comm_total_s for w in record.workers],
-            "bytes_sent": [float(w.sent_total) for w in record.workers],
-            "bytes_recv": [float(w.recv_total) for w in record.workers],
-            "peak_mem_bytes": [float(w.peak_mem_bytes) for w in record.workers],
-        }
-        for name, vals in values.items():
-            out[f"workers/{name}_max"] = max(vals)
-            out[f"workers/{name}_min"] = min(vals)
     return out
 
 
