@@ -27,5 +27,5 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, job_env=None) -> dict:
 
 def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
     """Run every config on this rank (one process group for all of them)."""
-    with distributed(60) as env:
+    with distributed(60, "cpu") as env:
         return [trace(TrainConfig(**c), graph, epochs, env) for c in configs]

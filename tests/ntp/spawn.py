@@ -1,4 +1,7 @@
-"""Run a function on W real processes joined by a gloo process group (what torchrun does, without the CLI)."""
+"""Run a function on W real processes joined by a gloo process group (what torchrun does, without the CLI).
+
+The workers join with `distributed(timeout, "cpu")`: gloo even where CUDA is visible, since one GPU cannot host two
+ranks (NCCL refuses them)."""
 from __future__ import annotations
 
 import multiprocessing as mp

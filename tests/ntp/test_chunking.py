@@ -263,7 +263,7 @@ def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
     from ntp.engine.dist import distributed
     from ntp.engine.loop import train_step
 
-    with distributed(60) as env:
+    with distributed(60, "cpu") as env:
         out = []
         for c in configs:
             send_once = c.pop("send_once", True)

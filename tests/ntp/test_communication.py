@@ -22,7 +22,7 @@ def _full(seed: int) -> torch.Tensor:
 
 
 def split_gather_worker() -> dict:
-    with distributed(30) as env:
+    with distributed(30, "cpu") as env:
         comm = Comm(Partition(N, env.world, env.rank), env.device)
         r0, r1 = comm.part.rows()
         c0, c1 = comm.part.cols(D)
@@ -50,7 +50,7 @@ GRAPH = random_graph(n=101, d=13, classes=5, seed=4)
 
 
 def bytes_worker(configs: list[dict]) -> list[dict]:
-    with distributed(30) as env:
+    with distributed(30, "cpu") as env:
         out = []
         for c in configs:
             job = setup(TrainConfig(**c), env, loader(GRAPH))

@@ -161,7 +161,7 @@ def _binary_graph() -> dict:
 def binary_worker() -> list[float]:
     from ntp.engine.dist import distributed
 
-    with distributed(30) as env:
+    with distributed(30, "cpu") as env:
         job = setup(TrainConfig(mode="tp", epochs=4, hidden=8, dropout=0.3), env, loader(_binary_graph()))
         return [fit(job).test_metric, job.history[-1].loss]
 

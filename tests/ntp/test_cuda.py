@@ -1,0 +1,31 @@
+"""The CUDA path, on a machine with a GPU (skipped elsewhere): one rank on the GPU trains like one on the CPU, with
+and without offloaded topology and embeddings."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine.dist import DistEnv
+from ntp.engine.loop import fit
+from ntp.engine.setup import setup
+from tests.ntp.graphs import loader, random_graph
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is)")]
+
+GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
+
+
+def _losses(device: str, **options) -> list[float]:
+    env = DistEnv(0, 1, 0, 1, torch.device(device), None)
+    job = setup(TrainConfig(model="gcn", epochs=6, hidden=16, dropout=0.0, seed=1, **options), env, loader(GRAPH))
+    fit(job, sinks=[])
+    return [r.loss for r in job.history]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(chunk_rows=64), dict(chunk_rows=64, offload="topology"),
+                                     dict(chunk_rows=64, offload="all"), dict(nn_device="cpu")])
+def test_one_gpu_rank_trains_like_the_cpu(options: dict) -> None:
+    np.testing.assert_allclose(_losses("cuda:0", **options), _losses("cpu"), rtol=1e-4)
