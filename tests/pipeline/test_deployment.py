@@ -112,7 +112,7 @@ def test_deployment_loop(tmp_path: Path) -> None:
     params = {"params": {
         "dataset": {"name": "cora", "from_dir": str(CORA)},
         "training": {"epochs": 2, "hidden": 16, "eval_every": 1},
-        "launch": {"nproc": 2, "job_timeout_s": 120},
+        "launch": {"nproc": 2, "device": "cpu", "job_timeout_s": 120},
         "experiment": "deployment-test",
     }}
     server_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),

@@ -23,7 +23,8 @@ def pipeline_result() -> dict[str, Any]:
     from flows.pipeline import pipeline
 
     params = PipelineParams(dataset={"name": "cora", "from_dir": str(CORA)}, training=TINY,
-                            launch={"nproc": 2, "job_timeout_s": 120}, experiment="pipeline-test")
+                            launch={"nproc": 2, "device": "cpu", "job_timeout_s": 120},
+                            experiment="pipeline-test")
     return pipeline(params)
 
 
@@ -92,7 +93,7 @@ def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: st
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as err:
         train(store=cora_store, training=TrainingOptions(**{**TINY, "fail_rank": 1, "fail_at_epoch": 1}),
-              launch=LaunchOptions(nproc=2, job_timeout_s=120), experiment="crash-test")
+              launch=LaunchOptions(nproc=2, device="cpu", job_timeout_s=120), experiment="crash-test")
     elapsed = time.monotonic() - start
     assert elapsed < 60, f"the crash took {elapsed:.0f} s to fail the flow"
     assert "Traceback" in str(err.value) and "rank 1" in str(err.value).lower()
@@ -106,16 +107,17 @@ def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: st
 def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[str]) -> None:
     from flows.pipeline_cli import main
 
-    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--epochs", "2", "--hidden", "16",
-                 "--experiment", "cli-test"])
+    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--device", "cpu", "--epochs", "2",
+                 "--hidden", "16", "--experiment", "cli-test"])
     out = capsys.readouterr()
     assert code == 0, out.err
     run_id = next(line.split()[-1] for line in out.out.splitlines() if line.startswith("mlflow run:"))
     assert tracking.client().get_run(run_id).info.status == "FINISHED"
     assert f"store: {cora_store}" in out.out
 
-    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--epochs", "3", "--hidden", "16",
-                 "--fail-rank", "1", "--fail-at-epoch", "1", "--retries", "1", "--retry-delay", "0", "--experiment", "cli-fail"])
+    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--device", "cpu", "--epochs", "3",
+                 "--hidden", "16", "--fail-rank", "1", "--fail-at-epoch", "1", "--retries", "1", "--retry-delay", "0",
+                 "--experiment", "cli-fail"])
     assert code == 1 and "injected failure on rank 1" in capsys.readouterr().err
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("cli-fail").experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
@@ -130,7 +132,7 @@ def test_job_timeout_kills_training_and_fails_run(cora_store: str) -> None:
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match="timed out"):
         train(store=cora_store, training=TrainingOptions(epochs=100000, hidden=16, eval_every=1000),
-              launch=LaunchOptions(nproc=2, job_timeout_s=8), experiment="timeout-test")
+              launch=LaunchOptions(nproc=2, device="cpu", job_timeout_s=8), experiment="timeout-test")
     assert time.monotonic() - start < 60, "the job outlived its timeout by far"
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("timeout-test").experiment_id])
