@@ -63,6 +63,8 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
     launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")
     launch.add_argument("--retry-delay", type=float, default=10.0, help="seconds between retries (default 10)")
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved flow parameters (YAML, as a "
+                   "deployment takes them) and the launch, and exit without running the flow")
     p.set_defaults(func=run_pipeline_cli)
     return p
 
@@ -94,6 +96,8 @@ def run_pipeline_cli(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:  # ConfigError and pydantic's ValidationError are ValueErrors
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return dry_run(params)
     from flows.local_server import prefect_api
     from flows.pipeline import pipeline
     from ntp.errors import Terminated
@@ -119,6 +123,23 @@ def run_pipeline_cli(args: argparse.Namespace) -> int:
               + (f" ({ev['metric']})" if "metric" in ev else ""))
         print(f"mlflow run: {out['run_id']}")
         print(f"mlflow link: {run_url(out['run_id'])}")
+    return 0
+
+
+def dry_run(params: Any) -> int:
+    """The flow's parameters as YAML and the launch they resolve to; no Prefect, nothing built or trained."""
+    import yaml
+
+    from flows.params import launch_spec
+
+    try:
+        spec = launch_spec(params.training, params.launch, store="(built by the prepare step)")
+    except ValueError as exc:  # ConfigError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("[ntp] dry run: the pipeline's parameters are resolved; no flow was run")
+    print(yaml.safe_dump({"params": params.model_dump(mode="json")}, sort_keys=False), end="")
+    print(f"launch: {spec.describe()}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""`ntp data prepare` and `ntp data info` (also runnable as `python -m storage.cli`)."""
+"""`ntp data prepare` and `ntp data info` (also runnable as `python -m storage.cli`). Registering the commands
+imports no Zarr or array code: each command imports what it needs when it runs."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ import json
 import sys
 from typing import Sequence
 
-from storage.prepare import prepare
-from storage.reader import open_store
-from storage.schema import FEATURE_DTYPES, StoreError
+from storage.schema import FEATURE_DTYPES
 
 PREPARE_EPILOG = """\
 examples:
@@ -62,6 +61,8 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
+    from storage.prepare import prepare
+
     path = prepare(
         args.name, from_dir=args.from_dir, mirror=args.mirror, data_dir=args.data_dir, out=args.out,
         symmetrize=args.symmetrize, self_loops=args.self_loops, dedup=args.dedup,
@@ -84,6 +85,8 @@ def _info_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
+    from storage.reader import open_store
+
     store = open_store(args.store)
     if args.verify:
         store.verify()
@@ -110,6 +113,8 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> argparse.Argume
 
 def run(args: argparse.Namespace) -> int:
     """Call the chosen subcommand; StoreError and bad input give one line on stderr and exit 2."""
+    from storage.schema import StoreError
+
     try:
         return args.func(args)
     except (StoreError, ValueError, FileNotFoundError) as e:

@@ -6,8 +6,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ntp.run import tracking
-
 #: (row label, how to get the value from a run, format)
 ROWS: list[tuple[str, str, str]] = [
     ("experiment", "experiment", "s"),
@@ -74,6 +72,8 @@ def _value(run: Any, how: str, kind: str, experiments: dict[str, str]) -> str:
 def find_runs(run_ids: Sequence[str] = (), experiment: str | None = None, *, uri: str | None = None,
               limit: int = 20) -> list[Any]:
     """The runs named by id, or the newest training (parent) runs of an experiment."""
+    from ntp.run import tracking  # MLflow: only when the command runs
+
     c = tracking.client(uri)
     if experiment:
         exp = c.get_experiment_by_name(experiment)
@@ -95,6 +95,8 @@ def find_runs(run_ids: Sequence[str] = (), experiment: str | None = None, *, uri
 
 def compare_table(runs: Sequence[Any], *, uri: str | None = None) -> str:
     """A plain-text table: one row per quantity, one column per run."""
+    from ntp.run import tracking
+
     c = tracking.client(uri)
     experiments = {r.info.experiment_id: "" for r in runs}
     for eid in experiments:

@@ -4,7 +4,8 @@ streamed line by line.
 The torchrun job runs in its own session and dies with the launcher (ntp.run.processes): on a timeout, an
 interrupt or SIGTERM the whole group is stopped, and if the launcher is killed outright the kernel stops torchrun,
 whose workers die with it. No worker outlives the launcher. When a rank fails, torchrun stops the others and the launcher raises
-:class:`WorkerFailed` with that rank's traceback in its message.
+:class:`WorkerFailed` with that rank's traceback in its message. What torchrun writes (its per-rank error files, torch's
+compile cache) goes to a temporary folder that the launcher removes when the job ends.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -36,10 +38,11 @@ class LaunchResult:
     wall_s: float
 
 
-def torchrun_command(spec: LaunchSpec) -> list[str]:
-    """The torchrun command line of ``spec``. One node: standalone rendezvous on a free local port."""
+def torchrun_command(spec: LaunchSpec, log_dir: str | None = None) -> list[str]:
+    """The torchrun command line of ``spec``. One node: standalone rendezvous on a free local port. ``log_dir``:
+    where torchrun keeps its files (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
-           "--max-restarts=0"]
+           "--max-restarts=0", *([f"--log-dir={log_dir}"] if log_dir else [])]
     if spec.nnodes == 1:
         cmd.append("--standalone")
     else:
@@ -57,7 +60,9 @@ def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[st
     if spec.mode == "single":
         _run_in_process(spec)
     else:
-        _run_torchrun(torchrun_command(spec), spec.job_timeout_s, on_line, env)
+        with tempfile.TemporaryDirectory(prefix="ntp-torchrun-", ignore_cleanup_errors=True) as tmp:
+            _run_torchrun(torchrun_command(spec, log_dir=tmp), spec.job_timeout_s, on_line,
+                          {**_scratch_env(tmp), **(env or {})})
     cfg = spec.config
     model = Path(cfg.model_out) if cfg.model_out else None
     return LaunchResult(Path(cfg.results) if cfg.results else None, model if model and model.exists() else None,
@@ -73,6 +78,13 @@ def _run_in_process(spec: LaunchSpec) -> None:
         if is_input_error(exc):
             raise  # the user's input, not a failed worker: keep its type (never retried)
         raise WorkerFailed(f"training failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _scratch_env(tmp: str) -> dict[str, str]:
+    """torchrun's error file and torch's compile cache inside the job's temporary folder, unless already set."""
+    scratch = {"TORCHELASTIC_ERROR_FILE": os.path.join(tmp, "error.json"),
+               "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "torch-cache")}
+    return {key: value for key, value in scratch.items() if key not in os.environ}
 
 
 def _run_torchrun(cmd: list[str], timeout_s: float | None, on_line: LineSink, env: dict[str, str] | None) -> None:
@@ -95,7 +107,9 @@ def _run_torchrun(cmd: list[str], timeout_s: float | None, on_line: LineSink, en
         raise
     finally:
         stop_group(proc)  # no orphan: whatever is left of the job's process group goes
-    reader.join(timeout=5)
+        reader.join(timeout=5)
+        if not reader.is_alive():
+            proc.stdout.close()  # type: ignore[union-attr]
     if returncode != 0:
         raise WorkerFailed(failure_message(returncode, list(tail)))
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shlex
 import sys
+from dataclasses import fields
 
 from ntp.run.flags import add_config_arguments, add_launch_arguments, spec_from_args
 
@@ -20,6 +22,9 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
                     "--epochs 200")
     launch = parser.add_argument_group("launch")
     add_launch_arguments(launch)
+    launch.add_argument("--dry-run", action="store_true",
+                        help="resolve the launch, check the store, outputs and memory plan, print them and the "
+                             "torchrun command, and exit without training")
     tracking = parser.add_argument_group("tracking")
     tracking.add_argument("--no-track", action="store_true", help="do not log the run to MLflow")
     tracking.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
@@ -35,6 +40,8 @@ def run_train(args: argparse.Namespace) -> int:
     from ntp.run.processes import sigterm_raises
 
     try:
+        if args.dry_run:
+            return dry_run(args)
         with sigterm_raises():
             result = _train(args)
     except WorkerFailed as exc:
@@ -42,8 +49,8 @@ def run_train(args: argparse.Namespace) -> int:
         return 1
     except (KeyboardInterrupt, Terminated) as exc:
         reason = str(exc) or "interrupted (Ctrl-C)"
-        print(f"stopped: {reason}; the job's processes are gone and its MLflow run is KILLED",
-              file=sys.stderr)
+        run = "" if args.no_track else " and its MLflow run is KILLED"
+        print(f"stopped: {reason}; the job's processes are gone{run}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:
         if not is_input_error(exc):
@@ -54,16 +61,21 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace):
+def _check_tracking(args: argparse.Namespace) -> None:
     from ntp.errors import ConfigError
+
+    if not args.no_track and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("MLflow is not installed here, so the run cannot be tracked: install the tracking extra "
+                          "(pip install 'ntp[tracking]') or pass --no-track")
+
+
+def _train(args: argparse.Namespace):
     from ntp.run.progress import ProgressBar
     from ntp.run.tracking import train_tracked, train_untracked
 
     spec = spec_from_args(args)
     print(f"[ntp] {spec.describe()}", flush=True)
-    if not args.no_track and importlib.util.find_spec("mlflow") is None:
-        raise ConfigError("MLflow is not installed here, so the run cannot be tracked: install the tracking extra "
-                          "(pip install 'ntp[tracking]') or pass --no-track")
+    _check_tracking(args)
     # one process trains here and prints its own lines; a bar is for the output streamed from torchrun
     bar = ProgressBar(spec.config.epochs) if ProgressBar.wanted() and spec.mode != "single" else None
     on_line, consumers = (bar.line, [bar]) if bar else (print, [])
@@ -75,6 +87,58 @@ def _train(args: argparse.Namespace):
     finally:
         if bar:
             bar.close()
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """``--dry-run``: the resolved launch, the preflight checks and the command that would run; nothing starts."""
+    from ntp.run.launch import torchrun_command
+    from ntp.run.preflight import check_launch
+
+    spec = spec_from_args(args)
+    _check_tracking(args)
+    plan = check_launch(spec)
+    cfg = spec.config
+    print("[ntp] dry run: the launch is resolved and checked; nothing was started")
+    print(f"launch    {spec.describe()}" + (f", job timeout {spec.job_timeout_s:g} s" if spec.job_timeout_s else ""))
+    print(f"store     {cfg.store}")
+    print("model     " + ", ".join(f"{name} {getattr(cfg, name)}" for name in KEY_FIELDS))
+    print(f"options   {_changed_options(cfg)}")
+    print(f"memory    {_describe_plan(spec, plan)}")
+    print("tracking  " + ("off (--no-track)" if args.no_track else
+                         f"MLflow, experiment {args.experiment or 'named after the dataset'}"))
+    if spec.mode == "single":
+        print("command   none: --mode single trains in this process (no torchrun)")
+    else:
+        print(f"command   {shlex.join(torchrun_command(spec))}")
+        print("          (run with --log-dir and TORCHELASTIC_ERROR_FILE in a temporary folder removed at the end)")
+    return 0
+
+
+#: The fields a dry run always shows; the others only when they differ from the defaults.
+KEY_FIELDS = ("model", "arch", "epochs", "hidden", "nn_layers", "prop_steps", "lr")
+
+
+def _changed_options(cfg) -> str:
+    """The other options that differ from their defaults, as flags (the mode is in the launch line)."""
+    changed = {f.name: getattr(cfg, f.name) for f in fields(cfg)
+               if f.name not in ("store", "mode", *KEY_FIELDS) and getattr(cfg, f.name) != f.default}
+    return " ".join(f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+                    for name, value in changed.items()) or "the defaults"
+
+
+def _describe_plan(spec, plan) -> str:
+    """The chunk plan of the preflight check, and how it was chosen."""
+    cfg = spec.config
+    if plan is not None:
+        source = "--chunk-rows" if cfg.chunk_rows else "--memory-budget and the store's degrees"
+        largest = max(b - a for a, b in plan.ranges())
+        return (f"{plan.num_chunks} chunk(s) of destination rows over {plan.num_nodes:,} vertices, largest "
+                f"{largest:,} rows ({plan.reason}; from {source})")
+    if spec.mode == "data":
+        return "one block per rank (--mode data does not chunk aggregation)"
+    if spec.device == "cuda":
+        return "chosen by each rank from its free GPU memory (80% of what is free beside the resident tensors)"
+    return "one chunk: no --memory-budget or --chunk-rows, and the CPU has no default budget"
 
 
 def _print_outcome(result) -> None:

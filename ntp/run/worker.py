@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -20,6 +21,17 @@ from ntp.spec import DEVICES, resolve_in_worker
 
 #: Markers around a failing rank's traceback (found by ntp.run.launch.failure_message).
 FAILURE_BEGIN, FAILURE_END = "===== ntp rank failed", "===== end of ntp rank failure"
+#: Library warnings about the engine's own use of torch that no user can act on: (message, category, module).
+LIBRARY_WARNINGS = (
+    ("Sparse CSR tensor support is in beta state", UserWarning, r"ntp\.engine\."),
+    ("Sparse invariant checks are implicitly disabled", UserWarning, r"ntp\.engine\."),
+)
+
+
+def quiet_library_warnings() -> None:
+    """Ignore exactly :data:`LIBRARY_WARNINGS` (by message, category and the module they point at)."""
+    for message, category, module in LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 @record
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # torchrun killed outright (its launcher gone, the OOM killer): this rank stops too
+    quiet_library_warnings()
     args = build_parser().parse_args(argv)
     try:
         spec = resolve_in_worker(config_from_args(args), args.device)
