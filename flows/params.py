@@ -75,8 +75,13 @@ class LaunchOptions(BaseModel):
     nproc: int | None = Field(None, ge=1, description="Processes per node. Empty: one per visible GPU, "
                                                        "else 2 on CPU (1 with mode single), as ntp train.")
     nnodes: int = Field(1, ge=1, description="Number of nodes (multi-node: run the flow on every node).")
-    node_rank: int = Field(0, ge=0, description="This node's rank (0 tracks the run in MLflow).")
+    node_rank: int | None = Field(None, ge=0, description="This node's rank (node 0 hosts the rendezvous and tracks "
+                                                          "the run). Empty: assigned by the rendezvous.")
     rdzv_endpoint: str | None = Field(None, description="Rendezvous HOST:PORT for multi-node jobs.")
+    interface: str | None = Field(None, description="Network interface the ranks talk over. Empty: the one that "
+                                                    "routes to the rendezvous host.")
+    job_id: str | None = Field(None, description="The job's id on every node. Empty: derived from the endpoint and "
+                                                 "the options.")
     device: Device = Field("auto", description="Where ranks compute: cuda (one GPU per "
                                                    "rank), cpu, or auto (cuda where a GPU is visible).")
     job_timeout_s: float | None = Field(None, gt=0,
@@ -89,7 +94,8 @@ def launch_spec(training: BaseModel, launch: LaunchOptions, *, store: str) -> La
     """The resolved launch of the form's training and launch options on ``store`` (ntp.spec.resolve)."""
     cfg = TrainConfig.from_dict({**training.model_dump(), "store": store})
     return resolve(cfg, nproc=launch.nproc, nnodes=launch.nnodes, node_rank=launch.node_rank,
-                   rdzv_endpoint=launch.rdzv_endpoint, device=launch.device, job_timeout_s=launch.job_timeout_s)
+                   rdzv_endpoint=launch.rdzv_endpoint, device=launch.device, job_timeout_s=launch.job_timeout_s,
+                   interface=launch.interface, job_id=launch.job_id)
 
 
 class PipelineParams(BaseModel):

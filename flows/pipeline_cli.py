@@ -79,7 +79,8 @@ def params_from_args(args: argparse.Namespace) -> Any:
     return PipelineParams(
         dataset=DatasetOptions(name=args.name, **dataset),
         training=TrainingOptions(**cfg),
-        launch=LaunchOptions(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+        launch=LaunchOptions(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, interface=args.interface,
+                             job_id=args.job_id,
                              rdzv_endpoint=args.rdzv_endpoint, device=args.device, job_timeout_s=args.job_timeout,
                              retries=args.retries,
                              retry_delay_s=args.retry_delay),

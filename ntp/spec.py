@@ -7,6 +7,7 @@ are chosen.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Literal
@@ -25,8 +26,10 @@ class LaunchSpec:
     config: TrainConfig
     nnodes: int = 1
     nproc_per_node: int = 1
-    node_rank: int | None = 0  #: None: the rendezvous assigns it
+    node_rank: int | None = None  #: None: the rendezvous assigns it
     rdzv_endpoint: str | None = None
+    interface: str | None = None  #: network interface of gloo/NCCL (None: the one that routes to the rendezvous)
+    job_id: str | None = None  #: the same on every node of a job (names its rendezvous and its files)
     device: Literal["cpu", "cuda"] = "cpu"
     job_timeout_s: float | None = None  #: the whole job is stopped after this many seconds (None: no limit)
 
@@ -64,9 +67,9 @@ def default_nproc(device: str, gpus: int) -> int:
     return gpus if device == "cuda" else min(2, os.cpu_count() or 1)
 
 
-def resolve(config: TrainConfig, *, nproc: int | None = None, nnodes: int = 1, node_rank: int | None = 0,
+def resolve(config: TrainConfig, *, nproc: int | None = None, nnodes: int = 1, node_rank: int | None = None,
             rdzv_endpoint: str | None = None, device: str = "auto", job_timeout_s: float | None = None,
-            gpus: int | None = None) -> LaunchSpec:
+            interface: str | None = None, job_id: str | None = None, gpus: int | None = None) -> LaunchSpec:
     """The launch of ``config``: processes per node default to the GPUs (else 2 on CPU; 1 for ``--mode single``),
     the mode to ``single`` for one process and ``tp`` for several. Contradictions raise :class:`ConfigError`."""
     gpus = visible_gpus() if gpus is None else gpus
@@ -82,8 +85,18 @@ def resolve(config: TrainConfig, *, nproc: int | None = None, nnodes: int = 1, n
     if device == "cuda" and nproc > gpus:
         raise ConfigError(f"{nproc} processes per node on {gpus} GPU(s): NCCL cannot run two ranks on one GPU "
                           f"('Duplicate GPU detected'); use --nproc {gpus} or fewer, or --device cpu")
-    return LaunchSpec(config=config.replace(mode=mode), nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank,
-                      rdzv_endpoint=rdzv_endpoint, device=device, job_timeout_s=job_timeout_s)
+    config = config.replace(mode=mode)
+    if nnodes > 1 and not job_id:
+        job_id = derived_job_id(config, rdzv_endpoint or "")
+    return LaunchSpec(config=config, nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank,
+                      rdzv_endpoint=rdzv_endpoint, device=device, job_timeout_s=job_timeout_s, interface=interface,
+                      job_id=job_id)
+
+
+def derived_job_id(config: TrainConfig, rdzv_endpoint: str) -> str:
+    """What every node of a job computes alike from the same command: the rendezvous and the configuration."""
+    digest = hashlib.sha256(f"{rdzv_endpoint}|{config.to_json()}".encode()).hexdigest()[:12]
+    return f"{config.model}-{digest}"
 
 
 def resolve_in_worker(config: TrainConfig, device: str = "auto") -> LaunchSpec:
@@ -91,7 +104,12 @@ def resolve_in_worker(config: TrainConfig, device: str = "auto") -> LaunchSpec:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return resolve(config, nproc=local, nnodes=max(1, world // max(local, 1)), node_rank=None, device=device,
-                   rdzv_endpoint=os.environ.get("MASTER_ADDR"))
+                   rdzv_endpoint=_torchrun_endpoint())
+
+
+def _torchrun_endpoint() -> str | None:
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else None
 
 
 def _resolve_device(device: str, gpus: int) -> Literal["cpu", "cuda"]:
@@ -114,6 +132,8 @@ def _check_counts(nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint:
         raise ConfigError(f"--node-rank {node_rank} must be in [0, --nnodes {nnodes})")
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("multi-node training needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if rdzv_endpoint and not rdzv_endpoint.rpartition(":")[2].isdigit():
+        raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r} is not HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29500")
     if job_timeout_s is not None and job_timeout_s <= 0:
         raise ConfigError(f"--job-timeout {job_timeout_s} must be positive (seconds), or left out for no limit")
 

@@ -36,8 +36,17 @@ def add_launch_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
                         help="processes per node (default: one per visible GPU, else 2; 1 with --mode single)")
     parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1; several need "
                                                               "--rdzv-endpoint)")
-    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank in [0, nnodes) (default: 0)")
-    parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (multi-node only)")
+    parser.add_argument("--node-rank", type=int, default=None,
+                        help="this node's rank in [0, nnodes); node 0 hosts the rendezvous and tracks the run "
+                             "(default: assigned by the rendezvous, hosted by the node whose address it is)")
+    parser.add_argument("--rdzv-endpoint", default=None,
+                        help="HOST:PORT of the rendezvous, the same on every node (multi-node only)")
+    parser.add_argument("--interface", default=None,
+                        help="network interface the ranks talk over (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME; default: "
+                             "the one that routes to the rendezvous host)")
+    parser.add_argument("--job-id", default=None,
+                        help="names the job's rendezvous and its results folder on every node (default: derived "
+                             "from the endpoint and the options, so the same command gives the same id)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where ranks compute: cuda (one GPU per rank, NCCL), cpu (gloo), or auto: cuda where "
                              "a GPU is visible (default: auto)")
@@ -55,7 +64,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
     """The resolved launch of parsed `ntp train` arguments."""
     return resolve(config_from_args(args), nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-                   rdzv_endpoint=args.rdzv_endpoint, device=args.device, job_timeout_s=args.job_timeout)
+                   rdzv_endpoint=args.rdzv_endpoint, device=args.device, job_timeout_s=args.job_timeout,
+                   interface=args.interface, job_id=args.job_id)
 
 
 def config_to_argv(cfg: TrainConfig) -> list[str]:

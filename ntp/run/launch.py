@@ -23,6 +23,7 @@ from typing import Callable
 
 from ntp.errors import WorkerFailed, is_input_error
 from ntp.run.flags import config_to_argv
+from ntp.run.network import is_local_address, job_network_env, route_address, split_endpoint
 from ntp.run.preflight import check_launch
 from ntp.run.processes import spawn_group, stop_group
 from ntp.run.worker import FAILURE_BEGIN, FAILURE_END
@@ -46,10 +47,30 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | None = None) -> list[str]:
     if spec.nnodes == 1:
         cmd.append("--standalone")
     else:
-        cmd += [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}"]
-        if spec.node_rank is not None:
-            cmd.append(f"--node-rank={spec.node_rank}")
+        cmd += _rendezvous(spec)
     return cmd + ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)]
+
+
+def _rendezvous(spec: LaunchSpec) -> list[str]:
+    """Node ranks given: a static rendezvous at the endpoint (node 0 listens there). Left out: torchrun's c10d
+    rendezvous, hosted by the node whose address the endpoint is (torchrun's own guess compares hostnames, which
+    fails across namespaces and multi-homed hosts)."""
+    host, port = split_endpoint(spec.rdzv_endpoint or "")
+    if spec.node_rank is not None:
+        return [f"--nnodes={spec.nnodes}", "--rdzv-backend=static", f"--master-addr={host}",
+                f"--master-port={port}", f"--node-rank={spec.node_rank}"]
+    # --local-addr: the address peers reach this node at (torchrun's default, the FQDN, may resolve to loopback)
+    return [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}",
+            f"--rdzv-id={spec.job_id}", f"--rdzv-conf=is_host={int(leads(spec))}",
+            f"--local-addr={route_address(host, port)}"]
+
+
+def leads(spec: LaunchSpec) -> bool:
+    """Whether this node leads the job (hosts the rendezvous, tracks the run): node rank 0, or the node whose
+    address the endpoint is."""
+    if spec.nnodes == 1 or spec.node_rank is not None:
+        return not spec.node_rank
+    return is_local_address(split_endpoint(spec.rdzv_endpoint or "")[0])
 
 
 def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[str, str] | None = None) -> LaunchResult:
@@ -60,9 +81,10 @@ def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[st
     if spec.mode == "single":
         _run_in_process(spec)
     else:
+        network = job_network_env(spec.rdzv_endpoint, spec.interface) if spec.nnodes > 1 else {}
         with tempfile.TemporaryDirectory(prefix="ntp-torchrun-", ignore_cleanup_errors=True) as tmp:
             _run_torchrun(torchrun_command(spec, log_dir=tmp), spec.job_timeout_s, on_line,
-                          {**_scratch_env(tmp), **(env or {})})
+                          {**_scratch_env(tmp), **network, **(env or {})})
     cfg = spec.config
     model = Path(cfg.model_out) if cfg.model_out else None
     return LaunchResult(Path(cfg.results) if cfg.results else None, model if model and model.exists() else None,
@@ -131,14 +153,23 @@ def failure_message(returncode: int, lines: list[str]) -> str:
     if first_hand:
         body = _block(lines, first_hand[0], lambda line: FAILURE_END in line)
     elif (root := _root_cause(lines)) is not None:
-        rank = re.search(r"rank\s*:\s*(\d+)", root)
-        who = f"rank {rank.group(1)}" if rank else "a rank"
-        body = f"{who} died without a traceback (killed by a signal? out of memory?); torchrun says:\n{root}"
+        body = f"{_who_died(root, lines)}; torchrun says:\n{root}"
     elif starts:
         body = _block(lines, starts[0], lambda line: FAILURE_END in line)
     else:
         body = "\n".join(lines[-40:])
     return f"training job failed (exit code {returncode}):\n{body}"
+
+
+def _who_died(root: str, lines: list[str]) -> str:
+    """A rank that failed without a traceback: killed by a signal, or exited with a code (and its last error line)."""
+    rank = re.search(r"rank\s*:\s*(\d+)", root)
+    who = f"rank {rank.group(1)}" if rank else "a rank"
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", root)
+    if code and int(code.group(1)) < 0:
+        return f"{who} died without a traceback, killed by a signal (out of memory?)"
+    said = next((line for line in reversed(lines) if line.startswith("error: ")), "")
+    return f"{who} exited with code {code.group(1) if code else '?'} without a traceback" + (f": {said}" if said else "")
 
 
 def _block(lines: list[str], begin: int, is_end: Callable[[str], bool]) -> str:

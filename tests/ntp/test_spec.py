@@ -106,3 +106,24 @@ def test_a_config_file_mode_survives_torchrun(cora_store: str, tmp_path) -> None
     records = _records(tmp_path / "r.jsonl")
     assert records[-1]["config"]["mode"] == "data"
     assert all("halo" in w["bytes_sent"] and "split" not in w["bytes_sent"] for w in records[0]["workers"])
+
+
+def test_every_node_derives_the_same_job_id_from_the_same_command() -> None:
+    def job(node_rank, **config) -> str:
+        return resolve(TrainConfig(store="s", **config), nproc=2, nnodes=2, node_rank=node_rank,
+                       rdzv_endpoint="10.0.0.1:29500", gpus=0).job_id
+
+    assert job(0) == job(1) == job(None) and job(0).startswith("gcn-")
+    assert job(0, lr=0.02) != job(0), "another configuration is another job"
+    assert resolve(TrainConfig(store="s"), nproc=2, gpus=0).job_id is None, "one node needs none"
+
+
+def test_the_network_of_a_job_is_the_route_to_its_rendezvous(monkeypatch) -> None:
+    from ntp.run.network import interface_of, is_local_address, job_network_env, route_address
+
+    assert route_address("127.0.0.1", 29500) == "127.0.0.1" and interface_of("127.0.0.1") == "lo"
+    assert is_local_address("127.0.0.1") and not is_local_address("192.0.2.1")  # TEST-NET-1: never ours
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "mine")
+    assert job_network_env("127.0.0.1:29500") == {"GLOO_SOCKET_IFNAME": "lo"}, "the user's own setting is kept"
+    assert job_network_env("127.0.0.1:29500", "eth9") == {"GLOO_SOCKET_IFNAME": "eth9", "NCCL_SOCKET_IFNAME": "eth9"}

@@ -108,7 +108,7 @@ def test_a_rank_killed_by_a_signal_is_the_one_blamed(cora_store: str, tmp_path: 
     with pytest.raises(WorkerFailed) as err:
         launch_training(spec, on_line=lambda line: None)
     message = str(err.value)
-    assert "rank 1 died without a traceback" in message and "SIGKILL" in message, message[:2000]
+    assert "rank 1 died without a traceback, killed by a signal" in message and "SIGKILL" in message, message[:2000]
 
 
 @pytest.mark.parametrize("how, code", [("ctrl-c", 130), ("sigterm", 143)])

@@ -1,6 +1,7 @@
 """A tracked training job: launch it inside a parent MLflow run that shows its curves while it trains."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ntp.records import FinalRecord, read_results
-from ntp.run.launch import launch_training
+from ntp.run.launch import launch_training, leads
 from ntp.run.tracking.live import Consumer, EpochLogger, ResultsFollower
 from ntp.run.tracking.mlflow_store import data_dir
 from ntp.run.tracking.orphans import end_status
@@ -38,7 +39,7 @@ def default_run_name(spec: LaunchSpec) -> str:
 
 def train_untracked(spec: LaunchSpec, *, on_line: Callable[[str], None] = print,
                     consumers: Sequence[Consumer] = ()) -> TrackedTraining:
-    """Launch without MLflow (``--no-track``, or a node other than node rank 0 of a multi-node job)."""
+    """Launch without MLflow (``--no-track``, or a node that does not lead a multi-node job)."""
     results = spec.config.results
     if results and consumers:
         with ResultsFollower(results, consumers, warn=on_line):
@@ -54,11 +55,12 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
                   flow_run_id: str | None = None, on_line: Callable[[str], None] = print,
                   consumers: Sequence[Consumer] = (), system_metrics: bool = True) -> TrackedTraining:
     """Launch ``spec`` inside a parent MLflow run: epochs are logged as they happen, the summary, worker runs,
-    plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id>/`` unless the config
-    names them. A failed job's run ends FAILED with what it logged so far, and the error is re-raised. Only node
-    rank 0 tracks (other nodes just train)."""
-    if spec.node_rank not in (0, None):
-        return train_untracked(spec, on_line=on_line, consumers=consumers)
+    plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id or job id>/`` unless the
+    config names them. A failed job's run ends FAILED with what it logged so far, and the error is re-raised. Of a
+    multi-node job only the leading node tracks (ntp.run.launch.leads); the others just train."""
+    if not leads(spec):  # it names the files the leader will, or the ranks' configs would disagree
+        return train_untracked(with_outputs_in(spec, job_dir(spec.job_id or "")), on_line=on_line,
+                               consumers=consumers)
     from storage import open_store
 
     cfg = spec.config
@@ -68,11 +70,8 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
                             flow_run_id=flow_run_id, system_metrics=system_metrics,
                             tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node,
                                   "ntp.device": spec.device}) as run:
-        run_dir = data_dir().resolve() / "runs" / run.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg = cfg.replace(results=cfg.results or str(run_dir / "results.jsonl"),
-                          model_out=cfg.model_out or str(run_dir / "model.pt"))
-        spec = _with_config(spec, cfg)
+        spec = with_outputs_in(spec, job_dir(spec.job_id or run.run_id))
+        cfg = spec.config
         run.set_tags({"ntp.results": cfg.results, "ntp.model_out": cfg.model_out})  # params hold the requested values
         try:
             with ResultsFollower(cfg.results, [EpochLogger(run), *consumers], warn=on_line):
@@ -92,7 +91,14 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
                            cfg.to_dict(), read_results(cfg.results).final)
 
 
-def _with_config(spec: LaunchSpec, cfg: Any) -> LaunchSpec:
-    import dataclasses
+def job_dir(name: str) -> Path:
+    """``<data dir>/runs/<name>``: on a filesystem every node shares, for a multi-node job."""
+    return data_dir().resolve() / "runs" / name
 
+
+def with_outputs_in(spec: LaunchSpec, folder: Path) -> LaunchSpec:
+    """The results file and the model in ``folder`` unless the config names them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = spec.config.replace(results=spec.config.results or str(folder / "results.jsonl"),
+                              model_out=spec.config.model_out or str(folder / "model.pt"))
     return dataclasses.replace(spec, config=cfg)
