@@ -46,6 +46,21 @@ class DatasetOptions(BaseModel):
         return self.model_dump(exclude={"name"})
 
 
+#: TrainConfig fields that are test hooks, not options: accepted (tests pass them to the flows, also through a
+#: deployment run's parameters) but left out of the Prefect UI's form.
+HIDDEN_FROM_FORM = ("fail_at_epoch", "fail_rank")
+
+
+def _hide_from_form(schema: dict[str, Any]) -> None:
+    """Move the test hooks from ``properties`` (what Prefect's UI renders as form fields) to ``patternProperties``
+    (which the form ignores): with ``additionalProperties: false`` the server's parameter validation still accepts
+    them, with their types, and still rejects any other unknown name."""
+    props = schema.get("properties", {})
+    hidden = {f"^{name}$": props.pop(name) for name in HIDDEN_FROM_FORM if name in props}
+    if hidden:
+        schema.setdefault("patternProperties", {}).update(hidden)
+
+
 def _training_options() -> type[BaseModel]:
     hints = typing.get_type_hints(TrainConfig)
     fields: dict[str, Any] = {}
@@ -53,7 +68,7 @@ def _training_options() -> type[BaseModel]:
         if f.name == "store":
             continue  # the store comes from the prepare step (or the train flow's own parameter)
         fields[f.name] = (hints[f.name], Field(f.default, description=f.metadata["help"]))
-    return create_model("TrainingOptions", __config__=ConfigDict(extra="forbid"),
+    return create_model("TrainingOptions", __config__=ConfigDict(extra="forbid", json_schema_extra=_hide_from_form),
                         __doc__="Training options: the fields of ntp.config.TrainConfig.", **fields)
 
 

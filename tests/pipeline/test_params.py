@@ -45,6 +45,28 @@ def test_pipeline_schema_is_a_typed_form() -> None:
         PipelineParams(dataset={"name": "x", "bogus": 1})
 
 
+def test_form_hides_test_hooks_but_runs_accept_them() -> None:
+    """fail_at_epoch/fail_rank are not form fields (Prefect renders `properties`), yet a deployment run's parameters
+    may set them: the server validates against the same schema, which lists them under `patternProperties`."""
+    from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+    from flows.pipeline import pipeline
+    from flows.train import train
+
+    for flow in (pipeline, train):
+        schema = flow.parameters.model_dump_for_openapi()
+        form = schema["definitions"]["TrainingOptions"]
+        assert not {"fail_at_epoch", "fail_rank"} & set(form["properties"]), flow.name
+        assert "epochs" in form["properties"] and form["additionalProperties"] is False
+    schema = pipeline.parameters.model_dump_for_openapi()
+    validate({"params": {"dataset": {"name": "cora"}, "training": {"fail_rank": 1, "fail_at_epoch": 2}}}, schema,
+             raise_on_error=True)
+    for bad in ({"fail_rank": "one"}, {"bogus": 1}):
+        with pytest.raises(ValidationError, match="fail_rank|bogus"):
+            validate({"params": {"dataset": {"name": "cora"}, "training": bad}}, schema, raise_on_error=True)
+    assert TrainingOptions(fail_rank=1, fail_at_epoch=2).model_dump()["fail_rank"] == 1
+
+
 def test_pipeline_command_line_to_params() -> None:
     from flows.pipeline_cli import add_pipeline_command, params_from_args
 
