@@ -18,7 +18,7 @@ def train_model(spec: LaunchSpec, *, experiment: str | None = None) -> TrackedTr
     Retries are set by the caller with ``train_model.with_options(retries=...)``.
     """
     logger = get_run_logger()
-    result = train_tracked(spec, experiment=experiment, flow_run_id=flow_run.get_id(), run_name=flow_run.get_name(),
-                           on_line=logger.info)
+    # the MLflow run is named model-arch-mode-ranks-date like `ntp train`'s; the flow run is linked by its id tag
+    result = train_tracked(spec, experiment=experiment, flow_run_id=flow_run.get_id(), on_line=logger.info)
     logger.info("training done in %.1f s; MLflow run %s", result.wall_s, result.run_id)
     return result
