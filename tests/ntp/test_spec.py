@@ -100,7 +100,8 @@ def test_a_config_file_mode_survives_torchrun(cora_store: str, tmp_path) -> None
     """Bug: `torchrun -m ... --config run.yaml` with `mode: data` silently trained tensor parallel."""
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(f"mode: data\nstore: {cora_store}\nepochs: 2\nresults: {tmp_path / 'r.jsonl'}\n")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ntp.run.worker",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           f"--log-dir={tmp_path / 'torchrun'}", "-m", "ntp.run.worker",
            "--config", str(cfg_file), "--device", "cpu"]
     subprocess.run(cmd, check=True, timeout=300, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     records = _records(tmp_path / "r.jsonl")

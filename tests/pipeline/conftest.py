@@ -1,6 +1,8 @@
 """Pipeline test fixtures (the session's private Prefect/MLflow/data environment is set in tests/conftest.py)."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,16 @@ from tests.conftest import TEST_ROOT as ROOT
 
 PROJECT = Path(__file__).resolve().parents[2]
 CORA = PROJECT.parent / "shared" / "datasets" / "ogb-layout" / "cora"
+
+
+def quickstart():
+    """docs/quickstart.py (docs/ is no package), loaded once: the README's Prefect steps and stopping a process tree."""
+    if "docs_quickstart" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("docs_quickstart", PROJECT / "docs" / "quickstart.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["docs_quickstart"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return sys.modules["docs_quickstart"]
 
 
 @pytest.fixture(scope="session")

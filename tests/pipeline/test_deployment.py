@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline.conftest import CORA, PROJECT
+from tests.pipeline.conftest import CORA, PROJECT, quickstart
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -33,30 +32,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group and every descendant (they may have left the group), then SIGKILL."""
-    import psutil
-
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        for p in family:
-            try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(family, timeout=timeout)
-        if not alive and proc.poll() is not None:
-            break
-    proc.wait(timeout=timeout)
-
-
 @contextmanager
 def _started(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
     with log.open("wb") as out:
@@ -65,7 +40,7 @@ def _started(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subpro
         try:
             yield proc
         finally:
-            _stop(proc)
+            quickstart().stop_group(proc)
 
 
 def _prefect(args: list[str], env: dict[str, str], timeout: float = 120) -> str:

@@ -7,28 +7,16 @@ README only) is fast; the second is a `deployment` test.
 """
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 
 import psutil
 import pytest
 
-from tests.pipeline.conftest import CORA, PROJECT
-
-
-def _quickstart():
-    """docs/quickstart.py (docs/ is no package), loaded once."""
-    if "docs_quickstart" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("docs_quickstart", PROJECT / "docs" / "quickstart.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["docs_quickstart"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return sys.modules["docs_quickstart"]
+from tests.pipeline.conftest import CORA, PROJECT, quickstart
 
 
 def test_readme_block_is_what_the_script_runs() -> None:
-    qs = _quickstart()
+    qs = quickstart()
     prelude, steps = qs.readme_steps()
     assert prelude == [". .venv/bin/activate"]
     commands = [s.command for s in steps]
@@ -46,7 +34,7 @@ def test_readme_block_is_what_the_script_runs() -> None:
 def test_readme_prefect_section_runs_in_fresh_shells() -> None:
     if not CORA.is_dir():
         pytest.skip(f"{CORA} is missing")
-    qs = _quickstart()
+    qs = quickstart()
     lines: list[str] = []
     pids: list[int] = []
     try:
