@@ -17,6 +17,8 @@ examples:
   ntp data prepare cora --from-dir ../shared/datasets/ogb-layout/cora
   ntp data prepare synthetic --nodes 1000000 --avg-degree 20 --features 64 --classes 10
   ntp data prepare mygraph --edges e.parquet --node-features x.npy --labels y.npy --splits splits/
+  ntp data prepare ogbl-ddi --from-dir ../shared/datasets/ogb-link/ogbl-ddi    link prediction (OGB layout)
+  ntp data prepare cora --from-dir ../shared/datasets/ogb-layout/cora --link-split 0.05,0.1
 
 The same inputs and options always map to the same store, which is built once. The store's
 path is printed as the last line of standard output; progress goes to standard error.
@@ -55,6 +57,12 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--node-features", metavar="FILE", help=".npy [n, F] or Parquet (one column per feature)")
     e.add_argument("--labels", metavar="FILE", help=".npy or Parquet (int, -1 = unlabeled)")
     e.add_argument("--splits", metavar="DIR", help="folder with train/valid/test .npy or .csv id files")
+    k = p.add_argument_group("link prediction")
+    k.add_argument("--link-split", metavar="VAL,TEST", help="make a link-prediction store: a seeded (--seed) random "
+                   "split of the edges into train/valid/test with as many negatives as positives (e.g. 0.05,0.1); "
+                   "the message-passing graph keeps the training edges only")
+    k.add_argument("--link-metric", default="hits@20", help="metric of a --link-split store: hits@K or rocauc "
+                   "(default hits@20); OGB link datasets use OGB's")
     p.add_argument("--force", action="store_true", help="rebuild even if the store exists (only ever replaces "
                    "a graph store, never another directory)")
     p.set_defaults(func=_run_prepare)
@@ -69,7 +77,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         drop_self_loops=args.drop_self_loops, feature_dtype=args.feature_dtype, nodes=args.nodes,
         avg_degree=args.avg_degree, features=args.features, classes=args.classes, seed=args.seed,
         edges=args.edges, node_features=args.node_features, labels=args.labels, splits=args.splits,
-        force=args.force,
+        force=args.force, link_split=args.link_split, link_metric=args.link_metric,
     )
     print(path, flush=True)
     return 0
@@ -98,6 +106,11 @@ def _run_info(args: argparse.Namespace) -> int:
                 "task_type", "metric", "num_tasks", "directed", "has_edge_weights", "split_names",
                 "preprocessing", "source", "fingerprint", "schema_version", "rebuild_command"):
         print(f"{key:17} {meta[key]}")
+    if store.meta.task_type == "link":
+        for name in store.meta.split_names:
+            pos, neg = store.link_split(name)
+            print(f"{'link ' + name:17} {len(pos)} positive edges, " +
+                  (f"{len(neg)} negatives {list(neg.shape)}" if neg is not None else "negatives sampled in training"))
     return 0
 
 

@@ -12,6 +12,7 @@ from storage.build import build
 from storage.csr import Preprocessing
 from storage.inputs import Digests, file_identity, tree_identity
 from storage.layout import Layout
+from storage.link_split import parse_ratios, with_link_split
 from storage.paths import default_data_dir, default_store_path, options_digest, raw_dir
 from storage.progress import stderr_progress
 from storage.schema import FEATURE_DTYPES, StoreError
@@ -57,13 +58,15 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
             classes: int | None = None, seed: int = 0, edges: PathLike = None,
             node_features: PathLike = None, labels: PathLike = None, splits: PathLike = None,
             progress: Callable[[str], None] | None = None, force: bool = False,
-            layout: Layout | None = None) -> Path:
+            layout: Layout | None = None, link_split: str | None = None, link_metric: str = "hits@20") -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
     name: an OGB node-property dataset (downloaded, or read from `from_dir`), "synthetic",
     "edgelist" (or any name with `edges`), or any name with `from_dir` (an OGB-layout folder).
     Default location: <data_dir>/stores/<name>-<hash of the inputs' bytes and the options>.
     layout: chunk sizes (storage.layout.Layout); they do not change content or the store's path.
+    link_split: "VAL,TEST" fractions: a seeded (``seed``) random edge split with negatives makes it a link-prediction
+    store ranked by ``link_metric`` (storage.link_split).
     """
     progress = progress or stderr_progress
     if feature_dtype not in FEATURE_DTYPES:
@@ -128,6 +131,12 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
     inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic")
     prep = Preprocessing(symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops)
     options = {**prep.to_dict(), "feature_dtype": feature_dtype}
+    if link_split is not None:
+        ratios, inner = parse_ratios(link_split), make_source
+        options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}
+        argv += ["--link-split", link_split, "--link-metric", link_metric] + ([] if "--seed" in argv else
+                                                                              ["--seed", str(seed)])
+        make_source = lambda: _link_split_of(inner(), ratios, seed, link_metric, prep.symmetrize)
     digest = options_digest(identity, options)
     target = _path(out) or default_store_path(data_dir, name, digest)
     for flag, on in (("--symmetrize", symmetrize), ("--self-loops", self_loops), ("--dedup", dedup),
@@ -138,3 +147,11 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
     argv += ["--out", str(target), "--force"]
     return build(make_source, target, prep=prep, feature_dtype=feature_dtype, build_key=digest,
                  rebuild_command=shlex.join(argv), progress=progress, force=force, layout=layout)
+
+
+def _link_split_of(source: GraphSource, ratios: tuple[float, float], seed: int, metric: str,
+                   symmetrize: bool) -> GraphSource:
+    if source.task_type == "link":
+        raise StoreError(f"{source.name} is already a link-prediction dataset with its own edge splits. Fix: drop "
+                         "--link-split")
+    return with_link_split(source, ratios, seed, metric, symmetrize)

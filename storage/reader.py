@@ -81,10 +81,13 @@ def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
         S.INDPTR: ((n + 1,), "int64"), S.INDICES: ((e,), meta.index_dtype),
         S.IN_DEGREE: ((n,), "int64"), S.OUT_DEGREE: ((n,), "int64"),
         S.FEATURES: ((n, meta.feature_dim), feat),
-        S.LABELS: ((n,), "int64") if meta.task_type == "multiclass" else ((n, meta.num_tasks), "float32"),
     }
     if meta.has_edge_weights:
         arrays[S.WEIGHTS] = ((e,), "float32")
+    if meta.task_type == "link":  # edge splits instead of labels and node splits
+        arrays.update({name: (None, "int64") for name in meta.checksums if name.startswith(S.LINK_PREFIX)})
+        return arrays
+    arrays[S.LABELS] = ((n,), "int64") if meta.task_type == "multiclass" else ((n, meta.num_tasks), "float32")
     for name in meta.split_names:
         arrays[S.SPLIT_PREFIX + name] = (None, "int64")  # length known only from the array
     return arrays
@@ -167,6 +170,14 @@ class GraphStore:
         if name not in self.meta.split_names:
             raise ValueError(f"store {self.path} has no split {name!r}; it has {self.meta.split_names}")
         return self._read(S.SPLIT_PREFIX + name)
+
+    def link_split(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """(positive pairs [E, 2], negatives or None) of a link-prediction split (see storage.schema.LINK_PREFIX)."""
+        if self.meta.task_type != "link" or name not in self.meta.split_names:
+            raise ValueError(f"store {self.path} has no link split {name!r} (task {self.meta.task_type}, "
+                             f"splits {self.meta.split_names})")
+        neg = S.link_array(name, "neg")
+        return self._read(S.link_array(name, "pos")), self._read(neg) if neg in self.meta.checksums else None
 
     # Validation ---------------------------------------------------------------------------
     def check_structure(self) -> None:

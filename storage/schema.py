@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 SCHEMA_VERSION = 1
 
-TASK_TYPES = ("multiclass", "binary", "multilabel")
-METRICS = ("acc", "rocauc")
+TASK_TYPES = ("multiclass", "binary", "multilabel", "link")
+METRICS = ("acc", "rocauc", "mrr")  # and "hits@K" (link prediction), see is_metric
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -24,6 +25,19 @@ OUT_DEGREE = "out_degree"
 FEATURES = "features"
 LABELS = "labels"
 SPLIT_PREFIX = "split/"
+#: Link prediction: "link/<split>/pos" [E, 2] source, target; "link/<split>/neg" [E, 2] pairs (Hits@K, ROC-AUC)
+#: or [E, K] negative targets of each positive's source (MRR). Stores of task "link" hold no labels or node splits.
+LINK_PREFIX = "link/"
+
+
+def link_array(split: str, kind: str) -> str:
+    """Name of a link-prediction array: kind "pos" or "neg"."""
+    return f"{LINK_PREFIX}{split}/{kind}"
+
+
+def is_metric(metric: str) -> bool:
+    """acc, rocauc, mrr or hits@K (K >= 1)."""
+    return metric in METRICS or re.fullmatch(r"hits@[1-9][0-9]*", metric) is not None
 
 
 class StoreError(Exception):
@@ -65,8 +79,8 @@ class StoreMeta:
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:
             raise ValueError(f"task_type must be one of {TASK_TYPES}, got {self.task_type!r}")
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
+        if not is_metric(self.metric):
+            raise ValueError(f"metric must be one of {METRICS} or hits@K, got {self.metric!r}")
         if self.feature_dtype not in FEATURE_DTYPES:
             raise ValueError(f"feature_dtype must be one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
         if self.num_nodes < 0 or self.num_edges < 0 or self.feature_dim < 0:

@@ -15,6 +15,7 @@ from storage.labels import checked_labels
 from storage.layout import Layout, create_array
 from storage.schema import StoreError, StoreMeta
 from storage.sources.base import GraphSource
+from storage.sources.link_arrays import checked_link_splits
 
 
 class SequentialWriter:
@@ -120,18 +121,10 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
 
     progress(f"{source.name}: writing features ({n:,} x {source.feature_dim}, {feature_dtype})")
     sums[S.FEATURES] = _write_features(group, source, feature_dtype, layout)
-    labels, num_classes = checked_labels(source.name, source.task_type, source.labels(), n,
-                                         source.num_classes, source.num_tasks)
-    sums[S.LABELS] = write_array(group, S.LABELS, labels, (layout.row_chunk,) + labels.shape[1:])
-    del labels
-    split_names = []
-    for split_name, ids in source.splits().items():
-        ids = np.unique(np.asarray(ids, dtype=np.int64))
-        if ids.size and (ids[0] < 0 or ids[-1] >= n):
-            raise StoreError(f"{source.name}: split {split_name!r} has vertex ids outside [0, {n})")
-        sums[S.SPLIT_PREFIX + split_name] = write_array(group, S.SPLIT_PREFIX + split_name, ids,
-                                                       (layout.row_chunk,))
-        split_names.append(split_name)
+    if source.task_type == "link":
+        split_names, num_classes = _write_link_splits(group, source, layout, sums), 0
+    else:
+        split_names, num_classes = _write_node_targets(group, source, layout, sums)
 
     meta_fields: dict[str, Any] = dict(
         name=source.name, num_nodes=n, num_edges=int(group[S.INDICES].shape[0]),
@@ -146,6 +139,38 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
     meta = StoreMeta(fingerprint=S.fingerprint(meta_fields), schema_version=S.SCHEMA_VERSION, **meta_fields)
     group.attrs.update(meta.to_dict())  # written last: a store without it never opens
     return meta
+
+
+def _write_node_targets(group: zarr.Group, source: GraphSource, layout: Layout,
+                        sums: dict[str, str]) -> tuple[list[str], int]:
+    """Labels and node splits of a node-property task; returns (split names, number of classes)."""
+    n = source.num_nodes
+    labels, num_classes = checked_labels(source.name, source.task_type, source.labels(), n,
+                                         source.num_classes, source.num_tasks)
+    sums[S.LABELS] = write_array(group, S.LABELS, labels, (layout.row_chunk,) + labels.shape[1:])
+    del labels
+    split_names = []
+    for split_name, ids in source.splits().items():
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        if ids.size and (ids[0] < 0 or ids[-1] >= n):
+            raise StoreError(f"{source.name}: split {split_name!r} has vertex ids outside [0, {n})")
+        sums[S.SPLIT_PREFIX + split_name] = write_array(group, S.SPLIT_PREFIX + split_name, ids,
+                                                       (layout.row_chunk,))
+        split_names.append(split_name)
+    return split_names, num_classes
+
+
+def _write_link_splits(group: zarr.Group, source: GraphSource, layout: Layout, sums: dict[str, str]) -> list[str]:
+    """Positive and negative edges of each link split (checked by storage.sources.link_arrays)."""
+    if source.link_splits is None:
+        raise StoreError(f"{source.name}: a link-prediction source must give its edge splits")
+    splits = checked_link_splits(source.name, source.link_splits(), source.num_nodes, source.metric)
+    for split_name, (pos, neg) in splits.items():
+        for kind, arr in (("pos", pos), ("neg", neg)):
+            if arr is not None:
+                name = S.link_array(split_name, kind)
+                sums[name] = write_array(group, name, arr, (layout.row_chunk, arr.shape[1]))
+    return list(splits)
 
 
 def _write_topology(group: zarr.Group, csr: CsrArrays, n: int, layout: Layout,

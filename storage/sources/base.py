@@ -19,6 +19,9 @@ class GraphSource:
     labels() returns class ids [n], int or float (-1 or NaN = unlabeled; checked by storage.labels),
     or float32 [n, num_tasks] (NaN = unlabeled);
     splits() returns {"train"|"valid"|"test": vertex ids}.
+    Link prediction (task_type "link"): link_splits() returns {split: (positive pairs [E, 2], negatives or None)}
+    (storage.sources.link_arrays); labels() and splits() are not called, and edge_blocks() yields the
+    message-passing graph (the training edges only).
     """
 
     name: str
@@ -36,3 +39,4 @@ class GraphSource:
     weighted: bool = False
     expected_edges: int | None = None  # raw edge count the source promises (verified)
     info: dict[str, Any] = field(default_factory=dict)  # recorded as meta.source
+    link_splits: Callable[[], dict[str, tuple[np.ndarray, "np.ndarray | None"]]] | None = None

@@ -1,5 +1,6 @@
 """Read an unzipped OGB node-property folder (raw/*.csv.gz, split/<name>/*.csv.gz).
 
+Link-property folders (split/<name>/*.pt) go to storage.sources.ogb_link.
 Folders in OGB's binary layout (raw/data.npz, e.g. ogbn-papers100M) go to storage.sources.ogb_binary.
 """
 
@@ -14,6 +15,7 @@ from storage.schema import StoreError
 from storage.sources.base import EdgeBlock, GraphSource
 from storage.sources.csvio import count_columns, iter_numeric_blocks, read_numeric
 from storage.sources.ogb_binary import is_binary_folder, ogb_binary_source
+from storage.sources.ogb_link import is_link_folder, ogb_link_source
 from storage.sources.ogb_folder import checked_split_folder, folder_problem, ogb_source, task_of
 from storage.sources.ogb_meta import OgbInfo
 
@@ -34,6 +36,8 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     if info is not None and info.is_hetero:
         raise StoreError(f"{name} is a heterogeneous graph: not supported yet. "
                          "Fix: choose a homogeneous dataset such as ogbn-arxiv")
+    if (info is not None and info.task_type == "link") or (info is None and is_link_folder(root)):
+        return ogb_link_source(root, name, info)
     if (info is not None and info.binary) or (info is None and is_binary_folder(root)):
         return ogb_binary_source(root, name, info)
     for rel in REQUIRED:
