@@ -134,6 +134,10 @@ def _check_counts(nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint:
         raise ConfigError("multi-node training needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if rdzv_endpoint and not rdzv_endpoint.rpartition(":")[2].isdigit():
         raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r} is not HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29500")
+    if rdzv_endpoint and rdzv_endpoint.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::", "*", ""):
+        raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r} names every interface: the rendezvous store would "
+                          "accept anyone who reaches the port; give the address of the interface the other nodes reach "
+                          "the rendezvous host at, e.g. --rdzv-endpoint 10.0.0.1:29500")
     if job_timeout_s is not None and job_timeout_s <= 0:
         raise ConfigError(f"--job-timeout {job_timeout_s} must be positive (seconds), or left out for no limit")
 

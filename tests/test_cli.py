@@ -61,7 +61,8 @@ def test_train_dry_run_prints_the_launch_the_plan_and_the_command(cora_store: st
     out = capsys.readouterr().out
     assert "tp on 1 node(s) x 2 process(es), device cpu, backend gloo" in out
     assert "from --memory-budget" in out and "chunk(s)" in out
-    assert "-m torch.distributed.run --nproc-per-node=2" in out and f"--results {results}" in out
+    assert "-m ntp.run.rendezvous --nproc-per-node=2" in out and f"--results {results}" in out
+    assert "--rdzv-endpoint=127.0.0.1:0" in out, "one node: a rendezvous on loopback"
     assert not results.exists() and not list(tmp_path.iterdir()), "a dry run writes nothing"
     assert main(["train", "--store", cora_store, "--mode", "single", "--dry-run", "--no-track"]) == 0
     assert "trains in this process" in capsys.readouterr().out

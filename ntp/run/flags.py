@@ -42,8 +42,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument("--rdzv-endpoint", default=None,
                         help="HOST:PORT of the rendezvous, the same on every node (multi-node only)")
     parser.add_argument("--interface", default=None,
-                        help="network interface the ranks talk over (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME; default: "
-                             "the one that routes to the rendezvous host)")
+                        help="network interface the ranks talk over and this node's stores listen on "
+                             "(GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME; default: the one that routes to the rendezvous "
+                             "host)")
     parser.add_argument("--job-id", default=None,
                         help="names the job's rendezvous and its results folder on every node (default: derived "
                              "from the endpoint and the options, so the same command gives the same id)")

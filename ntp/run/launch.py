@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,10 @@ from typing import Callable
 
 from ntp.errors import WorkerFailed, is_input_error
 from ntp.run.flags import config_to_argv
-from ntp.run.network import is_local_address, job_network_env, route_address, split_endpoint
+from ntp.run.network import LOOPBACK, is_local_address, job_network_env, local_address, split_endpoint
 from ntp.run.preflight import check_launch
 from ntp.run.processes import spawn_group, stop_group
+from ntp.run.rendezvous import C10D, STATIC
 from ntp.run.worker import FAILURE_BEGIN, FAILURE_END
 from ntp.spec import LaunchSpec
 
@@ -40,29 +42,31 @@ class LaunchResult:
 
 
 def torchrun_command(spec: LaunchSpec, log_dir: str | None = None) -> list[str]:
-    """The torchrun command line of ``spec``. One node: standalone rendezvous on a free local port. ``log_dir``:
-    where torchrun keeps its files (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
+    """The torchrun command line of ``spec``, run through ntp.run.rendezvous (torchrun with its stores bound to one
+    address). One node: a rendezvous on loopback at a free port. ``log_dir``: where torchrun keeps its files
+    (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind)."""
+    cmd = [sys.executable, "-m", "ntp.run.rendezvous", f"--nproc-per-node={spec.nproc_per_node}",
            "--max-restarts=0", *([f"--log-dir={log_dir}"] if log_dir else [])]
-    if spec.nnodes == 1:
-        cmd.append("--standalone")
-    else:
-        cmd += _rendezvous(spec)
+    cmd += _rendezvous(spec)
     return cmd + ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)]
 
 
 def _rendezvous(spec: LaunchSpec) -> list[str]:
-    """Node ranks given: a static rendezvous at the endpoint (node 0 listens there). Left out: torchrun's c10d
-    rendezvous, hosted by the node whose address the endpoint is (torchrun's own guess compares hostnames, which
-    fails across namespaces and multi-homed hosts)."""
+    """One node: the c10d rendezvous on loopback (torchrun's --standalone listens on every interface). Node ranks
+    given: a static rendezvous at the endpoint (node 0 listens there). Left out: the c10d rendezvous, hosted by the
+    node whose address the endpoint is (torchrun's own guess compares hostnames, which fails across namespaces and
+    multi-homed hosts). Stores listen on the endpoint's address, or this node's (--local-addr), only."""
+    if spec.nnodes == 1:
+        return ["--nnodes=1", f"--rdzv-backend={C10D}", f"--rdzv-endpoint={LOOPBACK}:0",
+                f"--rdzv-id=local-{uuid.uuid4().hex[:12]}", "--rdzv-conf=is_host=1", f"--local-addr={LOOPBACK}"]
     host, port = split_endpoint(spec.rdzv_endpoint or "")
     if spec.node_rank is not None:
-        return [f"--nnodes={spec.nnodes}", "--rdzv-backend=static", f"--master-addr={host}",
-                f"--master-port={port}", f"--node-rank={spec.node_rank}"]
+        return [f"--nnodes={spec.nnodes}", f"--rdzv-backend={STATIC}", f"--rdzv-endpoint={spec.rdzv_endpoint}",
+                f"--rdzv-id={spec.job_id}", f"--rdzv-conf=rank={spec.node_rank}"]
     # --local-addr: the address peers reach this node at (torchrun's default, the FQDN, may resolve to loopback)
-    return [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}",
+    return [f"--nnodes={spec.nnodes}", f"--rdzv-backend={C10D}", f"--rdzv-endpoint={spec.rdzv_endpoint}",
             f"--rdzv-id={spec.job_id}", f"--rdzv-conf=is_host={int(leads(spec))}",
-            f"--local-addr={route_address(host, port)}"]
+            f"--local-addr={local_address(host, port, spec.interface)}"]
 
 
 def leads(spec: LaunchSpec) -> bool:
@@ -81,7 +85,7 @@ def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[st
     if spec.mode == "single":
         _run_in_process(spec)
     else:
-        network = job_network_env(spec.rdzv_endpoint, spec.interface) if spec.nnodes > 1 else {}
+        network = job_network_env(spec.rdzv_endpoint, spec.interface)
         with tempfile.TemporaryDirectory(prefix="ntp-torchrun-", ignore_cleanup_errors=True) as tmp:
             _run_torchrun(torchrun_command(spec, log_dir=tmp), spec.job_timeout_s, on_line,
                           {**_scratch_env(tmp), **network, **(env or {})})

@@ -14,6 +14,7 @@ import socket
 import struct
 
 _SIOCGIFADDR = 0x8915
+LOOPBACK = "127.0.0.1"
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -34,15 +35,29 @@ def route_address(host: str, port: int) -> str:
 
 def interface_of(address: str) -> str | None:
     """The name of the interface that holds IPv4 ``address`` (None if none does)."""
+    return next((name for _index, name in socket.if_nameindex() if address_of(name) == address), None)
+
+
+def address_of(interface: str) -> str | None:
+    """The IPv4 address of ``interface`` (None if it has none or does not exist)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _index, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # no IPv4 address on it
-                continue
-            if socket.inet_ntoa(packed[20:24]) == address:
-                return name
-    return None
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", interface.encode()[:15]))
+        except OSError:  # no such interface, or no IPv4 address on it
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def local_address(host: str, port: int, interface: str | None = None) -> str:
+    """The address this node's peers reach it at (where its stores listen): that of ``interface``, else the one
+    that routes to the rendezvous host."""
+    if interface:
+        address = address_of(interface)
+        if address is None:
+            raise ValueError(f"--interface {interface}: no IPv4 address on it here; name an interface of this "
+                             f"node (`ip -brief address` lists them)")
+        return address
+    return route_address(host, port)
 
 
 def is_local_address(host: str) -> bool:
@@ -59,11 +74,11 @@ def is_local_address(host: str) -> bool:
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def job_network_env(endpoint: str, interface: str | None = None) -> dict[str, str]:
-    """Environment for the workers of a multi-node job: gloo and NCCL use ``interface``; without one, the interface
-    that routes to the rendezvous host, unless the user's environment already names one."""
+def job_network_env(endpoint: str | None, interface: str | None = None) -> dict[str, str]:
+    """Environment for the workers of a job: gloo and NCCL use ``interface``; without one, the interface that
+    routes to the rendezvous host (one node, no endpoint: loopback), unless the user's environment already names
+    one. Their listening sockets are bound to that interface's address."""
     if interface:
         return dict.fromkeys(IFNAME_VARIABLES, interface)
-    host, port = split_endpoint(endpoint)
-    name = interface_of(route_address(host, port))
+    name = interface_of(route_address(*split_endpoint(endpoint)) if endpoint else LOOPBACK)
     return {key: name for key in IFNAME_VARIABLES if name and key not in os.environ}

@@ -48,3 +48,30 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
     finally:
         for namespace in created:  # deleting a namespace deletes its end of the veth pair too
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+
+
+@contextmanager
+def second_address(host: Host, peer: Host) -> Iterator[str]:
+    """Another interface on ``host`` (an empty bridge with its own address) that ``peer`` routes to through ``host``:
+    an address of ``host`` that ``peer`` reaches, but not the one a job names. Removed at the end."""
+    tag = os.getpid() % 100_000
+    subnet, dev = f"10.214.{tag % 250}", f"ndx{tag}"
+    _ip("-n", host.namespace, "link", "add", dev, "type", "bridge")
+    try:
+        _ip("-n", host.namespace, "addr", "add", f"{subnet}.1/24", "dev", dev)
+        _ip("-n", host.namespace, "link", "set", dev, "up")
+        _ip("-n", peer.namespace, "route", "add", f"{subnet}.0/24", "via", host.address)
+        yield f"{subnet}.1"
+    finally:
+        subprocess.run(["ip", "-n", peer.namespace, "route", "del", f"{subnet}.0/24"], capture_output=True, timeout=30)
+        subprocess.run(["ip", "-n", host.namespace, "link", "del", dev], capture_output=True, timeout=30)
+
+
+def listening(host: Host) -> list[tuple[str, int]]:
+    """The (address, port) of every TCP socket listening in ``host``'s namespace."""
+    out = subprocess.run(host.command(["ss", "-ltnH"]), check=True, capture_output=True, text=True, timeout=30).stdout
+    pairs = []
+    for line in out.splitlines():
+        address, _, port = line.split()[3].rpartition(":")
+        pairs.append((address.strip("[]"), int(port)))
+    return pairs

@@ -39,6 +39,8 @@ def test_defaults_follow_the_machine_and_the_process_count() -> None:
     (dict(), dict(nnodes=2), "needs --rdzv-endpoint"),
     (dict(), dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "--node-rank 2 must be in [0, --nnodes 2)"),
     (dict(), dict(job_timeout_s=0), "--job-timeout 0 must be positive"),
+    (dict(), dict(nnodes=2, rdzv_endpoint="0.0.0.0:29500"), "names every interface"),
+    (dict(), dict(nnodes=2, rdzv_endpoint="[::]:29500"), "give the address of the interface"),
 ])
 def test_contradictory_launches_are_refused_with_the_fix(config: dict, launch: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,40 @@
+"""The rendezvous store listens on the address it is given, not on every interface (the two-host version, with a
+second interface and a training job: tests/multinode/test_bound_rendezvous.py)."""
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from ntp.run.rendezvous import bound_store
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses (hex, as the kernel writes them) of the sockets listening on ``port`` in this namespace."""
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/self/net/{table}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def test_the_store_listens_on_the_named_address_only_and_serves_clients() -> None:
+    server = bound_store("127.0.0.1", 0, is_server=True, timeout=timedelta(seconds=10))
+    assert _listening(server.port) == [socket.inet_aton("127.0.0.1")[::-1].hex().upper()], "127.0.0.1, nothing else"
+    client = bound_store("127.0.0.1", server.port, is_server=False, timeout=timedelta(seconds=10))
+    client.set("k", "v")
+    assert server.get("k") == b"v"
+
+
+@pytest.mark.parametrize("host, message", [
+    ("0.0.0.0", "means every interface"),
+    ("192.0.2.1", "this node must own the address"),  # TEST-NET-1: never an address of this machine
+])
+def test_a_store_that_cannot_be_bound_as_asked_is_refused_with_the_fix(host: str, message: str) -> None:
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        bound_store(host, 0, is_server=True, timeout=timedelta(seconds=5))
