@@ -25,6 +25,7 @@ Optimizer = Literal["adam", "adamw"]
 Norm = Literal["none", "batch", "layer"]
 Offload = Literal["none", "topology", "all"]
 NNDevice = Literal["auto", "device", "cpu"]
+Decoder = Literal["mlp", "dot"]
 
 #: Models whose propagation has no weights between steps: they only exist decoupled.
 DECOUPLED_ONLY = ("sgc", "appnp")
@@ -82,6 +83,13 @@ class TrainConfig:
                                    "chunk: none, topology, or all (topology and the column-slice embeddings).")
     nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU), cpu, or auto (cpu when its "
                                       "row blocks do not fit in device memory beside aggregation's chunks).")
+    decoder: Decoder = opt("mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "
+                                  "LinkPredictor on h_u * h_v) or dot (h_u . h_v).")
+    decoder_layers: int = opt(2, "Link prediction: Linear layers of the mlp decoder (hidden width: --hidden).")
+    link_batch: int = opt(65536, "Link prediction: positive training edges per step, with as many uniform negative "
+                                 "pairs; every step reruns the encoder on the whole graph (as OGB's full-graph examples).")
+    clip_grad: float = opt(0.0, "Clip the gradient norms of the node embeddings, the encoder and the decoder, each to "
+                                "this value (0: off; OGB's link-prediction examples use 1.0).")
     collective_timeout_s: float = opt(300.0, "Timeout of every collective, in seconds; a rank that waits longer "
                                              "fails the job.")
     threads: int = opt(0, "Intra-op threads per rank (0: cores / ranks on this node).")
@@ -97,7 +105,8 @@ class TrainConfig:
             value = getattr(self, f.name)
             if choices and value not in choices and not (value is None and f.default is None):
                 raise ConfigError(f"--{flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
-        _positive(self, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads")
+        _positive(self, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads", "decoder_layers",
+                  "link_batch")
         _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1); e.g. --dropout 0.5")
@@ -107,6 +116,8 @@ class TrainConfig:
             raise ConfigError(f"--lr {self.lr} must be positive; e.g. --lr 0.01")
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay {self.weight_decay} must be >= 0")
+        if self.clip_grad < 0:
+            raise ConfigError(f"--clip-grad {self.clip_grad} must be >= 0 (0: no clipping); e.g. --clip-grad 1.0")
         if self.collective_timeout_s <= 0:
             raise ConfigError(f"--collective-timeout-s {self.collective_timeout_s} must be positive (seconds)")
         if self.arch == "coupled" and self.model in DECOUPLED_ONLY:
@@ -208,7 +219,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 _LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm, "Offload": Offload,
-             "NNDevice": NNDevice}
+             "NNDevice": NNDevice, "Decoder": Decoder}
 
 
 def literal_choices(type_name: str) -> tuple[str, ...]:

@@ -67,6 +67,7 @@ class FinalRecord:
     test_metric: float | None  #: at the best validation epoch
     metric: str
     world_size: int
+    task_type: str = ""  #: multiclass, binary, multilabel or link ("" in files written before it was recorded)
     epochs_run: int = 0  #: 0 in files written before it was recorded
     store_fingerprint: str = ""
     config: dict[str, Any] = field(default_factory=dict)

@@ -163,10 +163,13 @@ class GraphStore:
         return data.astype(np.float32, copy=False)
 
     def labels(self) -> np.ndarray:
-        return self._read(S.LABELS)
+        """Node labels; empty for a link-prediction store (its targets are edges: link_split)."""
+        return np.zeros(0, np.int64) if self.meta.task_type == "link" else self._read(S.LABELS)
 
     def split(self, name: str) -> np.ndarray:
         """Sorted int64 vertex ids of a split ("train", "valid", "test")."""
+        if self.meta.task_type == "link":  # edge splits, not vertices: link_split
+            return np.zeros(0, np.int64)
         if name not in self.meta.split_names:
             raise ValueError(f"store {self.path} has no split {name!r}; it has {self.meta.split_names}")
         return self._read(S.SPLIT_PREFIX + name)

@@ -2,7 +2,7 @@
 
 1. :class:`Comm` primitives: one call each, timed, bytes counted, short-circuited when the world size is 1;
 2. autograd Functions whose backward is the named opposite of their forward
-   (split <-> gather, all-gather rows <-> sum-reduce to rows, all-reduce <-> all-reduce);
+   (split <-> gather, all-gather rows <-> reduce-scatter rows, all-reduce <-> all-reduce);
 3. thin public wrappers.
 
 Layouts (see ../shared/design/tensor-parallel.md): the row layout holds this rank's vertex rows with all columns;
@@ -193,6 +193,19 @@ class _AllGatherRows(torch.autograd.Function):
         return ctx.comm.reduce_scatter_rows(grad.contiguous(), ctx.kind), None, None
 
 
+class _ReduceScatterRows(torch.autograd.Function):
+    """Forward: partial sums of all rows from every rank -> this rank's rows, summed. Backward: all-gather."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+        ctx.comm, ctx.kind = comm, kind
+        return comm.reduce_scatter_rows(x, kind)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.comm.all_gather_rows(grad.contiguous(), ctx.kind), None, None
+
+
 class _AllReduceSum(torch.autograd.Function):
     """Sum over ranks; since every rank's loss depends on the sum, the backward is a sum too."""
 
@@ -219,6 +232,11 @@ def gather(y: torch.Tensor, comm: Comm, width: int, kind: str = GATHER) -> torch
 
 def all_gather_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
     return x if comm.world == 1 else _AllGatherRows.apply(x, comm, kind)
+
+
+def reduce_scatter_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+    """Every rank's partial sums of all rows -> this rank's rows of the sum (its backward is :func:`all_gather_rows`)."""
+    return x if comm.world == 1 else _ReduceScatterRows.apply(x, comm, kind)
 
 
 def all_reduce_sum(x: torch.Tensor, comm: Comm, kind: str = ALLREDUCE) -> torch.Tensor:

@@ -6,22 +6,19 @@ import sys
 import numpy as np
 
 
-def _ogb_evaluator_class():
-    """Import OGB's Evaluator without the thread that ogb starts at import to ask the network for a newer
-    release (offline it can keep the process alive until the request times out)."""
-    if "ogb" not in sys.modules:
-        blocked = "outdated" not in sys.modules
-        if blocked:
-            sys.modules["outdated"] = None  # type: ignore[assignment]  # ogb then skips its version check
-        try:
-            from ogb.nodeproppred import Evaluator
-        finally:
-            if blocked:
-                del sys.modules["outdated"]
-        return Evaluator
-    from ogb.nodeproppred import Evaluator
+def _ogb_evaluator_class(kind: str = "nodeproppred"):
+    """Import OGB's Evaluator (``kind``: nodeproppred or linkproppred) without the thread that ogb starts at import
+    to ask the network for a newer release (offline it can keep the process alive until the request times out)."""
+    import importlib
 
-    return Evaluator
+    blocked = "ogb" not in sys.modules and "outdated" not in sys.modules
+    if blocked:
+        sys.modules["outdated"] = None  # type: ignore[assignment]  # ogb then skips its version check
+    try:
+        return importlib.import_module(f"ogb.{kind}").Evaluator
+    finally:
+        if blocked:
+            del sys.modules["outdated"]
 
 
 def compute_metric(metric: str, y_true: np.ndarray, y_pred: np.ndarray, ogb_name: str | None = None) -> float:

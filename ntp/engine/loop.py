@@ -34,6 +34,8 @@ def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor
 
 def train_step(job: Job, epoch: int) -> float:
     """Forward, backward and update; returns the global mean loss over all training vertices of all ranks."""
+    if job.link is not None:  # link prediction: an epoch of edge mini-batches (ntp.engine.link)
+        return job.link.train_epoch(job, epoch)
     job.model.train()
     job.ctx.step = epoch
     job.optimizer.zero_grad(set_to_none=True)
@@ -48,6 +50,8 @@ def train_step(job: Job, epoch: int) -> float:
 
 @torch.no_grad()
 def evaluate_splits(job: Job) -> dict[str, float]:
+    if job.link is not None:
+        return job.link.evaluate(job)
     job.model.eval()
     logits = job.model(job.x, job.ctx)
     if job.data.metric == "acc" and job.data.task_type == "multiclass":
@@ -111,8 +115,8 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
         if cfg.patience and stale >= cfg.patience:
             break
     final = FinalRecord(best_epoch=job.best.epoch, best_valid_metric=_finite(job.best.valid), test_metric=job.best.test,
-                        metric=job.data.metric, world_size=env.world, epochs_run=len(job.history),
-                        store_fingerprint=job.data.fingerprint, config=cfg.to_dict())
+                        metric=job.data.metric, task_type=job.data.task_type, world_size=env.world,
+                        epochs_run=len(job.history), store_fingerprint=job.data.fingerprint, config=cfg.to_dict())
     if env.is_main and cfg.model_out:
         save_model(job, cfg.model_out)
     for sink in sinks:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -55,6 +55,7 @@ class Job:
     local_split: dict[str, torch.Tensor]  # split name -> local row ids of labeled vertices in the split
     global_train_count: int
     best: Best = field(default_factory=Best)
+    link: Any = None  #: link prediction's edges, epoch and evaluation (ntp.engine.link.LinkTask); None: node task
     history: list[EpochRecord] = field(default_factory=list)  # epoch records (rank 0 writes them)
 
 
@@ -68,6 +69,10 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths
         check_output_paths(cfg)
     data = (load or _load_from_store)(cfg, env.world, env.rank)
+    if data.task_type == "link":  # edge mini-batches, a decoder and ranking metrics (ntp.engine.link)
+        from ntp.engine.link import setup_link
+
+        return Job(**setup_link(cfg, env, data))
     y_all = torch.from_numpy(np.asarray(data.labels))
     train_count = count_train_labels(data.name, y_all, data.splits["train"])  # before a model of 0 outputs is built
     part = Partition(data.num_nodes, env.world, env.rank)

@@ -27,7 +27,8 @@ def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
     from storage import open_store
 
     store = open_store(cfg.store)
-    count_train_labels(store.meta.name, torch.from_numpy(store.labels()), store.split("train"))
+    if store.meta.task_type != "link":  # link prediction trains on the store's edge splits (always non-empty)
+        count_train_labels(store.meta.name, torch.from_numpy(store.labels()), store.split("train"))
     checkpoint.check_output_paths(cfg)
     if cfg.resume:
         _check_resume(spec, store.meta.fingerprint)

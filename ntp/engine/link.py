@@ -1,0 +1,203 @@
+"""Link prediction inside a rank: setup, one epoch of edge mini-batches, evaluation.
+
+Every step reruns the encoder on the whole graph, scores a mini-batch of ``link_batch`` positive training edges and
+as many negative pairs, and updates (as OGB's full-graph GCN/SAGE examples do; once per epoch would give one update
+per epoch, and the examples' accuracy needs the many updates). The batch order and the negatives come from a
+generator seeded by (seed, epoch) on every rank: the same batches for every world size. Negatives are uniform pairs
+that are not edges of the message-passing graph (as PyG's ``negative_sampling``).
+
+Loss: OGB's ``-log sigmoid(pos) - log(1 - sigmoid(neg))``, each averaged over the batch's k positives; each rank sums
+the terms of its share of the pairs and divides by the global k, so the gradients summed over ranks are the
+single-process gradients. The message-passing graph holds the training edges only (the store excludes validation
+and test edges).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ntp.config import TrainConfig
+from ntp.engine import placement
+from ntp.engine.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
+from ntp.engine.context import GraphContext
+from ntp.engine.data import GraphData
+from ntp.engine.dist import DistEnv
+from ntp.engine.link_data import LinkGraphData, read_link_splits, with_link_splits
+from ntp.engine.link_eval import link_metric
+from ntp.engine.link_model import LINK, LinkModel
+from ntp.engine.partition import Partition
+from ntp.errors import ConfigError
+
+#: Pairs scored per exchange during evaluation (bounds its memory).
+EVAL_PAIRS = 1 << 18
+#: Redraws of negatives that hit an edge before the rest are kept as they are (only a nearly complete graph needs more).
+MAX_REDRAWS = 100
+
+
+def _graph_keys(data: GraphData) -> torch.Tensor:
+    """Sorted keys ``u * n + v`` of the message-passing graph's edges u -> v."""
+    indptr, indices = np.asarray(data.indptr, np.int64), np.asarray(data.indices, np.int64)
+    dst = np.repeat(np.arange(data.num_nodes, dtype=np.int64), np.diff(indptr))
+    return torch.from_numpy(np.sort(indices * data.num_nodes + dst))
+
+
+def _member(keys: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
+    if len(taken) == 0:
+        return torch.zeros(len(keys), dtype=torch.bool)
+    at = torch.searchsorted(taken, keys).clamp(max=len(taken) - 1)
+    return taken[at] == keys
+
+
+def sample_negatives(gen: torch.Generator, n: int, k: int, taken: torch.Tensor) -> torch.Tensor:
+    """``k`` uniform pairs [k, 2] that are not edges (sorted keys ``taken``), drawn from ``gen``."""
+    pairs = torch.randint(0, n, (k, 2), generator=gen)
+    for _ in range(MAX_REDRAWS):
+        hit = _member(pairs[:, 0] * n + pairs[:, 1], taken)
+        if not hit.any():
+            break
+        pairs[hit] = torch.randint(0, n, (int(hit.sum()), 2), generator=gen)
+    return pairs
+
+
+def _topology(data: GraphData) -> Any:
+    """What GraphContext takes: the engine's shared topology (ntp.engine.topology) or, in older layouts, the CSR."""
+    topology = getattr(data, "topology", None)
+    if topology is not None:
+        return topology
+    from ntp.engine.aggregate import CSR
+
+    return CSR.from_numpy(data.indptr, data.indices)
+
+
+def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any]:
+    """The fields of a ``Job`` (ntp.engine.setup) that trains link prediction on ``data``."""
+    if cfg.mode == "data":
+        raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
+    if not isinstance(data, LinkGraphData):  # read from a store: its edge splits too
+        data = with_link_splits(data, read_link_splits(cfg.store))
+    splits = data.link_splits
+    if cfg.resume and env.world > 1 and data.feature_dim == 0:
+        raise ConfigError("--resume of link prediction with learned node embeddings on several ranks is not supported "
+                          "(each rank's optimiser state of its embedding slice is not checkpointed): resume with one "
+                          "process (--nproc 1), or start afresh")
+    n = data.num_nodes
+    part = Partition(n, env.world, env.rank)
+    sizes = {k: (len(p), None if q is None else tuple(q.shape)) for k, (p, q) in splits.items()}
+    check_same_on_all_ranks("link graph (nodes, edges, features, splits)",
+                            (n, data.num_edges, data.feature_dim, sizes, cfg.to_json()))
+    comm = Comm(part, env.device, group=None)
+    model = LinkModel(cfg, n, data.feature_dim, part).to(env.device)
+    width = max(placement.propagated_width(cfg.arch, cfg.hidden, cfg.hidden), cfg.hidden)
+    ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
+                       memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload, width=width,
+                       nn_device=env.device)
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    task = LinkTask(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
+    return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer,
+                x=torch.from_numpy(data.features).to(env.device), y=torch.zeros(0), local_split={},
+                global_train_count=len(splits["train"][0]), link=task)
+
+
+class LinkTask:
+    """A link-prediction job's edges, its training epoch and its evaluation (ntp.engine.loop dispatches here)."""
+
+    def __init__(self, splits: dict, metric: str, ogb_name: str | None, num_nodes: int, taken: torch.Tensor,
+                 seed: int) -> None:
+        self.metric, self.ogb_name, self.n, self.taken = metric, ogb_name, num_nodes, taken
+        as_tensor = lambda a: None if a is None else torch.from_numpy(np.asarray(a, np.int64))  # noqa: E731
+        self.pos = {k: as_tensor(p) for k, (p, _) in splits.items()}
+        self.neg = {k: as_tensor(q) for k, (_, q) in splits.items()}
+        # OGB's examples report the training metric on as many random training edges as validation edges, ranked
+        # against the validation negatives (MRR's negatives belong to their own positives: no training metric then)
+        train = self.pos["train"]
+        pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[: len(self.pos["valid"])]
+        self.eval_sets = {"valid": (self.pos["valid"], self.neg["valid"]), "test": (self.pos["test"], self.neg["test"])}
+        if metric != "mrr":
+            self.eval_sets = {"train": (train[pick.sort().values], self.neg["valid"]), **self.eval_sets}
+
+    @staticmethod
+    def _pair_comm(num_pairs: int, comm: Comm) -> Comm:
+        pc = Comm(Partition(num_pairs, comm.world, comm.rank), comm.device, comm.group)
+        pc.stats = comm.stats  # one account of the rank's traffic
+        return pc
+
+    def train_epoch(self, job: Any, epoch: int) -> float:
+        """One epoch of mini-batch steps; returns the mean loss over the epoch's positive edges (all ranks)."""
+        cfg, model, comm, ctx = job.cfg, job.model, job.comm, job.ctx
+        model.train()
+        pos = self.pos["train"]
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+        perm = torch.randperm(len(pos), generator=gen)
+        steps = -(-len(pos) // cfg.link_batch)
+        total = torch.zeros(1, dtype=torch.float64, device=comm.device)
+        for b in range(steps):
+            idx = perm[b * cfg.link_batch : (b + 1) * cfg.link_batch]
+            k = len(idx)
+            pairs = torch.cat([pos[idx], sample_negatives(gen, self.n, k, self.taken)]).to(comm.device)
+            ctx.step = epoch * steps + b  # the encoder's dropout masks: one stream per step
+            job.optimizer.zero_grad(set_to_none=True)
+            h_cols = ctx.to_graph(model(job.x, ctx))
+            pc = self._pair_comm(len(pairs), comm)
+            scores = model.score(h_cols, pairs, pc, stream=cfg.seed * 1_000_003 + ctx.step)
+            r0, r1 = pc.part.rows()
+            positive = torch.arange(r0, r1, device=scores.device) < k
+            loss = torch.where(positive, -F.logsigmoid(scores), -F.logsigmoid(-scores)).sum() / k
+            loss.backward()
+            all_reduce_gradients(model.replicated(), comm)
+            if cfg.clip_grad:
+                clip_gradients(model, comm, cfg.clip_grad)
+            job.optimizer.step()
+            total += loss.detach().double() * k
+        if model.embedding is not None:
+            model.embedding.snapshot(ctx)  # the whole matrix for the state dict (best model, checkpoints)
+        return float(comm.all_reduce(total)[0]) / len(pos)
+
+    @torch.no_grad()
+    def evaluate(self, job: Any) -> dict[str, float]:
+        """The metric on train (a sample, see __init__), valid and test, identical on every rank."""
+        job.model.eval()
+        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
+        out = {}
+        for split, (pos, neg) in self.eval_sets.items():
+            s_pos = self._scores(job, h_cols, pos)
+            if self.metric == "mrr":  # negatives [E, K]: targets for each positive's source
+                src = pos[:, :1].expand(-1, neg.shape[1]).reshape(-1)
+                s_neg = self._scores(job, h_cols, torch.stack([src, neg.reshape(-1)], 1)).view(neg.shape)
+            else:
+                s_neg = self._scores(job, h_cols, neg)
+            out[split] = link_metric(self.metric, s_pos, s_neg, self.ogb_name)
+        return out
+
+    def _scores(self, job: Any, h_cols: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+        """Scores of all ``pairs`` on every rank (each rank scores its share, then all-gather)."""
+        parts = []
+        for start in range(0, len(pairs), EVAL_PAIRS):
+            chunk = pairs[start : start + EVAL_PAIRS].to(job.comm.device)
+            pc = self._pair_comm(len(chunk), job.comm)
+            own = job.model.score(h_cols, chunk, pc)
+            parts.append(pc.all_gather_rows(own.reshape(-1, 1).contiguous(), LINK)[:, 0].cpu())
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def clip_gradients(model: LinkModel, comm: Comm, max_norm: float) -> None:
+    """As OGB's examples: the embeddings, the encoder and the decoder each clipped to ``max_norm`` (torch's
+    clip_grad_norm_); the sliced embeddings' norm is summed over ranks."""
+    groups = [list(model.encoder.parameters()), list(model.decoder.parameters())]
+    for params in groups:
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            _scale(grads, torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])), max_norm)
+    emb = model.embedding
+    if emb is not None and emb.weight.grad is not None:
+        sq = comm.all_reduce(emb.weight.grad.pow(2).sum().reshape(1).double())
+        _scale([emb.weight.grad], sq.sqrt()[0].float(), max_norm)
+
+
+def _scale(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))

@@ -1,0 +1,53 @@
+"""What each rank runs in the link-prediction exactness tests: epochs of edge mini-batches, recording losses, the
+last step's gradients, and the scores of the validation pairs."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine.dist import distributed
+from ntp.engine.link_data import link_from_arrays
+from ntp.engine.loop import evaluate_splits, train_step
+from ntp.engine.setup import setup
+
+
+def link_graph(n: int = 50, d: int = 7, edges: int = 260, seed: int = 0) -> dict:
+    """A random undirected graph split into message-passing (train) edges and validation/test edges with negatives."""
+    rng = np.random.default_rng(seed)
+    pairs = np.unique(np.sort(rng.integers(0, n - 2, (edges, 2)), axis=1), axis=0)  # the last 2 nodes are isolated
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]][rng.permutation(len(pairs[pairs[:, 0] != pairs[:, 1]]))]
+    train, valid, test = pairs[:-40], pairs[-40:-20], pairs[-20:]
+    splits = {"train": (train, None), "valid": (valid, rng.integers(0, n, (30, 2))),
+              "test": (test, rng.integers(0, n, (25, 2)))}
+    graph = np.concatenate([train, train[:, ::-1]]).T
+    return {"n": n, "edge_index": graph, "splits": splits, "x": rng.normal(size=(n, d)).astype(np.float32)}
+
+
+def _loader(graph: dict, features: bool):
+    def load(cfg, world: int, rank: int):
+        return link_from_arrays(graph["edge_index"], graph["n"], graph["splits"], graph["x"] if features else None,
+                                world=world, rank=rank)
+    return load
+
+
+def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> dict:
+    job = setup(cfg, env, _loader(graph, features))
+    losses, grads = [], None
+    for epoch in range(epochs):
+        losses.append(train_step(job, epoch))
+        if grads is None:
+            grads = {n: p.grad.detach().clone() for n, p in job.model.named_parameters()}
+    job.model.eval()
+    with torch.no_grad():
+        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
+        pos, neg = job.link.eval_sets["valid"]
+        scores = torch.cat([job.link._scores(job, h_cols, pos), job.link._scores(job, h_cols, neg)])
+    state = {k: v.clone() for k, v in job.model.state_dict().items()}
+    return {"losses": losses, "grads": grads, "scores": scores, "metrics": evaluate_splits(job), "state": state,
+            "bytes": dict(job.comm.stats.bytes_sent)}
+
+
+def trace_all(configs: list[tuple[dict, bool]], graph: dict, epochs: int) -> list[dict]:
+    with distributed(60, "cpu") as env:
+        return [trace(TrainConfig(**c), features, graph, epochs, env) for c, features in configs]
