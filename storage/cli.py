@@ -86,7 +86,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
 def _info_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="show a store's metadata",
                        description="Validate a graph store and show its metadata.")
-    p.add_argument("store", help="path of a store built by `ntp data prepare`")
+    p.add_argument("store", help="path of a store built by `ntp data prepare`, or its URL on object storage "
+                                 "(s3://bucket/store, with the s3 extra)")
     p.add_argument("--json", action="store_true", help="print the metadata as JSON")
     p.add_argument("--verify", action="store_true", help="also read every array and check its checksum")
     p.set_defaults(func=_run_info)
@@ -98,7 +99,7 @@ def _run_info(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     if args.verify:
         store.verify()
-    meta = {**store.meta.to_dict(), "path": str(store.path)}
+    meta = {**store.meta.to_dict(), "path": str(store.location)}
     if args.json:
         print(json.dumps(meta, indent=2))
         return 0

@@ -13,6 +13,7 @@ from storage.csr import Preprocessing
 from storage.inputs import Digests, file_identity, tree_identity
 from storage.layout import Layout
 from storage.link_split import parse_ratios, with_link_split
+from storage.location import is_url
 from storage.paths import default_data_dir, default_store_path, options_digest, raw_dir
 from storage.progress import stderr_progress
 from storage.schema import FEATURE_DTYPES, StoreError
@@ -76,6 +77,10 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
     if self_loops and drop_self_loops:
         raise StoreError("--self-loops and --drop-self-loops contradict each other. Fix: pass only one")
     _check_sizes(nodes, avg_degree, features, classes)
+    if any(is_url(where) for where in (out, data_dir) if where is not None):
+        raise StoreError(f"stores are built in a folder, not at a URL ({out or data_dir}). Fix: build it with --out "
+                         "FOLDER, then upload the folder (e.g. `aws s3 cp --recursive FOLDER s3://bucket/store`) and "
+                         "train with --store s3://bucket/store")
     data_dir = _path(data_dir) or default_data_dir().resolve()
     from_dir, edges = _path(from_dir), _path(edges)
     node_features, labels, splits = _path(node_features), _path(labels), _path(splits)

@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,9 +14,12 @@ import zarr
 
 from storage import schema as S
 from storage.layout import expected_chunk_files
+from storage.location import Location, location_of
 from storage.schema import StoreError, StoreMeta, parse_meta, store_problem
 
 GENERIC_FIX = "delete it and run `ntp data prepare` again with the original options"
+OBJECT_STORE_FIX = ("check the URL and the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile), "
+                    "and AWS_ENDPOINT_URL for an S3-compatible server other than AWS")
 
 
 @dataclass
@@ -31,19 +33,27 @@ class CSRBlock:
     weights: np.ndarray | None
 
 
-def _read_attrs(path: Path) -> dict[str, Any]:
-    meta_file = path / "zarr.json"
-    if not path.is_dir():
-        raise store_problem(path, "no such store directory", "build it with `ntp data prepare NAME`")
+def _read_attrs(where: Location) -> dict[str, Any]:
     try:
-        doc = json.loads(meta_file.read_text())
+        if not where.exists():
+            raise store_problem(where, "no such store directory" if where.is_local else "nothing is stored there",
+                                "build it with `ntp data prepare NAME`" + ("" if where.is_local else
+                                                                          " and upload the folder there"))
+        doc = json.loads(where.read_text("zarr.json"))
     except FileNotFoundError:
-        raise store_problem(path, "zarr.json is missing (not a store, or an unfinished build)",
+        raise store_problem(where, "zarr.json is missing (not a store, or an unfinished build)",
                             GENERIC_FIX) from None
-    except (OSError, ValueError) as e:
-        raise store_problem(path, f"zarr.json is unreadable ({e})", GENERIC_FIX) from None
+    except ImportError as e:
+        raise store_problem(where, "cannot read it here", str(e)) from None
+    except (OSError, ValueError) as e:  # remote: access denied is an OSError too
+        fix = GENERIC_FIX if where.is_local or isinstance(e, ValueError) else OBJECT_STORE_FIX
+        raise store_problem(where, f"zarr.json is unreadable ({e})", fix) from None
+    except StoreError:
+        raise
+    except Exception as e:  # the object store's client: no credentials, no server, no bucket
+        raise store_problem(where, f"cannot be reached ({type(e).__name__}: {e})", OBJECT_STORE_FIX) from None
     if not isinstance(doc, dict):
-        raise store_problem(path, f"{meta_file} holds a JSON {type(doc).__name__}, not an object "
+        raise store_problem(where, f"zarr.json holds a JSON {type(doc).__name__}, not an object "
                             "(not a graph store, or an edited metadata file)", GENERIC_FIX)
     attrs = doc.get("attributes")
     if doc.get("node_type") != "group" or not isinstance(attrs, dict):
@@ -51,27 +61,29 @@ def _read_attrs(path: Path) -> dict[str, Any]:
     return attrs
 
 
-def is_graph_store(path: Path) -> bool:
+def is_graph_store(path: str | os.PathLike[str]) -> bool:
     """Whether `path` holds one of our stores (its zarr.json carries our metadata), even a damaged one."""
     try:
-        attrs = _read_attrs(Path(path))
+        attrs = _read_attrs(location_of(path))
     except StoreError:
         return False
     return "schema_version" in attrs and "fingerprint" in attrs and "rebuild_command" in attrs
 
 
-def _fix_from(attrs: dict[str, Any], path: Path) -> str:
-    """The recorded rebuild command, pointed at where the store is now (it may have moved)."""
+def _fix_from(attrs: dict[str, Any], where: Location) -> str:
+    """The recorded rebuild command, pointed at where the store is now (it may have moved); a store on object
+    storage is rebuilt in a folder and uploaded again."""
     cmd = attrs.get("rebuild_command")
     if not isinstance(cmd, str) or not cmd:
         return GENERIC_FIX
+    upload = "" if where.is_local else f", then upload the folder to {where} again"
     try:
         argv = shlex.split(cmd)
     except ValueError:
-        return f"rebuild it with `{cmd}`"
-    if "--out" in argv[:-1]:
-        argv[argv.index("--out") + 1] = str(path)
-    return f"rebuild it with `{shlex.join(argv)}`"
+        return f"rebuild it with `{cmd}`{upload}"
+    if "--out" in argv[:-1] and where.is_local:
+        argv[argv.index("--out") + 1] = str(where)
+    return f"rebuild it with `{shlex.join(argv)}`{upload}"
 
 
 def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -96,26 +108,26 @@ def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
 class GraphStore:
     """A validated, read-only graph store. Every method reads only the chunks it needs."""
 
-    def __init__(self, path: Path, meta: StoreMeta) -> None:
-        self.path = path
+    def __init__(self, location: Location, meta: StoreMeta) -> None:
+        self.location = location
         self.meta = meta
-        self._fix = _fix_from({"rebuild_command": meta.rebuild_command}, path)
+        self._fix = _fix_from({"rebuild_command": meta.rebuild_command}, location)
         try:
-            self._group = zarr.open_group(str(path), mode="r")
+            self._group = location.open_group()
         except Exception as e:  # zarr rejects an edited zarr.json in many ways
-            raise store_problem(path, f"zarr.json is not a valid Zarr group ({e})", self._fix) from None
+            raise store_problem(location, f"zarr.json is not a valid Zarr group ({e})", self._fix) from None
         self._arrays: dict[str, zarr.Array] = {}
 
     def __repr__(self) -> str:
         m = self.meta
-        return f"GraphStore({str(self.path)!r}, {m.name}: {m.num_nodes} nodes, {m.num_edges} edges)"
+        return f"GraphStore({str(self.location)!r}, {m.name}: {m.num_nodes} nodes, {m.num_edges} edges)"
 
     def _array(self, name: str) -> zarr.Array:
         if name not in self._arrays:
             try:
                 self._arrays[name] = self._group[name]
             except (KeyError, FileNotFoundError, ValueError) as e:
-                raise store_problem(self.path, f"array {name!r} is missing ({e})", self._fix) from None
+                raise store_problem(self.location, f"array {name!r} is missing ({e})", self._fix) from None
         return self._arrays[name]
 
     def _read(self, name: str, sel: Any = slice(None)) -> np.ndarray:
@@ -124,7 +136,7 @@ class GraphStore:
         except StoreError:
             raise
         except Exception as e:  # checksum mismatch, truncated or missing chunk
-            raise store_problem(self.path, f"array {name!r} cannot be read: {e}", self._fix) from None
+            raise store_problem(self.location, f"array {name!r} cannot be read: {e}", self._fix) from None
 
     # Topology -----------------------------------------------------------------------------
     def indptr(self) -> np.ndarray:
@@ -171,13 +183,13 @@ class GraphStore:
         if self.meta.task_type == "link":  # edge splits, not vertices: link_split
             return np.zeros(0, np.int64)
         if name not in self.meta.split_names:
-            raise ValueError(f"store {self.path} has no split {name!r}; it has {self.meta.split_names}")
+            raise ValueError(f"store {self.location} has no split {name!r}; it has {self.meta.split_names}")
         return self._read(S.SPLIT_PREFIX + name)
 
     def link_split(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
         """(positive pairs [E, 2], negatives or None) of a link-prediction split (see storage.schema.LINK_PREFIX)."""
         if self.meta.task_type != "link" or name not in self.meta.split_names:
-            raise ValueError(f"store {self.path} has no link split {name!r} (task {self.meta.task_type}, "
+            raise ValueError(f"store {self.location} has no link split {name!r} (task {self.meta.task_type}, "
                              f"splits {self.meta.split_names})")
         neg = S.link_array(name, "neg")
         return self._read(S.link_array(name, "pos")), self._read(neg) if neg in self.meta.checksums else None
@@ -188,31 +200,28 @@ class GraphStore:
         for name, (shape, dtype) in _expected_arrays(self.meta).items():
             arr = self._array(name)
             if shape is not None and tuple(arr.shape) != shape:
-                raise store_problem(self.path, f"array {name!r} has shape {tuple(arr.shape)} but the "
+                raise store_problem(self.location, f"array {name!r} has shape {tuple(arr.shape)} but the "
                                     f"metadata says {shape} (mismatched counts)", self._fix)
             if np.dtype(arr.dtype) != np.dtype(dtype):
-                raise store_problem(self.path, f"array {name!r} has dtype {arr.dtype}, expected {dtype}",
+                raise store_problem(self.location, f"array {name!r} has dtype {arr.dtype}, expected {dtype}",
                                     self._fix)
             self._check_chunks(name, arr)
         ptr = self._read(S.INDPTR, slice(self.meta.num_nodes, self.meta.num_nodes + 1))
         if int(ptr[0]) != self.meta.num_edges:
-            raise store_problem(self.path, f"indptr ends at {int(ptr[0])} but the metadata says "
+            raise store_problem(self.location, f"indptr ends at {int(ptr[0])} but the metadata says "
                                 f"{self.meta.num_edges} edges (mismatched counts)", self._fix)
 
     def _check_chunks(self, name: str, arr: zarr.Array) -> None:
         coords, size = expected_chunk_files(tuple(arr.shape), tuple(arr.chunks), arr.dtype.itemsize)
-        base = self.path / name / "c"
+        sizes = self.location.file_sizes(f"{name}/c")  # one listing: one request per 1000 objects on S3
         for c in coords:
-            f = base.joinpath(*map(str, c))
-            try:
-                actual = os.stat(f).st_size
-            except FileNotFoundError:
-                raise store_problem(self.path, f"chunk {f.relative_to(self.path)} of array {name!r} "
-                                    "is missing", self._fix) from None
+            f = "/".join([name, "c", *map(str, c)])
+            actual = sizes.get(f)
+            if actual is None:
+                raise store_problem(self.location, f"chunk {f} of array {name!r} is missing", self._fix)
             if actual != size:
-                raise store_problem(self.path, f"chunk {f.relative_to(self.path)} of array {name!r} "
-                                    f"has {actual} bytes, expected {size} (truncated or corrupt)",
-                                    self._fix)
+                raise store_problem(self.location, f"chunk {f} of array {name!r} has {actual} bytes, expected "
+                                    f"{size} (truncated or corrupt)", self._fix)
 
     def verify(self) -> None:
         """Deep check: read every array (chunk checksums) and compare content hashes."""
@@ -223,7 +232,7 @@ class GraphStore:
             for start in range(0, arr.shape[0], step):
                 h.update(np.ascontiguousarray(self._read(name, slice(start, start + step))).tobytes())
             if h.hexdigest() != expected:
-                raise store_problem(self.path, f"array {name!r} does not match its checksum", self._fix)
+                raise store_problem(self.location, f"array {name!r} does not match its checksum", self._fix)
         self._verify_metadata()
 
     def _verify_metadata(self) -> None:
@@ -233,12 +242,12 @@ class GraphStore:
             low, high = self._label_range()
             classes = high + 1
             if low < -1 or classes > m.num_classes:
-                raise store_problem(self.path, f"num_classes is {m.num_classes} but the labels range over "
+                raise store_problem(self.location, f"num_classes is {m.num_classes} but the labels range over "
                                     f"[{low}, {high}] (mismatched counts: the metadata was edited)", self._fix)
         if S.fingerprint(m.to_dict()) != m.fingerprint:
             hint = (f"; num_classes is {m.num_classes} but the labels use {classes} classes"
                     if classes is not None and classes != m.num_classes else "")
-            raise store_problem(self.path, "the metadata does not match its fingerprint (one of "
+            raise store_problem(self.location, "the metadata does not match its fingerprint (one of "
                                 f"{', '.join(S.FINGERPRINT_FIELDS)} was edited{hint})", self._fix)
 
     def _label_range(self) -> tuple[int, int]:
@@ -261,15 +270,16 @@ def _check_slice(s: slice | None, what: str) -> slice:
     return s
 
 
-def open_store(path: str | os.PathLike[str]) -> GraphStore:
-    """Open a store, validating its metadata and structure; raise StoreError naming the fix."""
-    path = Path(path)
-    attrs = _read_attrs(path)
-    fix = _fix_from(attrs, path)
+def open_store(path: str | os.PathLike[str] | Location) -> GraphStore:
+    """Open a store (a folder, or a URL such as ``s3://bucket/store``: storage.location), validating its metadata
+    and structure; raise StoreError naming the fix."""
+    where = location_of(path)
+    attrs = _read_attrs(where)
+    fix = _fix_from(attrs, where)
     try:
         meta = parse_meta(attrs)
     except ValueError as e:
-        raise store_problem(path, str(e), fix) from None
-    store = GraphStore(path, meta)
+        raise store_problem(where, str(e), fix) from None
+    store = GraphStore(where, meta)
     store.check_structure()
     return store

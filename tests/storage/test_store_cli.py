@@ -41,6 +41,9 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "no such store directory" in err and "Traceback" not in err
     assert main(["data", "prepare", "no-such-dataset", "--data-dir", str(tmp_path)]) == 2
     assert "--from-dir" in capsys.readouterr().err
+    assert main(["data", "prepare", "synthetic", "--out", "s3://bucket/store"]) == 2
+    assert "build it with --out FOLDER, then upload the folder" in capsys.readouterr().err
+    assert not (tmp_path / "s3:").exists() and not os.path.exists("s3:"), "no local folder named like the URL"
 
 
 def test_registers_on_a_foreign_parser(capsys):

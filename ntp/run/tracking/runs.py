@@ -86,9 +86,17 @@ class TrainingRun:
         from mlflow.data.sources import LocalArtifactDatasetSource
         from mlflow.entities import DatasetInput, InputTag
 
-        source = LocalArtifactDatasetSource(str(Path(store_path).resolve()))
+        from storage.location import is_url
+
+        if is_url(store_path):  # s3://...: MLflow's artifact source for that scheme
+            from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+            source = resolve_dataset_source(str(store_path))
+        else:
+            source = LocalArtifactDatasetSource(str(Path(store_path).resolve()))
         digest = str(meta.get("fingerprint") or "")[:36] or None
-        ds = MetaDataset(source=source, name=str(meta.get("name") or Path(store_path).name), digest=digest)
+        name = meta.get("name") or str(store_path).rstrip("/").rsplit("/", 1)[-1]
+        ds = MetaDataset(source=source, name=str(name), digest=digest)
         self.client.log_inputs(self.run_id, [DatasetInput(ds._to_mlflow_entity(),
                                                           tags=[InputTag("mlflow.data.context", "train")])])
 
