@@ -24,7 +24,7 @@ def evaluate_model(model_path: str, store: str, run_id: str | None = None,
     from ntp.engine.inference import evaluate_model as evaluate
 
     logger = get_run_logger()
-    metrics = evaluate(Path(model_path), Path(store))
+    metrics = evaluate(Path(model_path), store)  # a folder or a URL (storage.location)
     run_id = tracking.log_evaluation(run_id, metrics, model_path=model_path, store=store, experiment=experiment)
     logger.info("evaluation (%s): %s; MLflow run %s", metrics.get("metric"),
                 {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}, run_id)
