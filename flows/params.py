@@ -40,6 +40,9 @@ class DatasetOptions(BaseModel):
     labels: str | None = Field(None, description="Your own graph: labels file.")
     splits: str | None = Field(None, description="Your own graph: folder or file with train/valid/test indices.")
     force: bool = Field(False, description="Rebuild even when the store exists.")
+    link_split: str | None = Field(None, description="Link prediction for any homogeneous graph: 'VAL,TEST' fractions "
+                                   "of a seeded random edge split with negatives (e.g. '0.05,0.1').")
+    link_metric: str = Field("hits@20", description="Metric of a link_split store: hits@K or rocauc.")
 
     def prepare_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``storage.prepare`` (everything but the name)."""

@@ -20,7 +20,7 @@ _TRAINING_ONLY = {"mode": "single", "resume": False, "results": None, "checkpoin
 
 def evaluate_model(model_path: str | Path, store_path: str | Path, any_store: bool = False) -> dict:
     """Metrics of a saved model (``--model-out`` file) or a checkpoint (``ckpt-*.pt`` in ``--checkpoint-dir``) on
-    train/valid/test: {"train", "valid", "test", "metric"}. The store must be the one it was trained on (same
+    train/valid/test: {"train", "valid", "test", "metric", "task_type"}. The store must be the one it was trained on (same
     fingerprint) unless ``any_store``."""
     path = Path(model_path)
     if not path.is_file():
@@ -39,7 +39,7 @@ def evaluate_model(model_path: str | Path, store_path: str | Path, any_store: bo
     except RuntimeError as exc:
         raise ModelFileError(f"model {path} does not fit store {store_path} ({job.data.feature_dim} features, "
                              f"{job.data.out_dim} outputs): evaluate it on the store it was trained on") from exc
-    return {**evaluate_splits(job), "metric": job.data.metric}
+    return {**evaluate_splits(job), "metric": job.data.metric, "task_type": job.data.task_type}
 
 
 def _check_store(path: Path, saved: str | None, store_path: str | Path, any_store: bool) -> None:

@@ -252,7 +252,7 @@ def start_training_run(
     close_orphaned_runs(c, exp_id)
     commit = git_commit()
     run_tags = {TAG_KIND: "train", TAG_FLOW_RUN: flow_run_id, TAG_GIT: commit, "mlflow.source.git.commit": commit,
-                "mlflow.source.name": "ntp", **launcher_tags(), **(tags or {})}
+                "mlflow.source.name": "ntp", "ntp.task_type": meta.get("task_type"), **launcher_tags(), **(tags or {})}
     run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in run_tags.items() if v is not None})
     tr = TrainingRun(run.info.run_id, exp_id, c, uri, _as_int(meta.get("num_edges")))
     monitor = None
@@ -304,8 +304,9 @@ def log_evaluation(run_id: str | None, metrics: Mapping[str, Any], *, model_path
     items = [Metric(f"{prefix}/{k}", float(v), ts, 0) for k, v in metrics.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool)]
     c.log_batch(run_id, metrics=items)
-    if metrics.get("metric"):
-        c.set_tag(run_id, f"{prefix}.metric", str(metrics["metric"]))
+    for key in ("metric", "task_type"):
+        if metrics.get(key):
+            c.set_tag(run_id, f"{prefix}.{key}", str(metrics[key]))
     if finish:
         c.set_terminated(run_id, "FINISHED")
     return run_id

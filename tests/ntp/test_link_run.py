@@ -1,0 +1,88 @@
+"""Link prediction end to end: a store without features from an OGB link folder, a 2-rank torchrun job, the saved
+model evaluated in one process (ntp evaluate), the task type in the results, MLflow and the Prefect parameters."""
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine.inference import evaluate_model
+from ntp.records import read_results
+from ntp.run import tracking
+from ntp.run.launch import launch_training
+from ntp.spec import resolve
+from storage import open_store
+from storage.prepare import prepare
+
+
+def _community_folder(root: Path, n: int = 120, seed: int = 0) -> Path:
+    """An OGB link-layout folder: 4 communities, edges within them; negatives across them."""
+    rng = np.random.default_rng(seed)
+    group = np.arange(n) % 4
+    pairs = np.array([(u, v) for u in range(n) for v in range(u + 1, n) if group[u] == group[v] and rng.random() < 0.3])
+    pairs = pairs[rng.permutation(len(pairs))]
+    neg = rng.integers(0, n, (400, 2))
+    neg = neg[group[neg[:, 0]] != group[neg[:, 1]]][:120]
+    (root / "raw").mkdir(parents=True)
+    (root / "split" / "random").mkdir(parents=True)
+    train = pairs[:-80]
+    with gzip.open(root / "raw/edge.csv.gz", "wt") as f:
+        f.writelines(f"{u},{v}\n" for u, v in train)
+    with gzip.open(root / "raw/num-node-list.csv.gz", "wt") as f:
+        f.write(f"{n}\n")
+    for part, d in {"train": {"edge": train}, "valid": {"edge": pairs[-80:-40], "edge_neg": neg[:60]},
+                    "test": {"edge": pairs[-40:], "edge_neg": neg[60:]}}.items():
+        torch.save(d, root / "split" / "random" / f"{part}.pt")
+    return root
+
+
+@pytest.fixture(scope="module")
+def link_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("link")
+    return prepare("communities", from_dir=_community_folder(tmp / "folder"), out=tmp / "store", symmetrize=True,
+                   progress=lambda line: None)
+
+
+def test_two_ranks_train_and_one_process_evaluates(link_store: Path, tmp_path: Path) -> None:
+    cfg = TrainConfig(store=str(link_store), model="gcn", arch="coupled", hidden=16, epochs=30, lr=0.01, dropout=0.0,
+                      weight_decay=0.0, eval_every=5, link_batch=200, results=str(tmp_path / "r.jsonl"), model_out=str(tmp_path / "m.pt"), mode="tp")
+    launch_training(resolve(cfg, nproc=2, device="cpu", job_timeout_s=300), on_line=lambda line: None)
+    final = read_results(tmp_path / "r.jsonl").final
+    assert final is not None and final.task_type == "link" and final.metric == "hits@20"
+    assert final.test_metric is not None and final.test_metric > 0.5, final  # communities are easy to tell apart
+    ev = evaluate_model(tmp_path / "m.pt", link_store)  # one process: the saved embeddings are the whole matrix
+    assert ev["task_type"] == "link" and ev["metric"] == "hits@20"
+    assert ev["valid"] == pytest.approx(final.best_valid_metric, abs=1.5 / 40)  # at most one edge's rank may flip
+    assert ev["test"] == pytest.approx(final.test_metric, abs=1.5 / 40)
+
+
+def test_mode_data_is_refused(link_store: Path) -> None:
+    from ntp.engine.dist import DistEnv
+    from ntp.engine.setup import setup
+    from ntp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="link prediction runs tensor parallel"):
+        setup(TrainConfig(store=str(link_store), mode="data"), DistEnv(0, 1, 0, 1, torch.device("cpu"), None))
+
+
+def test_mlflow_and_prefect_carry_the_task(link_store: Path, tmp_path: Path) -> None:
+    meta = open_store(link_store).meta.to_dict()
+    with tracking.start_training_run({"model": "gcn", "store": str(link_store)}, world_size=2, store_meta=meta,
+                                     store_path=link_store, system_metrics=False) as run:
+        pass
+    got = run.client.get_run(run.run_id).data
+    assert got.tags["ntp.task_type"] == "link" and got.params["data.metric"] == "hits@20"
+    rid = tracking.log_evaluation(None, {"train": 0.5, "valid": 0.4, "test": 0.3, "metric": "hits@20",
+                                         "task_type": "link"}, model_path=tmp_path / "m.pt", store=link_store)
+    assert run.client.get_run(rid).data.tags["eval.task_type"] == "link"
+
+    from flows.params import DatasetOptions
+
+    opts = DatasetOptions(name="cora", from_dir="../shared/datasets/ogb-layout/cora", link_split="0.05,0.1",
+                          out=str(tmp_path / "cora-link"))
+    store = open_store(prepare(opts.name, progress=lambda line: None, **opts.prepare_kwargs()))
+    assert store.meta.task_type == "link" and store.meta.metric == "hits@20"
