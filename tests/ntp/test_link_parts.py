@@ -1,0 +1,76 @@
+"""Link prediction's parts on their own: metrics equal OGB's Evaluator, negatives avoid edges and are seeded, the
+sliced embeddings start from the same matrix for every world size, the reduce-scatter's backward is an all-gather."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ntp.engine.collectives import Comm, reduce_scatter_rows
+from ntp.engine.link import _member, sample_negatives
+from ntp.engine.link_eval import link_metric
+from ntp.engine.link_model import SlicedEmbedding
+from ntp.engine.partition import Partition
+from tests.ntp.spawn import run_on_ranks
+
+
+@pytest.mark.parametrize("metric,name", [("hits@20", "ogbl-ddi"), ("hits@50", "ogbl-collab"),
+                                         ("hits@100", "ogbl-ppa"), ("mrr", "ogbl-citation2")])
+def test_metrics_equal_ogb_evaluator(metric: str, name: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randn(500, generator=g) + 1.5
+    neg = torch.randn(500, 40, generator=g) if metric == "mrr" else torch.randn(3000, generator=g)
+    neg[:5] = pos[:5].reshape(-1, 1) if metric == "mrr" else pos[:5]  # ties count as OGB counts them
+    ours, ogb = link_metric(metric, pos, neg), link_metric(metric, pos, neg, name)
+    assert 0.0 < ours < 1.0 and ours == pytest.approx(ogb, abs=1e-6)
+
+
+def test_hits_with_fewer_negatives_than_k_is_one() -> None:
+    assert link_metric("hits@20", torch.zeros(3), torch.ones(5)) == 1.0  # OGB's convention
+
+
+def test_negatives_avoid_edges_and_are_seeded() -> None:
+    n = 30
+    rng = np.random.default_rng(0)
+    edges = rng.integers(0, n, (400, 2))
+    taken = torch.from_numpy(np.unique(edges[:, 0] * n + edges[:, 1]))
+    a = sample_negatives(torch.Generator().manual_seed(7), n, 500, taken)
+    b = sample_negatives(torch.Generator().manual_seed(7), n, 500, taken)
+    assert torch.equal(a, b) and a.shape == (500, 2)
+    assert not _member(a[:, 0] * n + a[:, 1], taken).any()
+    assert 0 <= int(a.min()) and int(a.max()) < n
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sliced_embeddings_are_slices_of_one_matrix(world: int) -> None:
+    whole = SlicedEmbedding(5000, 10, Partition(5000, 1, 0), seed=3).weight.detach()
+    bound = (6.0 / 5010) ** 0.5
+    assert float(whole.abs().max()) <= bound and float(whole.std()) > 0.5 * bound
+    parts = [SlicedEmbedding(5000, 10, Partition(5000, world, r), seed=3).weight.detach() for r in range(world)]
+    assert torch.equal(torch.cat(parts, dim=1), whole)
+    assert not torch.equal(SlicedEmbedding(5000, 10, Partition(5000, 1, 0), seed=4).weight.detach(), whole)
+
+
+def _reduce_scatter_worker(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from ntp.engine.dist import distributed
+
+    with distributed(30, "cpu") as env:
+        comm = Comm(Partition(n, env.world, env.rank), torch.device("cpu"))
+        x = (torch.arange(n * 2, dtype=torch.float32).view(n, 2) * (env.rank + 1)).requires_grad_()
+        out = reduce_scatter_rows(x, comm, "link")
+        (out * torch.arange(1, out.numel() + 1, dtype=torch.float32).view_as(out)).sum().backward()
+        return out.detach(), x.grad
+
+
+def test_reduce_scatter_rows_and_its_backward() -> None:
+    n, world = 7, 3
+    results = run_on_ranks(_reduce_scatter_worker, world, n)
+    total = torch.arange(n * 2, dtype=torch.float32).view(n, 2) * sum(r + 1 for r in range(world))
+    part = Partition(n, world, 0)
+    grads = []
+    for r, (out, _) in enumerate(results):
+        r0, r1 = part.rows(r)
+        assert torch.equal(out, total[r0:r1])
+        grads.append(torch.arange(1, (r1 - r0) * 2 + 1, dtype=torch.float32).view(r1 - r0, 2))
+    for _, grad in results:  # every rank's input fed every rank's sums: its gradient is all of them, gathered
+        assert torch.equal(grad, torch.cat(grads))
