@@ -140,7 +140,7 @@ class LinkTask:
             pairs = torch.cat([pos[idx], sample_negatives(gen, self.n, k, self.taken)]).to(comm.device)
             ctx.step = epoch * steps + b  # the encoder's dropout masks: one stream per step
             job.optimizer.zero_grad(set_to_none=True)
-            h_cols = ctx.to_graph(model(job.x, ctx))
+            h_cols = ctx.to_graph(model(job.x, ctx)).to(comm.device)  # (--offload all keeps it in host memory)
             pc = self._pair_comm(len(pairs), comm)
             scores = model.score(h_cols, pairs, pc, stream=cfg.seed * 1_000_003 + ctx.step)
             r0, r1 = pc.part.rows()
@@ -160,7 +160,7 @@ class LinkTask:
     def evaluate(self, job: Any) -> dict[str, float]:
         """The metric on train (a sample, see __init__), valid and test, identical on every rank."""
         job.model.eval()
-        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
+        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx)).to(job.comm.device)
         out = {}
         for split, (pos, neg) in self.eval_sets.items():
             s_pos = self._scores(job, h_cols, pos)

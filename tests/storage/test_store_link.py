@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from storage import open_store
+from storage.cli import main
 from storage.prepare import prepare
 from storage.schema import StoreError
 from storage.sources.link_arrays import load_split_file
@@ -58,8 +59,12 @@ def _small_splits(n: int = 30) -> dict[str, dict]:
             "test": {"edge": _pairs(rng, n, 10), "edge_neg": _pairs(rng, n, 12)}}
 
 
-def test_ogbl_ddi_as_shipped(tmp_path: Path) -> None:
+def test_ogbl_ddi_as_shipped(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = prepare("ogbl-ddi", from_dir=DDI, data_dir=tmp_path, progress=_quiet)
+    assert main(["data", "info", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert "task_type         link" in shown and "metric            hits@20" in shown
+    assert "link valid        133489 positive edges, 101882 negatives [101882, 2]" in shown
     store = open_store(path)
     m = store.meta
     assert (m.task_type, m.metric, m.num_nodes, m.feature_dim, m.ogb_name) == ("link", "hits@20", 4267, 0, "ogbl-ddi")
