@@ -29,7 +29,9 @@ def main() -> None:
     size, graphs = graph_selection(args, full_size="big")
     repeats, threads, dgl_py, dgl_note = single_process_settings(args)
 
-    from ntp.engine.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
+    from ntp.engine.aggregate import RowBlocks, SparseOperator
+    from ntp.engine.operators import CSR, gcn_values, scaling, with_self_loops
+    from ntp.engine.topology import from_csr
 
     rows = []
     for gname, store in graph_stores(graphs, size).items():
@@ -39,7 +41,11 @@ def main() -> None:
         n, nnz = csr.num_nodes, csr.num_edges
         h = torch.randn(n, args.width, requires_grad=True)
         grad = torch.randn(n, args.width)
-        op = SparseOperator(csr, values)
+        topo = from_csr(a["indptr"], a["indices"])  # what ntp runs: unit-weight topology, GCN as a scaling
+        cpu = torch.device("cpu")
+        forward = RowBlocks(topo.indptr, topo.indices, [0, n], cpu)
+        backward = forward if topo.symmetric else RowBlocks(topo.t_indptr, topo.t_indices, [0, n], cpu)
+        op = SparseOperator(forward, backward, scaling(topo, "gcn"))
 
         def ntp_step():
             h.grad = None

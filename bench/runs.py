@@ -20,9 +20,10 @@ def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.jsonl"
         mode = cfg_fields.pop("mode")
+        device = cfg_fields.pop("device", "auto")
         cfg = TrainConfig(store=str(store), epochs=epochs, results=str(results), eval_every=10**6,
                           mode=mode if nproc > 1 or mode == "data" else "single", **cfg_fields)
-        launch_training(resolve(cfg, nproc=nproc, job_timeout_s=900), on_line=lambda line: None)
+        launch_training(resolve(cfg, nproc=nproc, device=device, job_timeout_s=1800), on_line=lambda line: None)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
     epochs_recs = [r for r in recs if "epoch" in r][1:] or [r for r in recs if "epoch" in r]
     m = len(epochs_recs[0]["workers"])
@@ -35,4 +36,18 @@ def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
     return {"epoch_s": statistics.median(e["epoch_s"] for e in epochs_recs), "MB_per_rank": statistics.mean(sent) / 1e6,
             "graph_MB_per_rank": statistics.mean(graph_sent) / 1e6, "bytes_max/min": ratio(sent),
             "compute_max/min": ratio(compute), "comm_max/min": ratio(comm), "compute_max_s": max(compute),
-            "comm_max_s": max(comm), "graph_bytes_per_rank": graph_sent}
+            "comm_max_s": max(comm), "graph_bytes_per_rank": graph_sent, **_memory(epochs_recs, recs)}
+
+
+def _memory(epoch_recs: list[dict], recs: list[dict]) -> dict:
+    """Memory of the last epoch: peak per rank (max), the node's host PSS (sum over ranks: one node here), the
+    topology's bytes (one copy per node) and what it keeps on a device (max over ranks), and the edge count."""
+    from storage import open_store
+
+    last = epoch_recs[-1]["workers"]
+    final = recs[-1]
+    return {"peak_mem_max": max(w.get("peak_mem_bytes", 0) for w in last),
+            "host_pss_node": sum(w.get("host_pss_bytes", 0) for w in last),
+            "topology_bytes": last[0].get("topology_bytes", 0),
+            "device_topology_bytes": max(w.get("device_topology_bytes", 0) for w in last),
+            "edges": open_store(final["config"]["store"]).meta.num_edges}

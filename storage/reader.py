@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,6 +145,21 @@ class GraphStore:
 
     def indices(self) -> np.ndarray:
         return self._read(S.INDICES)
+
+    def read_into(self, name: str, out: np.ndarray, threads: int = 8) -> np.ndarray:
+        """1-d array ``name`` (e.g. ``S.INDICES``) read straight into ``out`` (same length, any dtype it casts to
+        without loss), a few chunks per block, blocks in parallel: no whole-array temporary."""
+        arr = self._array(name)
+        if out.shape != tuple(arr.shape):
+            raise ValueError(f"array {name!r} has shape {tuple(arr.shape)}, the output {out.shape}")
+        step = arr.chunks[0] * 4
+
+        def block(start: int) -> None:
+            out[start : start + step] = self._read(name, slice(start, start + step))
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(block, range(0, arr.shape[0], step)))
+        return out
 
     def edge_weights(self) -> np.ndarray | None:
         return self._read(S.WEIGHTS) if self.meta.has_edge_weights else None

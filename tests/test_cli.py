@@ -55,7 +55,9 @@ def test_train_dry_run_prints_the_launch_the_plan_and_the_command(cora_store: st
     from ntp.run.cli import main
 
     results = tmp_path / "r.jsonl"
-    argv = ["train", "--store", cora_store, "--nproc", "2", "--device", "cpu", "--memory-budget", "300KB",
+    from tests.ntp.graphs import store_budget
+
+    argv = ["train", "--store", cora_store, "--nproc", "2", "--device", "cpu", "--memory-budget", store_budget(cora_store),
             "--results", str(results), "--no-track", "--dry-run"]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -71,7 +73,7 @@ def test_train_dry_run_prints_the_launch_the_plan_and_the_command(cora_store: st
 @pytest.mark.parametrize("argv, message", [
     (["--store", "/nonexistent/store"], "no such store"),
     (["--mode", "single", "--nproc", "2"], "--mode single runs one process"),
-    (["--memory-budget", "1KB", "--nproc", "2", "--device", "cpu"], "cannot hold the aggregation"),
+    (["--memory-budget", "1KB", "--nproc", "2", "--device", "cpu"], "cannot hold this rank: topology"),
 ])
 def test_train_dry_run_refuses_bad_input_with_exit_2(cora_store: str, argv: list[str], message: str,
                                                      capsys: pytest.CaptureFixture[str]) -> None:

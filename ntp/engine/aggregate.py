@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ntp.engine.chunking import in_phase
+from ntp.engine.operators import CSR, Scaling, transpose
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -57,77 +58,6 @@ def edge_softmax(logits: torch.Tensor, dst: torch.Tensor, num_rows: int) -> torc
     return ex / denom[dst]
 
 
-# -- topology -------------------------------------------------------------------------------------------------------
-@dataclass
-class CSR:
-    """A square CSR matrix over in-edges (int64 index tensors), optionally with the CSR of its transpose."""
-
-    indptr: torch.Tensor
-    indices: torch.Tensor
-    num_nodes: int
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.indices.shape[0])
-
-    def in_degrees(self) -> torch.Tensor:
-        return self.indptr[1:] - self.indptr[:-1]
-
-    def edge_rows(self) -> torch.Tensor:
-        """Destination vertex of every edge, in CSR order."""
-        return torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degrees())
-
-    @staticmethod
-    def from_numpy(indptr: np.ndarray, indices: np.ndarray) -> "CSR":
-        return CSR(torch.from_numpy(np.asarray(indptr, dtype=np.int64)),
-                   torch.from_numpy(np.asarray(indices, dtype=np.int64)), len(indptr) - 1)
-
-
-def transpose(csr: CSR) -> tuple[CSR, torch.Tensor]:
-    """The CSR of ``A^T`` and ``perm`` such that edge ``e`` of ``A^T`` is edge ``perm[e]`` of ``A``."""
-    perm = torch.argsort(csr.indices, stable=True)
-    indices_t = csr.edge_rows()[perm]
-    counts = torch.bincount(csr.indices, minlength=csr.num_nodes)
-    indptr_t = torch.zeros(csr.num_nodes + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=indptr_t[1:])
-    return CSR(indptr_t, indices_t, csr.num_nodes), perm
-
-
-def with_self_loops(csr: CSR, keep_existing: bool = False) -> CSR:
-    """``A + I`` as a pattern: one self-loop added per vertex (last in its row).
-
-    By default existing self-loops are removed first (PyG's "remaining" self-loops for unweighted graphs);
-    ``keep_existing`` keeps them (the sum of GIN counts them on top of the root term)."""
-    rows = csr.edge_rows()
-    keep = torch.ones_like(rows, dtype=torch.bool) if keep_existing else csr.indices != rows
-    n = csr.num_nodes
-    all_rows = torch.cat([rows[keep], torch.arange(n)])
-    all_cols = torch.cat([csr.indices[keep], torch.arange(n)])
-    order = torch.argsort(all_rows, stable=True)
-    counts = torch.bincount(all_rows, minlength=n)
-    indptr = torch.zeros(n + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=indptr[1:])
-    return CSR(indptr, all_cols[order], n)
-
-
-# -- normalisations (pure functions: edge values for a pattern) -------------------------------------------------------
-def gcn_values(pattern: CSR) -> torch.Tensor:
-    """``D^-1/2 A D^-1/2`` with ``D`` the in-degrees of the pattern (pass it ``with_self_loops`` for GCN)."""
-    deg = pattern.in_degrees().to(torch.float64)
-    dinv = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
-    return (dinv[pattern.edge_rows()] * dinv[pattern.indices]).to(torch.float32)
-
-
-def mean_values(pattern: CSR) -> torch.Tensor:
-    """``D^-1 A``: the mean over in-neighbours (vertices without in-edges aggregate to zero)."""
-    deg = pattern.in_degrees().to(torch.float32).clamp(min=1)
-    return (1.0 / deg)[pattern.edge_rows()]
-
-
-def sum_values(pattern: CSR) -> torch.Tensor:
-    return torch.ones(pattern.num_edges, dtype=torch.float32)
-
-
 # -- operators ------------------------------------------------------------------------------------------------------
 def uniform_bounds(n: int, chunk_rows: int) -> list[int]:
     """Row boundaries of chunks of ``chunk_rows`` rows (0: one chunk)."""
@@ -137,42 +67,42 @@ def uniform_bounds(n: int, chunk_rows: int) -> list[int]:
 
 
 class RowBlocks:
-    """The row blocks of one CSR matrix cut at ``bounds``, applied chunk by chunk on ``device``.
+    """The row blocks of one unit-weight CSR matrix cut at ``bounds``, applied chunk by chunk on ``device``.
 
-    ``offload`` says what stays in host memory (pinned on CUDA):
+    ``offload`` says what stays in host memory:
 
-    - ``"none"``: every block lives on the device;
-    - ``"topology"``: blocks are copied to the device when needed; on CUDA the next block's copy runs on a separate
-      stream while the current block computes;
+    - ``"none"``: the indices are copied to the device once; chunks are views of them;
+    - ``"topology"``: each chunk's indices are copied to the device when it runs. On CUDA they go through two pinned
+      staging buffers allocated once (double buffering), on a side stream, while the previous chunk computes;
     - ``"all"``: as ``"topology"``, and the dense input ``h`` stays in host memory too: each chunk's columns are
-      renumbered to the chunk's own sources, only those rows of ``h`` are copied to the device, and the output rows
-      come back to ``h``'s memory (on CUDA the next chunk's rows are copied on the side stream too, when ``h`` is
-      complete before the loop). The device then holds one chunk's working set (edges, gathered source rows,
-      output rows): what ntp.engine.chunking's memory budget counts.
+      renumbered to the chunk's own sources, only those rows of ``h`` are copied to the device (staged the same
+      way), and the output rows come back to ``h``'s memory. The device then holds one chunk's working set (edges,
+      gathered source rows, output rows): what ntp.engine.chunking's memory budget counts.
 
     On CPU the three forms compute the same products with the same kernel; only where the inputs come from differs.
     """
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, num_cols: int,
-                 bounds: list[int], device: torch.device, offload: str = "none") -> None:
-        self.bounds, self.num_cols, self.device, self.offload = list(bounds), num_cols, device, offload
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, bounds: list[int], device: torch.device,
+                 offload: str = "none") -> None:
+        self.bounds, self.device, self.offload = list(bounds), device, offload
+        self.indptr, self.indices = indptr, indices  #: host topology (for schedules: which sources a chunk needs)
         self.num_rows = bounds[-1]
         self.gathers_rows = offload == "all"
         self.sources: list[torch.Tensor] = []  # per chunk (offload "all"): the chunk's source ids, sorted
-        parts = []
+        if offload == "none":
+            indices = indices.to(device)
+        self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # per chunk: row pointers and columns
         for r0, r1 in self.ranges():
             e0, e1 = int(indptr[r0]), int(indptr[r1])
             cols = indices[e0:e1]
             if self.gathers_rows:
-                src, cols = torch.unique(cols, return_inverse=True)
+                src, inverse = torch.unique(cols, return_inverse=True)
                 self.sources.append(src)
-            parts.append((indptr[r0 : r1 + 1] - e0, cols, values[e0:e1]))
-        if offload == "none":
-            self._parts = [tuple(t.to(device) for t in p) for p in parts]
-        elif device.type == "cuda":
-            self._parts = [tuple(t.contiguous().pin_memory() for t in p) for p in parts]
-        else:
-            self._parts = parts
+                cols = inverse.to(cols.dtype)
+            crow = indptr[r0 : r1 + 1] - e0
+            if cols.dtype == torch.int32 and e1 - e0 >= 2**31:  # torch wants one index type per CSR
+                cols = cols.long()
+            self._parts.append((crow.to(cols.dtype).to(device if offload == "none" else crow.device), cols))
 
     def ranges(self) -> list[tuple[int, int]]:
         return list(zip(self.bounds[:-1], self.bounds[1:]))
@@ -180,49 +110,59 @@ class RowBlocks:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
-    def __iter__(self):
-        return self.chunks()
+    def device_bytes(self) -> int:
+        """Bytes this pattern keeps on a CUDA device between products (0 when offloaded or on the CPU)."""
+        if self.offload != "none" or self.device.type != "cuda":
+            return 0
+        return self.indices.numel() * self.indices.element_size() + sum(c.numel() * c.element_size()
+                                                                        for c, _ in self._parts)
 
-    def chunks(self, rows_from: torch.Tensor | None = None):
-        """``(r0, r1, apply)`` for every chunk, in order; ``apply(h)`` is the chunk's rows of ``M @ h``, returned
-        in ``h``'s memory. The chunk's topology is on the device when it is yielded (streamed when offloaded).
+    def chunks(self, scaling: Scaling, rows_from: torch.Tensor | None = None):
+        """``(r0, r1, apply)`` for every chunk, in order; ``apply(h)`` is the chunk's rows of ``M @ h`` (``M``: this
+        pattern under ``scaling``, whose vectors live on the device), returned in ``h``'s memory. The chunk's
+        topology is on the device when it is yielded (streamed when offloaded).
 
         ``rows_from``: the input, when it is complete before the loop starts (pipelining fills it during the loop):
-        on CUDA with ``offload="all"`` the next chunk's source rows are then copied on the side stream too."""
+        on CUDA with ``offload="all"`` the next chunk's source rows are then staged on the side stream too."""
         streamed = self.offload != "none" and self.device.type == "cuda"
         parts = self._stream_cuda(rows_from if self.gathers_rows else None) if streamed else iter(self._parts)
         for j, ((r0, r1), part) in enumerate(zip(self.ranges(), parts)):
-            yield r0, r1, lambda h, part=part, j=j, rows=r1 - r0: self._apply(part, j, rows, h)
+            yield r0, r1, lambda h, part=part, j=j, r0=r0, r1=r1: self._apply(part, j, r0, r1, h, scaling)
 
-    def _apply(self, part: tuple[torch.Tensor, ...], j: int, rows: int, h: torch.Tensor) -> torch.Tensor:
-        crow, col, val, *prefetched = part
-        if prefetched:
-            x = prefetched[0]
-        elif self.gathers_rows:
+    def _apply(self, part: tuple[torch.Tensor, ...], j: int, r0: int, r1: int, h: torch.Tensor,
+               scaling: Scaling) -> torch.Tensor:
+        crow, col, *prefetched = part
+        pre = scaling.pre
+        if self.gathers_rows:
             src = self.sources[j]
-            x = h.index_select(0, src if src.device == h.device else src.to(h.device))
-            if x.device != self.device:
-                x = (x.pin_memory() if self.device.type == "cuda" else x).to(self.device, non_blocking=True)
+            x = prefetched[0] if prefetched else h.index_select(0, src.to(h.device)).to(self.device)
+            pre = None if pre is None else pre.index_select(0, src.to(pre.device))
         else:
             x = h
-        y = csr_matmul(torch.sparse_csr_tensor(crow, col, val, size=(rows, x.shape[0])), x)
+        col_d = col if col.device == self.device else col.to(self.device)
+        values = x.new_ones(1).expand(col_d.shape[0]) if pre is None else pre.index_select(0, col_d).to(x.dtype)
+        y = csr_matmul(torch.sparse_csr_tensor(crow.to(self.device), col_d, values, size=(r1 - r0, x.shape[0])), x)
+        if scaling.post is not None:
+            y.mul_(scaling.post[r0:r1, None].to(y.dtype))
+        if scaling.diag is not None:
+            y.addcmul_(scaling.diag[r0:r1, None].to(y.dtype), h[r0:r1].to(y.device))
         return y if y.device == h.device else y.to(h.device)
 
     def _stream_cuda(self, rows_from: torch.Tensor | None):  # its loop is tested with no-op streams; overlap needs a GPU
+        """Each chunk's topology (and, given ``rows_from``, its gathered source rows) copied into one of two pinned
+        staging buffers and from there to the device on a side stream, one chunk ahead of the compute."""
         copy_stream = torch.cuda.Stream(self.device)
         compute_stream = torch.cuda.current_stream(self.device)
+        staging = [_Staging(self, rows_from) for _ in range(2)]
 
         def prefetch(j: int):
-            host = self._parts[j]
-            if rows_from is not None:  # this chunk's source rows, gathered (into pinned memory when on the host)
-                rows = rows_from.index_select(0, self.sources[j].to(rows_from.device))
-                host = host + (rows.pin_memory() if rows.device.type == "cpu" else rows,)
-            copy_stream.wait_stream(compute_stream)  # never overwrite memory the compute stream still reads
+            slot = staging[j % 2]
+            host = slot.fill(j, rows_from)  # waits until the slot's previous copy has left it
+            copy_stream.wait_stream(compute_stream)  # never overwrite device memory the compute stream still reads
             with torch.cuda.stream(copy_stream):
                 tensors = tuple(t.to(self.device, non_blocking=True) for t in host)
-                done = torch.cuda.Event()
-                done.record(copy_stream)
-            return tensors, done
+                slot.copied.record(copy_stream)
+            return tensors, slot.copied
 
         pending = prefetch(0) if len(self) else None
         for j in range(len(self)):
@@ -233,41 +173,82 @@ class RowBlocks:
             pending = prefetch(j + 1) if j + 1 < len(self) else None
             yield tensors
 
-    def matmul(self, h: torch.Tensor) -> torch.Tensor:
+    def matmul(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
         """``M @ h``, chunk by chunk, into one preallocated output in ``h``'s memory (never a concatenation)."""
         if len(self) == 1:
-            (_, _, apply), = self.chunks(rows_from=h)
+            (_, _, apply), = self.chunks(scaling, rows_from=h)
             return apply(h)
         out = h.new_empty(self.num_rows, h.shape[1])
-        for r0, r1, apply in self.chunks(rows_from=h):
+        for r0, r1, apply in self.chunks(scaling, rows_from=h):
             out[r0:r1] = apply(h)
         return out
 
 
+class _Staging:
+    """One pinned host buffer set, sized for the largest chunk: row pointers, columns and (for gathered rows) the
+    source rows. Allocated once per loop; :meth:`fill` reuses it only after its previous copy has finished."""
+
+    def __init__(self, blocks: RowBlocks, rows_from: torch.Tensor | None) -> None:
+        parts = blocks._parts
+        self.crow = torch.empty(max(p[0].numel() for p in parts), dtype=parts[0][0].dtype).pin_memory()
+        self.cols = torch.empty(max(p[1].numel() for p in parts), dtype=parts[0][1].dtype).pin_memory()
+        self.rows = None
+        if rows_from is not None:
+            most = max(s.numel() for s in blocks.sources)
+            self.rows = torch.empty(most, rows_from.shape[1], dtype=rows_from.dtype).pin_memory()
+        self.blocks = blocks
+        self.copied = torch.cuda.Event()
+
+    def fill(self, j: int, rows_from: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        self.copied.synchronize()
+        crow, cols = self.blocks._parts[j]
+        out = [self.crow[: crow.numel()].copy_(crow), self.cols[: cols.numel()].copy_(cols)]
+        if self.rows is not None:
+            src = self.blocks.sources[j]
+            out.append(torch.index_select(rows_from, 0, src.to(rows_from.device), out=self.rows[: src.numel()]))
+        return tuple(out)
+
+
+@dataclass
+class ScaledBlocks:
+    """Row blocks under one scaling: what a chunk loop iterates (``(r0, r1, apply)`` per chunk)."""
+
+    blocks: RowBlocks
+    scaling: Scaling
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self):
+        return self.blocks.chunks(self.scaling)
+
+    def matmul(self, h: torch.Tensor) -> torch.Tensor:
+        return self.blocks.matmul(h, self.scaling)
+
+
 class SparseOperator:
-    """A fixed sparse matrix ``A`` (values carry no gradient); :meth:`__call__` is ``A @ h`` with backward ``A^T @ g``.
+    """A fixed sparse matrix ``M`` (a :class:`Scaling` of a unit-weight pattern); :meth:`__call__` is ``M @ h`` with
+    backward ``M^T @ g``, both over the chunks of the blocks' ``bounds``.
 
-    Both products run over the chunks of ``bounds`` (destination rows of ``A``; source rows of ``A^T``): one chunk
-    by default, ``chunk_rows`` rows each, or any boundaries from a chunk plan (ntp.engine.chunking)."""
+    ``forward_blocks`` / ``backward_blocks`` are the row blocks of ``A`` and ``A^T`` (shared between operators over
+    the same topology, and the same object when ``A`` is symmetric)."""
 
-    def __init__(self, pattern: CSR, values: torch.Tensor, chunk_rows: int = 0, device: torch.device | None = None,
-                 *, bounds: list[int] | None = None, offload: str = "none") -> None:
-        device = device or torch.device("cpu")
-        self.num_nodes = pattern.num_nodes
-        self.nnz = pattern.num_edges
-        self.bounds = list(bounds) if bounds is not None else uniform_bounds(pattern.num_nodes, chunk_rows)
-        self.chunk_rows = chunk_rows
-        t, perm = transpose(pattern)
-        n = pattern.num_nodes
-        #: kept for schedules that need the pattern (ntp.engine.overlap: which sources each chunk needs)
-        self.pattern, self.transposed = pattern, t
+    def __init__(self, forward_blocks: RowBlocks, backward_blocks: RowBlocks, scaling: Scaling) -> None:
+        self.forward_blocks, self.backward_blocks = forward_blocks, backward_blocks
+        self.bounds = forward_blocks.bounds
+        self.scaling = scaling.to(forward_blocks.device)
+        self.forward = ScaledBlocks(forward_blocks, self.scaling)  #: ``M``, chunk by chunk
+        self.backward = ScaledBlocks(backward_blocks, self.scaling.transposed())  #: ``M^T``, chunk by chunk
         self.phases = None  #: a ntp.engine.chunking.PhaseMemory, set by the context that records peak memory per phase
-        self.forward_blocks = RowBlocks(pattern.indptr, pattern.indices, values, n, self.bounds, device, offload)
-        self.backward_blocks = RowBlocks(t.indptr, t.indices, values[perm], n, self.bounds, device, offload)
 
     @property
     def num_chunks(self) -> int:
         return len(self.bounds) - 1
+
+    @property
+    def has_diagonal(self) -> bool:
+        """Whether a row's own input is part of its output (each chunk then needs its own rows)."""
+        return self.scaling.diag is not None
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         return _FixedSpMM.apply(h, self)
@@ -278,12 +259,12 @@ class _FixedSpMM(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor, op: SparseOperator) -> torch.Tensor:
         ctx.op = op
         with in_phase(op.phases):
-            return op.forward_blocks.matmul(h)
+            return op.forward.matmul(h)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         with in_phase(ctx.op.phases):
-            return ctx.op.backward_blocks.matmul(grad.contiguous()), None
+            return ctx.op.backward.matmul(grad.contiguous()), None
 
 
 class EdgeWeightedTopology:

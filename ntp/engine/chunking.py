@@ -31,9 +31,9 @@ import torch
 
 from ntp.errors import MemoryPlanError
 
-#: Bytes per edge of a chunk's working set: int64 index + fp32 value + kernel scratch (torch's CPU CSR kernel
-#: converts indices; measured ~8 B/edge transient).
-EDGE_BYTES = 8 + 4 + 8
+#: Bytes per edge of a chunk's working set: its int32 index (streamed when offloaded), its fp32 value (gathered
+#: when the chunk runs) and kernel scratch (torch's CPU CSR kernel converts indices; measured ~8 B/edge transient).
+EDGE_BYTES = 4 + 4 + 8
 #: Bytes per row of a chunk besides its values: the row pointer.
 ROW_BYTES = 8
 #: Share of free device memory the default CUDA budget may use.
@@ -93,7 +93,7 @@ def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:
     ``budget``."""
     num_nodes = len(costs)
     worst = int(costs.argmax()) if num_nodes else 0
-    if num_nodes and costs[worst] > budget:
+    if num_nodes and costs[worst] > budget or budget <= 0:
         raise MemoryPlanError(
             f"memory budget {format_bytes(budget)} cannot hold the aggregation of vertex {worst} alone "
             f"({format_bytes(int(costs[worst]))} for its edges and {width}-wide rows); raise --memory-budget "
@@ -124,16 +124,33 @@ def default_device_budget(device: torch.device, resident_bytes: int) -> int:
     return max(int((free - resident_bytes) * DEVICE_MARGIN), 1) if free else 0
 
 
-def make_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, *, chunk_rows: int = 0,
-              memory_budget: int = 0, width: int = 1, device: torch.device | None = None,
-              resident_bytes: int = 0) -> ChunkPlan:
-    """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default."""
+def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, memory_budget: int = 0,
+              width: int = 1, device: torch.device | None = None, resident: dict[str, int] | None = None) -> ChunkPlan:
+    """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default.
+
+    ``resident``: what stays in the rank's memory besides the chunks (topology, embeddings, NN stage), by name. A
+    budget bounds all of it: the chunks get what the resident parts leave, and a budget they do not leave room in
+    is a :class:`MemoryPlanError` that names every part."""
+    num_nodes = len(in_deg)
     if chunk_rows:
         return uniform_plan(num_nodes, chunk_rows)
-    budget = memory_budget or default_device_budget(device or torch.device("cpu"), resident_bytes)
-    if not budget:
-        return ChunkPlan([0, num_nodes])
-    return budget_plan(indptr, indices, num_nodes, width, budget)
+    resident = resident or {}
+    kept = sum(resident.values())
+    if not memory_budget:
+        budget = default_device_budget(device or torch.device("cpu"), kept)
+        return plan_for_costs(degree_costs(in_deg, out_deg, width), width, budget) if budget else ChunkPlan([0, num_nodes])
+    costs = degree_costs(in_deg, out_deg, width)
+    try:
+        plan = plan_for_costs(costs, width, memory_budget - kept)
+    except MemoryPlanError:
+        parts = ", ".join(f"{name} {format_bytes(b)}" for name, b in resident.items() if b)
+        need = kept + int(costs.max())
+        raise MemoryPlanError(
+            f"memory budget {format_bytes(memory_budget)} cannot hold this rank: {parts or 'nothing'} stay resident "
+            f"and the largest chunk (one vertex) needs {format_bytes(int(costs.max()))} more; raise --memory-budget "
+            f"to at least {format_bytes(need)}, or keep less resident (--offload topology, --offload all, "
+            "--nn-device cpu), or use more ranks (narrower column slices)") from None
+    return ChunkPlan(plan.bounds, f"{plan.reason} ({format_bytes(kept)} resident besides)" if kept else plan.reason)
 
 
 # -- deduplicated sources per chunk (what pipelining sends) -----------------------------------------------------------
@@ -151,12 +168,15 @@ class SourceSchedule:
         return sum(int(s.numel()) for s in self.new_sources)
 
 
-def source_schedule(indptr: torch.Tensor, indices: torch.Tensor, plan: ChunkPlan, send_once: bool = True) -> SourceSchedule:
+def source_schedule(indptr: torch.Tensor, indices: torch.Tensor, plan: ChunkPlan, send_once: bool = True,
+                    own_rows: bool = False) -> SourceSchedule:
+    """The sources each chunk needs; ``own_rows``: a chunk also needs its own rows (an operator with a diagonal)."""
     n = plan.num_nodes
     first = torch.full((n,), plan.num_chunks, dtype=torch.int64)  # chunk that first needs each vertex
     per_chunk = []
     for j, (a, b) in enumerate(plan.ranges()):
-        src = torch.unique(indices[int(indptr[a]) : int(indptr[b])])
+        src = indices[int(indptr[a]) : int(indptr[b])].long()
+        src = torch.unique(torch.cat([src, torch.arange(a, b)]) if own_rows else src)
         if send_once:
             fresh = src[first[src] == plan.num_chunks]
             first[fresh] = j

@@ -5,16 +5,14 @@ from functools import cached_property
 
 import torch
 
-from ntp.engine.aggregate import CSR, EdgeWeightedTopology, SparseOperator, gcn_values, mean_values, sum_values, with_self_loops
+from ntp.engine.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator
 from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
 from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
 from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
-from ntp.engine.placement import graph_resident_bytes
-
-#: Propagation operators by name. "gcn": D^-1/2 (A+I) D^-1/2; "mean": D^-1 A (SAGE); "mean_self": D^-1 (A+I);
-#: "sum_root": A + I (GIN with eps = 0, existing self-loops kept as in PyG).
-OPERATORS = ("gcn", "mean", "mean_self", "sum_root")
+from ntp.engine.operators import CSR, scaling, with_self_loops
+from ntp.engine.placement import graph_resident_parts
+from ntp.engine.topology import Topology
 
 
 class GraphContext:
@@ -29,15 +27,15 @@ class GraphContext:
     #: Overlap (inter-chunk pipelining) fuses the split and gather of the column layout with propagation (tensor parallel only).
     supports_overlap = True
 
-    def __init__(self, csr: CSR, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
+    def __init__(self, topology: Topology, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
                  width: int = 0, overlap: bool = False, offload: str = "none", send_once: bool = True,
                  nn_device: torch.device | None = None, reserved_bytes: int = 0) -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.engine.chunking; ``width``: the widest
         matrix propagated, for the budget); ``overlap``: propagation with per-chunk asynchronous split and gather
         (ntp.engine.overlap), ``send_once`` sends every source row once; ``offload``: what aggregation streams from
         host memory (ntp.engine.placement); ``nn_device``: where the row layout lives (default: the rank's device);
-        ``reserved_bytes``: device memory the default chunk budget leaves to the NN stage."""
-        self.csr = csr
+        ``reserved_bytes``: device memory of the NN stage, which the chunks' budget leaves to it."""
+        self.topology = topology
         self.comm = comm
         self.chunk_rows = chunk_rows
         self.memory_budget = memory_budget
@@ -61,11 +59,17 @@ class GraphContext:
     def plan(self) -> ChunkPlan:
         """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
         slice_width = ceil_div(max(self.width, 1), self.comm.world)
-        resident = self.reserved_bytes + graph_resident_bytes(self.csr.num_nodes, self.csr.num_edges, slice_width,
-                                                              self.offload)
-        return make_plan(self.csr.indptr, self.csr.indices, self.csr.num_nodes, chunk_rows=self.chunk_rows,
+        topo = self.topology
+        resident = {"NN stage": self.reserved_bytes,
+                    **graph_resident_parts(topo.num_nodes, topo.num_edges, slice_width, self.offload)}
+        return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=slice_width, device=self.device,
-                         resident_bytes=resident)
+                         resident=resident)
+
+    @cached_property
+    def csr(self) -> CSR:
+        """The in-edge CSR with 64-bit indices, for the explicit operator form (attention, data-parallel mode)."""
+        return CSR(self.topology.indptr, self.topology.indices.long(), self.topology.num_nodes)
 
     def reset_stats(self) -> None:
         """Start an epoch's instrumentation (peak memory per phase, overlap)."""
@@ -134,10 +138,24 @@ class GraphContext:
         return self._operators[name]
 
     def _build_operator(self, name: str) -> SparseOperator:
-        pattern, values = operator_pattern(self.csr, name)
-        op = SparseOperator(pattern, values, device=self.device, bounds=self.plan.bounds, offload=self.offload)
+        op = SparseOperator(*self._blocks, scaling(self.topology, name))
         op.phases = self.memory
         return op
+
+    def device_topology_bytes(self) -> int:
+        """Device memory the topology occupies between products (the row blocks of ``A`` and ``A^T``, once each)."""
+        if "_blocks" not in self.__dict__:
+            return 0
+        return sum(b.device_bytes() for b in {id(b): b for b in self._blocks}.values())
+
+    @cached_property
+    def _blocks(self) -> tuple[RowBlocks, RowBlocks]:
+        """The row blocks of ``A`` and ``A^T`` that every operator scales (one object when ``A`` is symmetric)."""
+        topo, bounds = self.topology, self.plan.bounds
+        forward = RowBlocks(topo.indptr, topo.indices, bounds, self.device, self.offload)
+        if topo.symmetric:
+            return forward, forward
+        return forward, RowBlocks(topo.t_indptr, topo.t_indices, bounds, self.device, self.offload)
 
     def overlapped_operator(self, name: str) -> OverlappedOperator:
         """The operator with its per-chunk exchange schedules (built once per operator)."""
@@ -159,19 +177,3 @@ class GraphContext:
 
 def _mix(p: torch.Tensor, z_cols: torch.Tensor, alpha: float | None) -> torch.Tensor:
     return p if alpha is None else (1 - alpha) * p + alpha * z_cols
-
-
-def operator_pattern(csr: CSR, name: str) -> tuple[CSR, torch.Tensor]:
-    """The sparsity pattern and edge values of propagation operator ``name`` over the whole graph."""
-    if name == "gcn":
-        pattern = with_self_loops(csr)
-        return pattern, gcn_values(pattern)
-    if name == "mean":
-        return csr, mean_values(csr)
-    if name == "mean_self":
-        pattern = with_self_loops(csr)
-        return pattern, mean_values(pattern)
-    if name == "sum_root":
-        pattern = with_self_loops(csr, keep_existing=True)
-        return pattern, sum_values(pattern)
-    raise ValueError(f"unknown operator {name!r}; known: {OPERATORS}")

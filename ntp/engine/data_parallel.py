@@ -18,9 +18,10 @@ from functools import cached_property
 
 import torch
 
-from ntp.engine.aggregate import CSR, csr_matmul, edge_softmax, weighted_matmul, with_self_loops
+from ntp.engine.aggregate import csr_matmul, edge_softmax, weighted_matmul
 from ntp.engine.collectives import Comm
-from ntp.engine.context import GraphContext, operator_pattern
+from ntp.engine.context import GraphContext
+from ntp.engine.operators import CSR, operator_pattern, with_self_loops
 from ntp.engine.metrics import HALO
 
 

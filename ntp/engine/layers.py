@@ -1,6 +1,7 @@
 """Building blocks that run in the row layout: dropout with world-size-independent masks, normalisation, MLPs."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,9 +10,6 @@ from ntp.engine.collectives import all_reduce_sum
 from ntp.engine.context import GraphContext
 from ntp.engine.metrics import ALLREDUCE
 
-#: Dropout masks are drawn per tile of this many global rows, each tile from its own seed: a row's mask depends on
-#: (stream, row, column) only, never on which rank owns the row.
-MASK_TILE_ROWS = 2048
 _MASK64 = (1 << 64) - 1
 
 
@@ -19,22 +17,53 @@ def _splitmix64(x: int) -> int:
     z = (x + 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+    return z ^ (z >> 31)
 
 
 def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
-    """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix: every world size draws
-    the same mask for the same element."""
+    """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix. Element ``(r, c)`` is a
+    function of ``(stream, r, c)`` alone, so every world size draws the same mask for the same element, in one
+    vectorised pass: Philox at the element's counter on CPU, an integer hash on CUDA (no per-tile kernels)."""
+    if device.type == "cpu":
+        return philox_keep_mask(rows, width, p, stream)
+    return hash_keep_mask(rows, width, p, stream, device)
+
+
+def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
+    """Element ``(r, c)`` keeps when the 32-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
+    at least ``p * 2^32``; the generator jumps straight to this rank's first word (``advance``)."""
     start, stop = rows
-    mask = torch.empty(stop - start, width, dtype=torch.bool, device=device)
-    gen = torch.Generator(device=device)
-    for tile in range(start // MASK_TILE_ROWS, (stop - 1) // MASK_TILE_ROWS + 1 if stop > start else 0):
-        t0 = tile * MASK_TILE_ROWS
-        gen.manual_seed(_splitmix64(_splitmix64(stream) ^ tile))
-        draw = torch.rand(MASK_TILE_ROWS, width, generator=gen, device=device) >= p
-        a, b = max(start, t0), min(stop, t0 + MASK_TILE_ROWS)
-        mask[a - start : b - start] = draw[a - t0 : b - t0]
-    return mask
+    first, last = start * width, stop * width  # 32-bit words; two per 64-bit output, four outputs per counter
+    counter = first // 8
+    gen = np.random.Philox(key=_splitmix64(stream))
+    gen.advance(counter)
+    words = gen.random_raw((last + 1) // 2 - 4 * counter).view(np.uint32)
+    mine = words[first - 8 * counter : last - 8 * counter].reshape(stop - start, width)
+    return torch.from_numpy(mine >= np.uint32(min(int(p * 2**32), 2**32 - 1)))
+
+
+def hash_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
+    """Element ``(r, c)`` keeps when 24 bits of ``fmix32(key(stream, r) ^ key(c))`` (MurmurHash3's finaliser, in
+    wrapping int32 arithmetic) are at least ``p * 2^24``: a few elementwise kernels on any device."""
+    s = _splitmix64(stream)
+    r = torch.arange(rows[0], rows[1], device=device, dtype=torch.int64)
+    row_key = _fmix32(_to_int32((r * 0x9E3779B1 + (s & 0xFFFFFFFF)) & 0xFFFFFFFF)) ^ _to_int32(torch.tensor(s >> 32))
+    col_key = _fmix32(torch.arange(width, device=device, dtype=torch.int32) * 0x27D4EB2F + 0x165667B1)
+    bits = _fmix32(row_key.to(device)[:, None] ^ col_key[None, :])
+    return bits.bitwise_and_(0xFFFFFF) >= int(round(p * (1 << 24)))
+
+
+def _to_int32(x: torch.Tensor) -> torch.Tensor:
+    """The int32 with the same low 32 bits as the non-negative int64 ``x``."""
+    return (x & 0xFFFFFFFF).sub_(x.ge(1 << 31).long() << 32).to(torch.int32)
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ ((x >> 16) & 0xFFFF)  # masked: int32 shifts are arithmetic
+    x = x * -2048144789  # 0x85EBCA6B as int32; products wrap
+    x = x ^ ((x >> 13) & 0x7FFFF)
+    x = x * -1028477387  # 0xC2B2AE35
+    return x ^ ((x >> 16) & 0xFFFF)
 
 
 class RowDropout(nn.Module):
@@ -51,7 +80,7 @@ class RowDropout(nn.Module):
         stream = (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
         rows = (ctx.row_offset, ctx.row_offset + x.shape[0])
         mask = keep_mask(rows, x.shape[1], self.p, stream, x.device)
-        return x * mask.to(x.dtype) / (1.0 - self.p)
+        return x * mask.to(device=x.device, dtype=x.dtype) * (1.0 / (1.0 - self.p))
 
 
 class DistBatchNorm(nn.Module):

@@ -14,7 +14,7 @@ from ntp.engine import checkpoint
 from ntp.engine.collectives import all_gather_objects, all_reduce_gradients
 from ntp.engine.dist import distributed
 from ntp.engine.evaluation import compute_metric
-from ntp.engine.metrics import ALLREDUCE, peak_memory_bytes, reset_peak_memory
+from ntp.engine.metrics import ALLREDUCE, host_pss_bytes, peak_memory_bytes, reset_peak_memory
 from ntp.engine.setup import SPLITS, Best, DataLoader, Job, setup
 from ntp.engine.sinks import RecordSink, default_sinks
 from ntp.errors import CheckpointError, TrainingError
@@ -86,7 +86,8 @@ def worker_stats(job: Job, epoch_s: float, cpu_s: float) -> WorkerStats:
                        comm_s=dict(stats.seconds), bytes_sent=dict(stats.bytes_sent),
                        bytes_recv=dict(stats.bytes_recv), peak_mem_bytes=peak, peak_mem_by_phase=phases, cpu_s=cpu_s,
                        chunks=ctx.plan.num_chunks, overlap_s=ctx.clock.overlap_s, overlapped=ctx.overlapped,
-                       nn_device=str(ctx.nn_device), offload=ctx.offload)
+                       nn_device=str(ctx.nn_device), offload=ctx.offload, host_pss_bytes=host_pss_bytes(),
+                       topology_bytes=ctx.topology.nbytes(), device_topology_bytes=ctx.device_topology_bytes())
 
 
 # -- the loop ---------------------------------------------------------------------------------------------------------

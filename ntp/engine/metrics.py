@@ -61,3 +61,17 @@ def peak_memory_bytes(device: torch.device) -> int:
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def host_pss_bytes() -> int:
+    """This process's proportional set size: private pages plus its share of pages shared with other processes
+    (the topology the ranks of a node share). Summed over a node's processes it is the node's resident memory,
+    each shared page counted once; 0 where /proc/self/smaps_rollup does not exist."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -22,7 +22,7 @@ from ntp.engine.context import GraphContext
 from ntp.engine.layers import MLP, RowDropout
 from ntp.engine.metrics import ATTENTION
 
-#: Decoupled propagation operator of each model (see ntp.engine.context.OPERATORS).
+#: Decoupled propagation operator of each model (see ntp.engine.operators).
 DECOUPLED_OPERATOR = {"gcn": "gcn", "sgc": "gcn", "appnp": "gcn", "sage": "mean_self", "gin": "sum_root"}
 
 

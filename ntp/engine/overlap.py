@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ntp.engine.aggregate import RowBlocks, SparseOperator
+from ntp.engine.aggregate import ScaledBlocks, SparseOperator
 from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, SourceSchedule, in_phase, now, source_schedule
 from ntp.engine.collectives import Comm
 from ntp.engine.metrics import GATHER, SPLIT
@@ -61,8 +61,8 @@ class OverlappedOperator:
         self.op, self.comm, self.clock, self.phases = op, comm, clock, phases
         self.home = home or comm.device  #: where the column layout lives (host memory with offloaded embeddings)
         plan = ChunkPlan(op.bounds)
-        fwd = source_schedule(op.pattern.indptr, op.pattern.indices, plan, send_once)
-        bwd = source_schedule(op.transposed.indptr, op.transposed.indices, plan, send_once)
+        fwd, bwd = (source_schedule(b.indptr, b.indices, plan, send_once, own_rows=op.has_diagonal)
+                    for b in (op.forward_blocks, op.backward_blocks))
         self.forward_exchanges = _exchanges(fwd, comm, self.home)
         self.backward_exchanges = _exchanges(bwd, comm, self.home)
         # rows of each chunk owned by each rank (the gather side)
@@ -131,7 +131,7 @@ def _column_buffer(pop: OverlappedOperator, x_rows: torch.Tensor) -> tuple[list[
     return lay.col_bounds(x_rows.shape[1]), x_rows.new_zeros(lay.num_nodes, c1 - c0, device=pop.home)
 
 
-def split_then_apply(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: RowBlocks, exchanges: list[_Exchange],
+def split_then_apply(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: ScaledBlocks, exchanges: list[_Exchange],
                      kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(M @ split(x), split(x))`` with the split issued chunk by chunk, one chunk ahead of the aggregation."""
     comm, clock = pop.comm, pop.clock
@@ -190,7 +190,7 @@ class _Gathers:
                 self.out_rows[a - self.own0 : b - self.own0, self.col_b[q] : self.col_b[q + 1]] = part.view(b - a, -1)
 
 
-def apply_then_gather(pop: OverlappedOperator, h_cols: torch.Tensor, blocks: RowBlocks, width: int,
+def apply_then_gather(pop: OverlappedOperator, h_cols: torch.Tensor, blocks: ScaledBlocks, width: int,
                       extra: torch.Tensor | None, kind: str) -> torch.Tensor:
     """``gather(M @ h + extra)`` with each chunk's rows sent to their owners while the next chunk aggregates."""
     gathers = _Gathers(pop, width, kind, h_cols.dtype)
@@ -202,7 +202,7 @@ def apply_then_gather(pop: OverlappedOperator, h_cols: torch.Tensor, blocks: Row
     return gathers.finish()
 
 
-def split_apply_gather(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: RowBlocks, exchanges: list[_Exchange],
+def split_apply_gather(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: ScaledBlocks, exchanges: list[_Exchange],
                        width: int) -> torch.Tensor:
     """``gather(M @ split(x))``: per chunk, its new source rows arrive (issued one chunk ahead), it aggregates, and
     its output rows leave while the next chunk aggregates. Rows no chunk needs are never sent."""
@@ -227,7 +227,7 @@ class _SplitPropagate(torch.autograd.Function):
     def forward(ctx, x_rows: torch.Tensor, pop: OverlappedOperator):
         ctx.pop, ctx.width = pop, x_rows.shape[1]
         ctx.set_materialize_grads(False)
-        return split_then_apply(pop, x_rows, pop.op.forward_blocks, pop.forward_exchanges, SPLIT)
+        return split_then_apply(pop, x_rows, pop.op.forward, pop.forward_exchanges, SPLIT)
 
     @staticmethod
     def backward(ctx, g_out: torch.Tensor | None, g_zc: torch.Tensor | None):
@@ -235,19 +235,19 @@ class _SplitPropagate(torch.autograd.Function):
         if g_out is None:
             g_out = torch.zeros_like(g_zc)
         extra = None if g_zc is None else g_zc.contiguous()
-        return apply_then_gather(pop, g_out.contiguous(), pop.op.backward_blocks, ctx.width, extra, GATHER), None
+        return apply_then_gather(pop, g_out.contiguous(), pop.op.backward, ctx.width, extra, GATHER), None
 
 
 class _PropagateGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_cols: torch.Tensor, pop: OverlappedOperator, width: int):
         ctx.pop = pop
-        return apply_then_gather(pop, h_cols, pop.op.forward_blocks, width, None, GATHER)
+        return apply_then_gather(pop, h_cols, pop.op.forward, width, None, GATHER)
 
     @staticmethod
     def backward(ctx, g_rows: torch.Tensor):
         pop = ctx.pop
-        out, _ = split_then_apply(pop, g_rows.contiguous(), pop.op.backward_blocks, pop.backward_exchanges, SPLIT)
+        out, _ = split_then_apply(pop, g_rows.contiguous(), pop.op.backward, pop.backward_exchanges, SPLIT)
         return out, None, None
 
 
@@ -255,12 +255,12 @@ class _SplitPropagateGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_rows: torch.Tensor, pop: OverlappedOperator):
         ctx.pop, ctx.width = pop, x_rows.shape[1]
-        return split_apply_gather(pop, x_rows, pop.op.forward_blocks, pop.forward_exchanges, ctx.width)
+        return split_apply_gather(pop, x_rows, pop.op.forward, pop.forward_exchanges, ctx.width)
 
     @staticmethod
     def backward(ctx, g_rows: torch.Tensor):
         pop = ctx.pop
-        return split_apply_gather(pop, g_rows.contiguous(), pop.op.backward_blocks, pop.backward_exchanges,
+        return split_apply_gather(pop, g_rows.contiguous(), pop.op.backward, pop.backward_exchanges,
                                   ctx.width), None
 
 

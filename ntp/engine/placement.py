@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from ntp.engine.chunking import DEVICE_MARGIN, EDGE_BYTES, format_bytes
+from ntp.engine.chunking import DEVICE_MARGIN, format_bytes
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.
 ACTIVATION_COPIES = 4
+#: Device bytes per edge of each direction of the topology (ntp.engine.topology: 32-bit indices, no values).
+INDEX_BYTES = 4
+#: Device bytes per vertex besides: the row pointers of both directions (32-bit per chunk) and an operator's three
+#: scaling vectors.
+ROW_RESIDENT_BYTES = 2 * 4 + 3 * 4
 #: fp32 copies per parameter: the weight, its gradient and Adam's two moments.
 PARAMETER_COPIES = 4
 
@@ -34,12 +39,26 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
     return 4 * (rows * sum(widths) * ACTIVATION_COPIES + params * PARAMETER_COPIES)
 
 
-def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> int:
-    """What aggregation keeps on the device besides one chunk: the topology and its transpose unless offloaded,
+def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> dict[str, int]:
+    """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded,
     and the column-slice embeddings (input, output and their gradients) unless ``offload == "all"``."""
-    topology = 0 if offload != "none" else 2 * (num_edges + num_nodes) * EDGE_BYTES
-    embeddings = 0 if offload == "all" else 4 * num_nodes * slice_width * 4
-    return topology + embeddings
+    return {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
+            "embeddings": 0 if offload == "all" else 4 * num_nodes * slice_width * 4}
+
+
+def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> int:
+    return sum(graph_resident_parts(num_nodes, num_edges, slice_width, offload).values())
+
+
+def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int,
+                        params: int, nn_on_device: bool) -> dict[str, int]:
+    """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
+    before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device)."""
+    slice_width = -(-max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1) // world)
+    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload)
+    rows = -(-num_nodes // world)
+    parts["NN stage"] = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params) if nn_on_device else 0
+    return parts
 
 
 def choose_nn_device(choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int) -> torch.device:

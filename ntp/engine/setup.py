@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -10,15 +11,15 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine import placement
-from ntp.engine.aggregate import CSR
 from ntp.engine.checkpoint import check_output_paths
 from ntp.engine.chunking import free_device_bytes
 from ntp.engine.context import GraphContext
-from ntp.engine.data import GraphData, load_rank_data
+from ntp.engine.data import GraphData, load_rank_data, topology_bytes
 from ntp.engine.data_parallel import DataParallelContext
 from ntp.engine.collectives import Comm, check_same_on_all_ranks
 from ntp.engine.dist import DistEnv
 from ntp.engine.models import build_model
+from ntp.engine.node_shared import job_key, on_node
 from ntp.engine.partition import Partition, ceil_div
 from ntp.errors import ConfigError
 from ntp.records import EpochRecord
@@ -68,7 +69,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
         _warn_cpu_overlap(env.local_world * torch.get_num_threads())
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths
         check_output_paths(cfg)
-    data = (load or _load_from_store)(cfg, env.world, env.rank)
+    data = load(cfg, env.world, env.rank) if load else _load_from_store(cfg, env)
     if data.task_type == "link":  # edge mini-batches, a decoder and ranking metrics (ntp.engine.link)
         from ntp.engine.link import setup_link
 
@@ -79,12 +80,11 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     check_same_on_all_ranks("graph (nodes, edges, feature width, classes)",
                             (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
     comm = Comm(part, env.device, group=None)
-    csr = CSR.from_numpy(data.indptr, data.indices)
     width = placement.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
     model = build_model(cfg, data.feature_dim, data.out_dim)
     nn_device, nn_bytes = _place_nn_stage(cfg, env, data, model, width)
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
-    ctx = ctx_cls(csr, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
+    ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
                   overlap=cfg.overlap, offload=cfg.offload, width=width, nn_device=nn_device,
                   reserved_bytes=nn_bytes if nn_device == env.device else 0)
     model = model.to(nn_device)
@@ -109,22 +109,30 @@ def _warn_cpu_overlap(busy_threads: int) -> None:
 def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module,
                     width: int) -> tuple[torch.device, int]:
     """Where the NN stage runs (ntp.engine.placement) and the device memory it needs there."""
-    rows = Partition(data.num_nodes, env.world, env.rank).num_rows()
+    rows = ceil_div(data.num_nodes, env.world)  # the largest row block: every rank plans with the same figures
     params = sum(p.numel() for p in model.parameters())
     nn_bytes = placement.nn_stage_bytes(rows, data.feature_dim, cfg.hidden, data.out_dim, cfg.nn_layers, params)
     graph_bytes = placement.graph_resident_bytes(data.num_nodes, data.num_edges, ceil_div(width, env.world), cfg.offload)
-    graph_bytes += cfg.memory_budget_bytes
     free = free_device_bytes(env.device)
+    if free and cfg.memory_budget_bytes:  # the budget bounds the whole rank: the NN stage fits in what it leaves
+        free = min(free, int(cfg.memory_budget_bytes / placement.DEVICE_MARGIN))
     device = placement.choose_nn_device(cfg.nn_device, env.device, nn_bytes, graph_bytes, free)
     if free and env.is_main:
         print(f"[ntp] {placement.describe(device, nn_bytes, graph_bytes, free)}", flush=True)
     return device, nn_bytes
 
 
-def _load_from_store(cfg: TrainConfig, world: int, rank: int) -> GraphData:
+def _load_from_store(cfg: TrainConfig, env: DistEnv) -> GraphData:
+    """This rank's data; the topology is built once per node and shared by its ranks (ntp.engine.node_shared)."""
     if not cfg.store:
         raise ConfigError("no graph store given; pass --store PATH (build one with `ntp data prepare NAME`)")
-    return load_rank_data(cfg.store, world, rank)
+    from storage import open_store
+
+    store = open_store(cfg.store)
+    meta = store.meta
+    share = partial(on_node, local_rank=env.local_rank, local_world=env.local_world, key=job_key(meta.fingerprint),
+                    required_bytes=topology_bytes(meta.num_nodes, meta.num_edges))
+    return load_rank_data(store, env.world, env.rank, share)
 
 
 def count_train_labels(name: str, labels: torch.Tensor, train_ids: np.ndarray) -> int:

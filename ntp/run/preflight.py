@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from ntp.engine import checkpoint
-from ntp.engine.chunking import ChunkPlan, degree_costs, plan_for_costs, uniform_plan
+from ntp.engine.chunking import ChunkPlan, make_plan, uniform_plan
+from ntp.engine.models import build_model
 from ntp.engine.partition import ceil_div
-from ntp.engine.placement import propagated_width
+from ntp.engine.placement import propagated_width, rank_resident_parts
 from ntp.engine.setup import count_train_labels
 from ntp.errors import ConfigError
 from ntp.spec import LaunchSpec
@@ -45,6 +46,7 @@ def _check_resume(spec: LaunchSpec, store_fingerprint: str) -> None:
 
 
 def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
+    """The plan every rank will compute (ntp.engine.chunking.make_plan), with what stays resident on a rank."""
     cfg, meta = spec.config, store.meta
     if cfg.chunk_rows:
         return uniform_plan(meta.num_nodes, cfg.chunk_rows)
@@ -52,5 +54,10 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
         return None
     out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), spec.world_size)
-    costs = degree_costs(store.in_degrees(), store.out_degrees(), slice_width)
-    return plan_for_costs(costs, slice_width, cfg.memory_budget_bytes)
+    params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
+    # on a GPU, nn_device "auto" may move the NN stage to the host; the ranks decide (and check) that themselves
+    resident = rank_resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges,
+                                   feature_dim=meta.feature_dim, out_dim=out_dim, world=spec.world_size, params=params,
+                                   nn_on_device=spec.device == "cpu" or cfg.nn_device == "device")
+    return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
+                     width=slice_width, resident=resident)

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from ntp.engine.aggregate import CSR, SparseOperator, gcn_values, with_self_loops
-from ntp.engine.chunking import EDGE_BYTES, ROW_BYTES, budget_plan, row_costs, source_schedule, uniform_plan
+from ntp.engine.aggregate import RowBlocks, SparseOperator
+from ntp.engine.operators import CSR, OPERATORS, operator_pattern, scaling, with_self_loops
+from ntp.engine.topology import Topology, from_csr
+from ntp.engine.chunking import EDGE_BYTES, ROW_BYTES, budget_plan, make_plan, row_costs, source_schedule, uniform_plan
 from ntp.config import TrainConfig, parse_bytes
 from ntp.errors import ConfigError, MemoryPlanError
 from ntp.engine.cost import coupled_bytes, decoupled_bytes
@@ -18,7 +20,7 @@ from ntp.engine.placement import choose_nn_device, graph_resident_bytes, nn_stag
 from ntp.engine.loop import fit
 from ntp.engine.setup import setup
 from tests.ntp.exactness_worker import trace_all
-from tests.ntp.graphs import loader, random_graph
+from tests.ntp.graphs import graph_budget, loader, random_graph
 from tests.ntp.spawn import run_on_ranks
 from tests.ntp.test_exactness import assert_close_to_scale
 
@@ -30,13 +32,27 @@ MODELS = ([dict(BASE, model=m, arch="decoupled") for m in ("gcn", "appnp", "sage
 DIRECTED = random_graph(n=100, d=17, classes=5, directed=True, seed=1)
 
 
-def _csr(graph: dict) -> CSR:
+def _topology(graph: dict) -> Topology:
     src, dst = graph["edge_index"]
     n = graph["x"].shape[0]
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    return CSR.from_numpy(indptr, src[order])
+    return from_csr(indptr, src[order])
+
+
+def _csr(graph: dict) -> CSR:
+    topo = _topology(graph)
+    return CSR(topo.indptr, topo.indices.long(), topo.num_nodes)
+
+
+def _gcn(topo: Topology, bounds: list[int] | None = None, offload: str = "none") -> SparseOperator:
+    """The GCN operator of ``topo`` cut at ``bounds`` (default: one chunk)."""
+    bounds = bounds or [0, topo.num_nodes]
+    cpu = torch.device("cpu")
+    forward = RowBlocks(topo.indptr, topo.indices, bounds, cpu, offload)
+    backward = RowBlocks(topo.t_indptr, topo.t_indices, bounds, cpu, offload)
+    return SparseOperator(forward, backward, scaling(topo, "gcn"))
 
 
 def assert_same_run(ours: dict, ref: dict, where: str) -> None:
@@ -82,11 +98,32 @@ def test_budget_plan_chunks_are_the_largest_that_fit() -> None:
         budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.max()) - 1)
 
 
+def test_a_budget_bounds_the_whole_rank_and_names_what_does_not_fit() -> None:
+    """``--memory-budget`` is the rank's, not aggregation's: the chunks get what the resident parts leave, and a
+    budget that leaves them nothing names every part and the ways out."""
+    topo = _topology(DIRECTED)
+    deg = topo.in_degrees().numpy(), topo.out_degrees().numpy()
+    width, budget = 3, 10_000
+    alone = make_plan(*deg, memory_budget=budget, width=width)
+    shared = make_plan(*deg, memory_budget=budget, width=width, resident={"topology": 4_000, "NN stage": 2_000})
+    assert shared.bounds == make_plan(*deg, memory_budget=budget - 6_000, width=width).bounds
+    assert shared.num_chunks > alone.num_chunks and "6KB resident" in shared.reason
+    with pytest.raises(MemoryPlanError) as err:
+        make_plan(*deg, memory_budget=budget, width=width, resident={"topology": 6_000, "embeddings": 3_000,
+                                                                     "NN stage": 2_000})
+    message = str(err.value)
+    for part in ("topology 5.86KB", "embeddings 2.93KB", "NN stage 1.95KB", "raise --memory-budget to at least",
+                 "--offload topology", "--nn-device cpu", "more ranks"):
+        assert part in message, message
+
+
 def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:
     pattern = with_self_loops(_csr(random_graph(n=60, directed=True, seed=3)), keep_existing=False)
-    pattern = CSR(pattern.indptr, pattern.indices, pattern.num_nodes)
     plan = uniform_plan(pattern.num_nodes, 7)
     sched = source_schedule(pattern.indptr, pattern.indices, plan)
+    csr = _csr(random_graph(n=60, directed=True, seed=3))  # the same without self-loops: own rows are asked for
+    assert all(torch.equal(a, b) for a, b in zip(sched.new_sources, source_schedule(
+        csr.indptr, csr.indices.int(), plan, own_rows=True).new_sources))
     everything = torch.cat(sched.new_sources)
     assert torch.equal(everything.sort().values, torch.arange(pattern.num_nodes)), "each vertex exactly once"
     received = set()
@@ -100,18 +137,63 @@ def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:
 
 @pytest.mark.parametrize("offload", ["none", "topology", "all"])
 def test_operator_products_do_not_depend_on_chunks(offload: str) -> None:
-    pattern = with_self_loops(_csr(DIRECTED))
-    values = gcn_values(pattern)
-    h = torch.randn(pattern.num_nodes, 6, requires_grad=True)
-    g = torch.randn(pattern.num_nodes, 6)
-    whole = SparseOperator(pattern, values)(h)
+    topo = _topology(DIRECTED)
+    h = torch.randn(topo.num_nodes, 6, requires_grad=True)
+    g = torch.randn(topo.num_nodes, 6)
+    whole = _gcn(topo)(h)
     (ref_grad,) = torch.autograd.grad(whole, h, g)
     for bounds in ([0, 1, 2, 50, 99, 100], uniform_plan(100, 13).bounds):
-        op = SparseOperator(pattern, values, bounds=bounds, offload=offload)
-        out = op(h)
+        out = _gcn(topo, bounds, offload)(h)
         (grad,) = torch.autograd.grad(out, h, g)
         torch.testing.assert_close(out, whole, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-6)
+
+
+def _with_self_loops_and_multi_edges(n: int = 100, e: int = 600, seed: int = 0) -> Topology:
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    src[:20] = dst[:20]  # self-loops
+    src[20:25] = dst[20:25] = 5  # one vertex with five of them
+    order = np.argsort(dst, kind="stable")
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    return from_csr(indptr, src[order])
+
+
+@pytest.mark.parametrize("name", OPERATORS)
+def test_compact_operators_equal_their_explicit_matrices(name: str) -> None:
+    """Every operator as unit-weight topology + scaling (what runs) equals its explicit form (self-loops added as
+    edges, per-edge values; what data-parallel mode runs), forward and backward, on a directed graph with
+    self-loops and repeated edges, in any chunks and offload mode."""
+    topo = _with_self_loops_and_multi_edges()
+    assert topo.indices.dtype == torch.int32 and topo.self_loops is not None and not topo.symmetric
+    pattern, values = operator_pattern(CSR(topo.indptr, topo.indices.long(), topo.num_nodes), name)
+    dense = torch.sparse_csr_tensor(pattern.indptr, pattern.indices, values, size=(100, 100)).to_dense()
+    h = torch.randn(100, 7, requires_grad=True)
+    g = torch.randn(100, 7)
+    ref = dense @ h
+    (ref_grad,) = torch.autograd.grad(ref, h, g)
+    cpu = torch.device("cpu")
+    for bounds in ([0, 100], [0, 1, 2, 50, 99, 100], uniform_plan(100, 13).bounds):
+        for offload in ("none", "topology", "all"):
+            op = SparseOperator(RowBlocks(topo.indptr, topo.indices, bounds, cpu, offload),
+                                RowBlocks(topo.t_indptr, topo.t_indices, bounds, cpu, offload), scaling(topo, name))
+            out = op(h)
+            (grad,) = torch.autograd.grad(out, h, g)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-5)
+
+
+def test_topology_is_8_bytes_per_edge_or_4_when_symmetric() -> None:
+    directed = _topology(DIRECTED)
+    n, e = directed.num_nodes, directed.num_edges
+    loops = 0 if directed.self_loops is None else 4 * n  # a count per vertex, only when there are self-loops
+    assert directed.nbytes() == 2 * 4 * e + 2 * 8 * (n + 1) + loops and not directed.symmetric
+    src, dst = DIRECTED["edge_index"]
+    both = {**DIRECTED, "edge_index": np.unique(np.concatenate([[src, dst], [dst, src]], axis=1), axis=1)}
+    undirected = _topology(both)
+    assert undirected.symmetric and undirected.t_indices is undirected.indices
+    assert undirected.nbytes() == 4 * undirected.num_edges + 8 * (n + 1) + loops
 
 
 # -- placement: where the NN stage runs ------------------------------------------------------------------------------------
@@ -136,13 +218,12 @@ def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation(
 
 # -- single process: any chunk size, any budget, same training ----------------------------------------------------------
 def test_offloaded_embeddings_visit_the_device_one_chunk_of_sources_at_a_time() -> None:
-    pattern = with_self_loops(_csr(DIRECTED))
-    op = SparseOperator(pattern, gcn_values(pattern), bounds=uniform_plan(100, 13).bounds, offload="all")
-    for blocks, csr in ((op.forward_blocks, op.pattern), (op.backward_blocks, op.transposed)):
+    op = _gcn(_topology(DIRECTED), uniform_plan(100, 13).bounds, "all")
+    for blocks in (op.forward_blocks, op.backward_blocks):
         for (a, b), src in zip(blocks.ranges(), blocks.sources):
-            needed = torch.unique(csr.indices[int(csr.indptr[a]) : int(csr.indptr[b])])
+            needed = torch.unique(blocks.indices[int(blocks.indptr[a]) : int(blocks.indptr[b])])
             assert torch.equal(src, needed), "a chunk gathers exactly its own sources"
-        assert max(len(s) for s in blocks.sources) < pattern.num_nodes
+        assert max(len(s) for s in blocks.sources) < 100
 
 
 @pytest.mark.parametrize("offload", ["topology", "all"])
@@ -155,6 +236,7 @@ def test_cuda_streaming_loop_feeds_each_chunk_its_own_data(offload: str, monkeyp
 
     class Event:
         def record(self, stream) -> None: ...
+        def synchronize(self) -> None: ...
 
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: Stream())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
@@ -162,29 +244,28 @@ def test_cuda_streaming_loop_feeds_each_chunk_its_own_data(offload: str, monkeyp
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
-    pattern = with_self_loops(_csr(DIRECTED))
-    values = gcn_values(pattern)
-    h = torch.randn(pattern.num_nodes, 5)
-    whole = SparseOperator(pattern, values)(h)
-    blocks = SparseOperator(pattern, values, bounds=uniform_plan(100, 13).bounds, offload=offload).forward_blocks
-    parts = list(blocks._stream_cuda(h if offload == "all" else None))
-    assert len(parts) == len(blocks) and all(len(p) == (4 if offload == "all" else 3) for p in parts)
+    topo = _topology(DIRECTED)
+    h = torch.randn(topo.num_nodes, 5)
+    whole = _gcn(topo)(h)
+    op = _gcn(topo, uniform_plan(100, 13).bounds, offload)
+    blocks = op.forward_blocks
+    parts = [tuple(t.clone() for t in p) for p in blocks._stream_cuda(h if offload == "all" else None)]
+    assert len(parts) == len(blocks) and all(len(p) == (3 if offload == "all" else 2) for p in parts)
     for j, ((a, b), part) in enumerate(zip(blocks.ranges(), parts)):
-        torch.testing.assert_close(blocks._apply(part, j, b - a, h), whole[a:b])
+        torch.testing.assert_close(blocks._apply(part, j, a, b, h, op.scaling), whole[a:b])
 
 
 def test_offloaded_chunks_fit_the_memory_budget_they_were_planned_for() -> None:
     """With ``--offload all`` the device holds one chunk: its edges, its gathered source rows and its output rows.
     Every chunk of a budget plan, forward and backward, fits that budget."""
     csr = _csr(DIRECTED)
-    pattern = with_self_loops(csr)
     width = 3
     for budget in (1_500, 4_000, 20_000):  # planned on the graph, as GraphContext does (self-loops are counted in)
         plan = budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, budget)
-        op = SparseOperator(pattern, gcn_values(pattern), bounds=plan.bounds, offload="all")
-        for blocks, csr in ((op.forward_blocks, op.pattern), (op.backward_blocks, op.transposed)):
+        op = _gcn(_topology(DIRECTED), plan.bounds, "all")
+        for blocks in (op.forward_blocks, op.backward_blocks):
             for (a, b), src in zip(blocks.ranges(), blocks.sources):
-                edges = int(csr.indptr[b] - csr.indptr[a])
+                edges = int(blocks.indptr[b] - blocks.indptr[a]) + (b - a)  # the diagonal: one more source per row
                 working_set = edges * EDGE_BYTES + (len(src) + (b - a)) * width * 4 + (b - a + 1) * ROW_BYTES
                 assert working_set <= budget, f"chunk [{a}, {b}) needs {working_set} B, budget {budget} B"
 
@@ -192,7 +273,15 @@ def test_offloaded_chunks_fit_the_memory_budget_they_were_planned_for() -> None:
 OFFLOADABLE = [c for c in MODELS if c["model"] != "gat"]
 
 
-@pytest.mark.parametrize("chunking", [dict(chunk_rows=1), dict(chunk_rows=33), dict(memory_budget="4KB"),
+def _with_budget(cfg: dict, extra: dict, world: int) -> dict:
+    """``extra`` with a ``memory_budget`` of ("chunks", B) made the budget that leaves B bytes to the chunks."""
+    if isinstance(extra.get("memory_budget"), tuple):
+        chunk_bytes = extra["memory_budget"][1]
+        return dict(extra, memory_budget=graph_budget(chunk_bytes, TrainConfig(**cfg), DIRECTED, world))
+    return extra
+
+
+@pytest.mark.parametrize("chunking", [dict(chunk_rows=1), dict(chunk_rows=33), dict(memory_budget=("chunks", 4_000)),
                                       dict(chunk_rows=7, offload="topology"), dict(chunk_rows=7, offload="all"),
                                       dict(chunk_rows=7, nn_device="cpu")])
 def test_chunked_training_equals_unchunked(chunking: dict) -> None:
@@ -200,7 +289,7 @@ def test_chunked_training_equals_unchunked(chunking: dict) -> None:
 
     for cfg in OFFLOADABLE if chunking.get("offload") else MODELS:
         ref = trace(TrainConfig(**cfg), DIRECTED, EPOCHS, SINGLE)
-        ours = trace(TrainConfig(**cfg, **chunking), DIRECTED, EPOCHS, SINGLE)
+        ours = trace(TrainConfig(**cfg, **_with_budget(cfg, chunking, 1)), DIRECTED, EPOCHS, SINGLE)
         where = f"{cfg['arch']}-{cfg['model']} with {chunking}"
         assert_same_run(ours, ref, where)
         torch.testing.assert_close(ours["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
@@ -236,7 +325,7 @@ def reference() -> list[dict]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, reference: list[dict]) -> None:
-    variants = {"chunked": dict(chunk_rows=9), "budget": dict(memory_budget="3KB"),
+    variants = {"chunked": dict(chunk_rows=9), "budget": dict(memory_budget=("chunks", 3_000)),
                 "pipelined": dict(chunk_rows=9, overlap=True),
                 "pipelined-one-chunk": dict(overlap=True),
                 "offloaded": dict(chunk_rows=9, offload="all"),
@@ -247,7 +336,7 @@ def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, referenc
         if "offload" in extra or "overlap" in extra:  # attention streams nothing and overlaps nothing
             models = [c for c in models if c["model"] != "gat"]
         for c in models:
-            configs.append(dict(c, mode="tp", **extra))
+            configs.append(dict(c, mode="tp", **_with_budget(c, extra, world)))
             names.append((vname, c))
     per_rank = run_on_ranks(trace_all, world, configs, DIRECTED, EPOCHS, timeout=300)
     refs = {id(c): r for c, r in zip(PIPE_MODELS + MODELS + COUPLED_PIPE_MODELS, reference)}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ntp.engine.aggregate import CSR
+from ntp.engine.operators import CSR
 from ntp.engine.data_parallel import halo_plan
 from tests.ntp.graphs import random_graph
 

@@ -17,7 +17,7 @@ from ntp.errors import ConfigError, TrainingError, WorkerFailed
 from ntp.run.cli import main as ntp_main
 from ntp.run.launch import launch_training
 from ntp.spec import resolve
-from tests.ntp.graphs import loader, random_graph
+from tests.ntp.graphs import loader, random_graph, store_budget
 
 SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
 
@@ -52,7 +52,8 @@ def test_memory_bounded_options_reach_torchrun_workers_and_keep_results(cora_sto
     cfg = TrainConfig(store=cora_store, model="gcn", epochs=8, hidden=16, eval_every=4, seed=2)
     ref = _launch(cfg.replace(mode="single", results=str(tmp_path / "ref.jsonl")), 1)
     lines: list[str] = []
-    bounded = cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl"), memory_budget="300KB", offload="all",
+    budget = store_budget(cora_store, 300_000, **{**cfg.to_dict(), "offload": "all"})
+    bounded = cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl"), memory_budget=budget, offload="all",
                           nn_device="cpu", overlap=True, threads=1)
     ours = _launch(bounded, 2, job_timeout_s=300, on_line=lines.append)
     np.testing.assert_allclose([r["loss"] for r in _records(ours.results_path)[:-1]],

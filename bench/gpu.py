@@ -1,0 +1,231 @@
+"""Benchmark: scale on one machine. ntp (real torchrun jobs) against PyTorch Geometric's best full-graph path, with
+memory per edge, start-up time and the budget and offload variants.
+
+    python bench/gpu.py                       # on a GPU machine: products-scale (2.4M nodes, 120M edges) and larger
+    python bench/gpu.py --device cpu --size small --nproc 2    # anywhere: 200k nodes, 20M edges, 2 CPU ranks
+    python bench/gpu.py --plan                # the papers100M plan from the bytes per edge measured last
+
+Rows: ntp's variants (coupled and decoupled GCN, SAGE, GAT; a memory budget; offloaded topology; offloaded
+topology and embeddings), then PyG's GCNConv (cached) on a sparse ``adj_t`` (its best path at this scale) in a
+separate process on the same device. Columns: epoch seconds (median after a warm-up epoch), peak device memory per
+rank, host memory of the whole node (PSS summed over its ranks: pages the ranks share count once) per edge, the
+topology's bytes per edge (host, and device-resident), and start-up (reading and preparing the topology) against
+PyG's loader on the same store. Printed, saved under bench/out/ and logged to MLflow (experiment "benchmarks").
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import OUT, base_parser, report, synthetic_store
+from runs import run_job
+
+#: (nodes, average in-degree, features) per size; "products" is ogbn-products' scale, "papers-slice" is sized for
+#: an 80 GB GPU with one rank
+SIZES = {"tiny": (20_000, 10, 32), "small": (200_000, 100, 100), "products": (2_400_000, 50, 100),
+         "large": (6_000_000, 50, 128)}
+VARIANTS = {
+    "gcn coupled": dict(model="gcn", arch="coupled"),
+    "gcn decoupled": dict(model="gcn", arch="decoupled", nn_layers=2, prop_steps=2),
+    "sage coupled": dict(model="sage", arch="coupled"),
+    "gat coupled": dict(model="gat", arch="coupled", heads=4),
+    "gcn --dropout 0": dict(model="gcn", arch="coupled", dropout=0.0),
+    "gcn --memory-budget": dict(model="gcn", arch="coupled", memory_budget="BUDGET"),
+    "gcn --offload topology": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="topology"),
+    "gcn --offload all": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all"),
+}
+PLAN_GPUS = (1, 2, 4, 8, 16)
+PAPERS = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "hidden": 256, "classes": 172}
+
+
+def ntp_row(store: Path, name: str, fields: dict, args) -> dict:
+    fields = {k: (args.budget if v == "BUDGET" else v) for k, v in fields.items()}
+    cfg = dict(hidden=args.hidden, dropout=0.5, mode="tp", device=args.device, **fields)
+    res = run_job(store, args.nproc, args.epochs, **{"dropout": 0.5, **cfg})
+    edges = res["edges"]
+    beyond = res["host_pss_node"] - _feature_bytes(store) - args.nproc * args.baseline
+    return {"variant": f"ntp {name}", "epoch_s": res["epoch_s"], "peak_GB_per_rank": res["peak_mem_max"] / 1e9,
+            "host_B_per_edge": res["host_pss_node"] / edges, "host_net_B_per_edge": beyond / edges,
+            "topology_B_per_edge": res["topology_bytes"] / edges,
+            "device_topology_B_per_edge": res["device_topology_bytes"] / edges}
+
+
+def _feature_bytes(store: Path) -> int:
+    from storage import open_store
+
+    meta = open_store(store).meta
+    return meta.num_nodes * meta.feature_dim * 4
+
+
+def baseline_pss() -> int:
+    """PSS of a process that imported torch and the engine: the fixed cost every rank pays, whatever the graph."""
+    import subprocess
+    import sys
+
+    code = ("import torch, ntp.engine.loop, ntp.engine.setup; from ntp.engine.metrics import host_pss_bytes; "
+            "print(host_pss_bytes())")
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              timeout=120).stdout.split()[-1])
+
+
+# -- PyG, in its own process (its memory is its own) ------------------------------------------------------------------
+def _pyg_worker(store: str, device: str, hidden: int, epochs: int, queue) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv
+
+    from ntp.engine.chunking import _vm_hwm
+    from storage import open_store
+
+    t0 = time.perf_counter()
+    s = open_store(store)  # what a PyG user does: the CSR into an adj_t (rows: destinations), features, labels
+    indptr, indices = torch.from_numpy(s.indptr()), torch.from_numpy(s.indices().astype(np.int64))
+    n = indptr.numel() - 1
+    adj_t = torch.sparse_csr_tensor(indptr, indices, torch.ones(indices.numel()), size=(n, n))
+    x, y = torch.from_numpy(s.features()), torch.from_numpy(s.labels())
+    train = torch.from_numpy(s.split("train"))
+    startup = time.perf_counter() - t0
+    dev = torch.device(device)
+    x, y, adj_t, train = x.to(dev), y.to(dev), adj_t.to(dev), train.to(dev)
+    train = train[y[train] >= 0]
+    layers = torch.nn.ModuleList([GCNConv(x.shape[1], hidden, cached=True),
+                                  GCNConv(hidden, int(y.max()) + 1, cached=True)]).to(dev)
+    opt = torch.optim.Adam(layers.parameters(), lr=0.01)
+    times = []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        opt.zero_grad()
+        h = F.relu(layers[0](F.dropout(x, 0.5), adj_t))
+        F.cross_entropy(layers[1](F.dropout(h, 0.5), adj_t)[train], y[train]).backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else _vm_hwm()
+    queue.put({"epoch_s": float(np.median(times[1:] or times)), "peak": int(peak), "startup_s": startup,
+               "host": _vm_hwm()})
+
+
+def pyg_row(store: Path, args) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_pyg_worker, args=(str(store), args.device, args.hidden, args.epochs, queue))
+    proc.start()
+    try:
+        res = queue.get(timeout=1800)
+    except Exception:
+        return {"variant": "PyG GCNConv adj_t", "note": "failed or out of memory"}
+    finally:
+        proc.join(60)
+    edges = _edges(store)
+    return {"variant": "PyG GCNConv adj_t", "epoch_s": res["epoch_s"], "peak_GB_per_rank": res["peak"] / 1e9,
+            "host_B_per_edge": res["host"] / edges, "startup_s": res["startup_s"]}
+
+
+# -- start-up: reading and preparing the topology -----------------------------------------------------------------------
+def ntp_startup(store: Path) -> float:
+    from ntp.engine.data import store_topology
+    from storage import open_store
+
+    t0 = time.perf_counter()
+    store_topology(open_store(store))
+    return time.perf_counter() - t0
+
+
+def _edges(store: Path) -> int:
+    from storage import open_store
+
+    return open_store(store).meta.num_edges
+
+
+# -- the papers100M plan --------------------------------------------------------------------------------------------------
+def papers_plan(host_b_per_edge: float, topology_b_per_edge: float, world_sizes=PLAN_GPUS, gpus_per_node: int = 8) -> list[dict]:
+    """Memory per node and per GPU for ogbn-papers100M (coupled GCN, hidden 256, fp32) from measured bytes/edge."""
+    n, e, f, hidden = PAPERS["nodes"], PAPERS["edges"], PAPERS["features"], PAPERS["hidden"]
+    rows = []
+    for gpus in world_sizes:
+        local = min(gpus, gpus_per_node)
+        features_node = n * f * 4 * local / gpus  # each rank holds its row block of the features
+        host_node = e * host_b_per_edge + features_node + 1e9
+        slice_w = -(-hidden // gpus)
+        # device: the topology (both directions), the column-slice embeddings of a layer (input, output, gradients),
+        # and the rank's row block of the NN stage (features, activations and their gradients)
+        device = e * topology_b_per_edge + 4 * n * slice_w * 4 + (n / gpus) * (f + 2 * hidden) * 4 * 4
+        rows.append({"gpus": gpus, "nodes": -(-gpus // gpus_per_node), "host_GB_per_node": host_node / 1e9,
+                     "device_GB_per_gpu": device / 1e9,
+                     "device_GB_per_gpu_offload_topology": (device - e * topology_b_per_edge) / 1e9})
+    return rows
+
+
+def main() -> None:
+    p = base_parser(__doc__)
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda where there is one")
+    p.add_argument("--size", nargs="+", default=None, choices=list(SIZES),
+                   help="graphs (default: products and large on CUDA, small on CPU; --quick: tiny)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: the GPUs, or 2 on CPU)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--budget", default="2GB", help="--memory-budget of the budget and offload variants")
+    p.add_argument("--no-pyg", action="store_true")
+    p.add_argument("--plan", action="store_true", help="print the papers100M plan from the last run's bytes/edge")
+    args = p.parse_args()
+    if args.plan:
+        return print_plan()
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.nproc = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    args.baseline = baseline_pss()
+    sizes = args.size or (["tiny"] if args.quick else ["products", "large"] if args.device == "cuda" else ["small"])
+    if args.quick:
+        args.epochs, args.variants = 3, ["gcn coupled", "gcn --memory-budget", "gcn --offload all"]
+        args.budget = "64MB"
+    rows = []
+    for size in sizes:
+        nodes, degree, features = SIZES[size]
+        store = synthetic_store(nodes, degree, features=features)
+        edges = _edges(store)
+        startup = ntp_startup(store)
+        for name in args.variants:
+            row = {"graph": f"{size} ({nodes / 1e6:g}M nodes, {edges / 1e6:.0f}M edges)", "edges": edges,
+                   **ntp_row(store, name, VARIANTS[name], args)}
+            if name == args.variants[0]:
+                row["startup_s"] = startup
+            rows.append(row)
+            print(row, flush=True)
+        if not args.no_pyg:
+            rows.append({"graph": rows[-1]["graph"], "edges": edges, **pyg_row(store, args)})
+            print(rows[-1], flush=True)
+        base = next(r for r in rows if r["graph"] == rows[-1]["graph"] and r["variant"] == f"ntp {args.variants[0]}")
+        for r in rows:
+            if r["graph"] == base["graph"] and r.get("epoch_s"):
+                r["x_first_variant"] = r["epoch_s"] / base["epoch_s"]
+    report(f"gpu-{args.device}", rows, {"device": args.device, "nproc": args.nproc, "epochs": args.epochs,
+                                        "hidden": args.hidden, "budget": args.budget, "sizes": sizes})
+    (OUT / "bytes_per_edge.json").write_text(json.dumps(_measured(rows)))
+    print_plan()
+
+
+def _measured(rows: list[dict]) -> dict:
+    """The bytes per edge of the largest graph (the fixed costs weigh least there)."""
+    ours = [r for r in rows if r["variant"] == "ntp gcn coupled"] or [r for r in rows if r["variant"].startswith("ntp")]
+    big = max(ours, key=lambda r: r["edges"])
+    return {"host_B_per_edge": big["host_net_B_per_edge"], "topology_B_per_edge": big["topology_B_per_edge"],
+            "graph": big["graph"]}
+
+
+def print_plan() -> None:
+    path = OUT / "bytes_per_edge.json"
+    measured = json.loads(path.read_text()) if path.is_file() else {"host_B_per_edge": 12.0, "topology_B_per_edge": 8.0,
+                                                                     "graph": "design figures (no run yet)"}
+    rows = papers_plan(measured["host_B_per_edge"], measured["topology_B_per_edge"])
+    report("papers100m-plan", rows, {"from": measured["graph"], **measured, **PAPERS})
+
+
+if __name__ == "__main__":
+    main()
