@@ -26,8 +26,8 @@ from runs import run_job
 
 #: (nodes, average in-degree, features) per size; "products" is ogbn-products' scale, "papers-slice" is sized for
 #: an 80 GB GPU with one rank
-SIZES = {"tiny": (20_000, 10, 32), "small": (200_000, 100, 100), "products": (2_400_000, 50, 100),
-         "large": (6_000_000, 50, 128)}
+SIZES = {"tiny": (20_000, 10, 32), "small-sparse": (200_000, 25, 100), "small": (200_000, 100, 100),
+         "products": (2_400_000, 50, 100), "large": (6_000_000, 50, 128)}
 VARIANTS = {
     "gcn coupled": dict(model="gcn", arch="coupled"),
     "gcn decoupled": dict(model="gcn", arch="decoupled", nn_layers=2, prop_steps=2),
@@ -44,8 +44,8 @@ PAPERS = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "hidden
 
 def ntp_row(store: Path, name: str, fields: dict, args) -> dict:
     fields = {k: (args.budget if v == "BUDGET" else v) for k, v in fields.items()}
-    cfg = dict(hidden=args.hidden, dropout=0.5, mode="tp", device=args.device, **fields)
-    res = run_job(store, args.nproc, args.epochs, **{"dropout": 0.5, **cfg})
+    res = run_job(store, args.nproc, args.epochs, **{"hidden": args.hidden, "dropout": 0.5, "mode": "tp",
+                                                     "device": args.device, **fields})
     edges = res["edges"]
     beyond = res["host_pss_node"] - _feature_bytes(store) - args.nproc * args.baseline
     return {"variant": f"ntp {name}", "epoch_s": res["epoch_s"], "peak_GB_per_rank": res["peak_mem_max"] / 1e9,
@@ -181,7 +181,8 @@ def main() -> None:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.nproc = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
     args.baseline = baseline_pss()
-    sizes = args.size or (["tiny"] if args.quick else ["products", "large"] if args.device == "cuda" else ["small"])
+    sizes = args.size or (["tiny"] if args.quick else ["products", "large"] if args.device == "cuda"
+                          else ["small-sparse", "small"])
     if args.quick:
         args.epochs, args.variants = 3, ["gcn coupled", "gcn --memory-budget", "gcn --offload all"]
         args.budget = "64MB"
@@ -192,7 +193,7 @@ def main() -> None:
         edges = _edges(store)
         startup = ntp_startup(store)
         for name in args.variants:
-            row = {"graph": f"{size} ({nodes / 1e6:g}M nodes, {edges / 1e6:.0f}M edges)", "edges": edges,
+            row = {"graph": f"{size} ({nodes / 1e6:g}M nodes, {edges / 1e6:.0f}M edges)", "nodes": nodes, "edges": edges,
                    **ntp_row(store, name, VARIANTS[name], args)}
             if name == args.variants[0]:
                 row["startup_s"] = startup
@@ -212,11 +213,19 @@ def main() -> None:
 
 
 def _measured(rows: list[dict]) -> dict:
-    """The bytes per edge of the largest graph (the fixed costs weigh least there)."""
-    ours = [r for r in rows if r["variant"] == "ntp gcn coupled"] or [r for r in rows if r["variant"].startswith("ntp")]
+    """Bytes per edge for the plan: the slope of the node's host memory between two graphs with the same vertices
+    and features but different edge counts (what one more edge costs: per-vertex and per-process costs cancel),
+    else the largest graph's net figure."""
+    ours = [r for r in rows if r["variant"] == "ntp gcn coupled" and "host_B_per_edge" in r]
     big = max(ours, key=lambda r: r["edges"])
-    return {"host_B_per_edge": big["host_net_B_per_edge"], "topology_B_per_edge": big["topology_B_per_edge"],
-            "graph": big["graph"]}
+    measured = {"host_B_per_edge": big["host_net_B_per_edge"], "topology_B_per_edge": big["topology_B_per_edge"],
+                "graph": big["graph"]}
+    pair = [r for r in ours if r["nodes"] == big["nodes"] and r["edges"] != big["edges"]]
+    if pair:
+        low = min(pair, key=lambda r: r["edges"])
+        slope = (big["host_B_per_edge"] * big["edges"] - low["host_B_per_edge"] * low["edges"]) / (big["edges"] - low["edges"])
+        measured.update(host_B_per_edge=slope, graph=f"slope between {low['graph']} and {big['graph']}")
+    return measured
 
 
 def print_plan() -> None:

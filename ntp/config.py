@@ -77,7 +77,7 @@ class TrainConfig:
     chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
     memory_budget: str = opt("", "Memory of one rank, e.g. 8GB or 512MB: what stays resident (topology, embeddings, NN "
                                  "stage) plus one aggregation chunk; chunks are the largest that fit in the rest "
-                                 "(default: free GPU memory with a margin; no chunking on CPU).")
+                                 "(default: free GPU memory with a margin; chunks of 256 MiB on CPU).")
     overlap: bool = opt(False, "Tensor parallel: split and gather chunk by chunk as asynchronous collectives that "
                                "overlap aggregation (inter-chunk pipelining); a source row is sent once. Not for gat.")
     offload: Offload = opt("none", "What aggregation keeps in (pinned) host memory and streams to the device chunk by "

@@ -38,6 +38,8 @@ EDGE_BYTES = 4 + 4 + 8
 ROW_BYTES = 8
 #: Share of free device memory the default CUDA budget may use.
 DEVICE_MARGIN = 0.8
+#: The chunks' working set on CPU when no budget is given.
+CPU_CHUNK_BYTES = 256 << 20
 
 
 @dataclass
@@ -119,8 +121,12 @@ def free_device_bytes(device: torch.device) -> int:
 
 
 def default_device_budget(device: torch.device, resident_bytes: int) -> int:
-    """Free device memory minus what stays resident, with a margin; 0 (no chunking) on CPU."""
+    """The chunks' budget when none is given: free device memory minus what stays resident, with a margin; on CPU
+    :data:`CPU_CHUNK_BYTES` (the kernel's transient working set then stays small whatever the graph, so the ranks
+    of a machine add little beside the topology they share)."""
     free = free_device_bytes(device)
+    if device.type == "cpu":
+        return CPU_CHUNK_BYTES
     return max(int((free - resident_bytes) * DEVICE_MARGIN), 1) if free else 0
 
 
@@ -138,7 +144,8 @@ def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, m
     kept = sum(resident.values())
     if not memory_budget:
         budget = default_device_budget(device or torch.device("cpu"), kept)
-        return plan_for_costs(degree_costs(in_deg, out_deg, width), width, budget) if budget else ChunkPlan([0, num_nodes])
+        costs = degree_costs(in_deg, out_deg, width)
+        return plan_for_costs(costs, width, max(budget, int(costs.max(initial=0)))) if budget else ChunkPlan([0, num_nodes])
     costs = degree_costs(in_deg, out_deg, width)
     try:
         plan = plan_for_costs(costs, width, memory_budget - kept)
@@ -208,6 +215,10 @@ class PhaseMemory:
         if self._cpu_ok:
             _release_free_heap()
         self._reset_peak()
+
+    def release_free_heap(self) -> None:
+        if self._cpu_ok:
+            _release_free_heap()
 
     def enter(self, phase: str) -> str:
         """Switch to ``phase``; returns the phase that was running (to switch back)."""

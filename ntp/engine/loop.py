@@ -80,6 +80,7 @@ def worker_stats(job: Job, epoch_s: float, cpu_s: float) -> WorkerStats:
     """This rank's record of the epoch that just ran."""
     stats, ctx = job.comm.stats, job.ctx
     phases = ctx.memory.snapshot()
+    ctx.memory.release_free_heap()  # host PSS below: what stays resident, not heap that malloc has yet to return
     # resetting per-phase peaks also resets the process's: where phases were measured, the epoch peak is theirs
     peak = max(phases.values()) if phases else peak_memory_bytes(job.env.device)
     return WorkerStats(rank=job.env.rank, compute_s=max(epoch_s - stats.total_seconds, 0.0),
