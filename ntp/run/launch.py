@@ -32,6 +32,8 @@ from ntp.run.worker import FAILURE_BEGIN, FAILURE_END
 from ntp.spec import LaunchSpec
 
 LineSink = Callable[[str], None]
+#: What a rank's traceback says when a peer, not the rank itself, failed.
+PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "DistBackendError")
 
 
 @dataclass
@@ -190,4 +192,4 @@ def _root_cause(lines: list[str]) -> str | None:
 def _is_peer_failure(lines: list[str], begin: int) -> bool:
     end = next((i for i in range(begin, len(lines)) if FAILURE_END in lines[i]), len(lines))
     text = "\n".join(lines[begin:end])
-    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "DistBackendError"))
+    return any(s in text for s in PEER_FAILURES)
