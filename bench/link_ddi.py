@@ -22,8 +22,8 @@ from pathlib import Path
 from common import DATASETS, base_parser, report
 
 OGB_LEADERBOARD = {"gcn": (37.07, 5.07), "sage": (53.90, 4.74)}  # test Hits@20 (%), mean +- std over 10 seeds
-OGB_EXAMPLE = dict(arch="coupled", hidden=256, nn_layers=2, dropout=0.5, lr=0.005, weight_decay=0.0, link_batch=64 * 1024,
-                   decoder="mlp", decoder_layers=2, clip_grad=1.0, optimizer="adam")
+OGB_EXAMPLE = dict(arch="coupled", hidden=256, nn_layers=2, dropout=0.5, lr=0.005, weight_decay=0.0,
+                   link_batch=64 * 1024, decoder="mlp", decoder_layers=2, clip_grad=1.0, optimizer="adam")
 
 
 def ddi_store() -> Path:

@@ -39,7 +39,8 @@ def with_link_splits(data: GraphData, splits: LinkSplits) -> LinkGraphData:
 
 
 def link_from_arrays(edge_index: np.ndarray, num_nodes: int, splits: LinkSplits, x: np.ndarray | None = None,
-                     world: int = 1, rank: int = 0, metric: str = "hits@20", ogb_name: str | None = None) -> LinkGraphData:
+                     world: int = 1, rank: int = 0, metric: str = "hits@20",
+                     ogb_name: str | None = None) -> LinkGraphData:
     """In-memory link-prediction data (tests, tools): ``edge_index`` [2, E] is the message-passing graph;
     ``x`` None means no features (the model learns node embeddings)."""
     x = np.zeros((num_nodes, 0), np.float32) if x is None else x

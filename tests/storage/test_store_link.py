@@ -116,7 +116,8 @@ class _Boom:
 def test_pt_with_other_globals_is_refused(tmp_path: Path, extra: object, needs: str) -> None:
     path = tmp_path / "valid.pt"
     torch.save({"edge": np.zeros((2, 2), np.int64), "extra": extra}, path)
-    with pytest.raises(StoreError, match=rf"split file {path} is not an allowed split file.*it refers to {needs}, which is not allowed.*Fix") as excinfo:
+    expected = rf"split file {path} is not an allowed split file.*it refers to {needs}, which is not allowed.*Fix"
+    with pytest.raises(StoreError, match=expected) as excinfo:
         load_split_file(path)
     assert "weights_only` set to `False`" not in str(excinfo.value)  # torch's advice to load unsafely is not passed on
 
