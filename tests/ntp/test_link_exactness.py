@@ -43,7 +43,9 @@ def test_link_prediction_tp_equals_single(world: int, reference: list[dict]) -> 
             torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6,
                                        msg=lambda m: f"losses differ: {where}\n{m}")
             assert_close_to_scale(r["scores"], ref["scores"], f"validation scores: {where}")
-            assert r["metrics"] == pytest.approx(ref["metrics"]), f"metrics differ: {where}"
+            # Hits@K jumps where a positive and the K-th negative are (nearly) tied: summation-order noise in the
+            # scores (checked tightly above) may flip one of the 20 positives of a split, no more
+            assert r["metrics"] == pytest.approx(ref["metrics"], abs=1.01 / 20), f"metrics differ: {where}"
             for name, value in ref["state"].items():  # the whole embedding matrix; after ~12 Adam steps, whose
                 # normalisation turns summation-order noise of near-zero gradients into ~1e-5 relative differences
                 assert_close_to_scale(r["state"][name], value, f"saved {name}: {where}", rtol=1e-4)
