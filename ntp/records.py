@@ -33,6 +33,7 @@ class WorkerStats:
     host_pss_bytes: int = 0  #: resident host memory, shared pages divided among their processes (sum a node's ranks)
     topology_bytes: int = 0  #: the topology arrays (ntp.engine.topology), one copy per node when its ranks share it
     device_topology_bytes: int = 0  #: what the topology keeps resident on the rank's device (0 on CPU, or offloaded)
+    host: str = ""  #: the machine the rank ran on
 
     @property
     def comm_total_s(self) -> float:

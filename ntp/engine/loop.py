@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import socket
 import time
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def worker_stats(job: Job, epoch_s: float, cpu_s: float) -> WorkerStats:
                        bytes_recv=dict(stats.bytes_recv), peak_mem_bytes=peak, peak_mem_by_phase=phases, cpu_s=cpu_s,
                        chunks=ctx.plan.num_chunks, overlap_s=ctx.clock.overlap_s, overlapped=ctx.overlapped,
                        nn_device=str(ctx.nn_device), offload=ctx.offload, host_pss_bytes=host_pss_bytes(),
-                       topology_bytes=ctx.topology.nbytes(), device_topology_bytes=ctx.device_topology_bytes())
+                       topology_bytes=ctx.topology.nbytes(), device_topology_bytes=ctx.device_topology_bytes(),
+                       host=socket.gethostname())
 
 
 # -- the loop ---------------------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ def epoch_record(epoch: int, ranks: int = 2, evaluated: bool = True) -> dict:
             "peak_mem_bytes": 100_000_000 + r,
             "chunks": 4, "overlap_s": 0.01 * r, "cpu_s": 0.2, "nn_device": "cpu", "offload": "none",
             "overlapped": r == 1, "peak_mem_by_phase": {"nn": 90_000_000, "propagate": 100_000_000 + r},
+            "host_pss_bytes": 300_000 + r, "topology_bytes": 8_000, "device_topology_bytes": 0,
+            "host": f"node-{r // 2}",  # two ranks per machine
         }
         for r in range(ranks)
     ]

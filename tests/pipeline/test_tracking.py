@@ -43,6 +43,10 @@ def test_bytes_per_edge_summaries(tmp_path: Path) -> None:
     s = tracking.summarize(res, num_edges=1000)
     assert s["comm_bytes_per_edge"] == pytest.approx((3064 + 4064) / 2 / 1000)  # sent per rank per epoch / edges
     assert s["peak_mem_bytes_per_edge"] == pytest.approx(100_000_001 / 1000)  # the largest rank's peak / edges
+    assert s["host_bytes_per_edge"] == pytest.approx((300_000 + 300_001) / 1000), "one machine: its ranks' PSS summed"
+    assert s["topology_bytes_per_edge"] == 8.0
+    four = tracking.summarize(read_results(write_results(tmp_path / "r4.jsonl", epochs=2, ranks=4)), num_edges=1000)
+    assert four["host_bytes_per_edge"] == pytest.approx((4 * 300_000 + 6) / 2 / 1000), "per machine, 2 machines"
 
 
 def test_parent_epoch_metrics_are_the_key_curves_only() -> None:
@@ -101,6 +105,7 @@ def test_training_run_logs_parent_children_artifacts(tmp_path: Path) -> None:
     _assert_parent_series_are_key_curves(c, run.run_id)
     children = run.children()
     assert sorted(ch.data.tags["ntp.rank"] for ch in children) == ["0", "1"]
+    assert {ch.data.tags["ntp.host"] for ch in children} == {"node-0"}, "each rank's run names its machine"
     assert all(ch.info.status == "FINISHED" for ch in children)
     for child in children:
         for key in ("compute_s", "comm_s/gather", "bytes_sent_total", "peak_mem_bytes"):

@@ -158,14 +158,13 @@ class TrainingRun:
     def _log_workers(self, results: Results, status: str) -> None:
         from mlflow.entities import Metric
 
-        ranks = sorted({w.rank for e in results.epochs for w in e.workers})
+        hosts = {w.rank: w.host for e in results.epochs for w in e.workers}
         existing = {r.data.tags.get("ntp.rank"): r.info.run_id for r in self.children()}
-        for rank in ranks:
+        for rank in sorted(hosts):
             child = existing.get(str(rank))
             if child is None:
-                child = self.client.create_run(
-                    self.experiment_id, run_name=f"rank-{rank}",
-                    tags={TAG_PARENT: self.run_id, TAG_KIND: "worker", "ntp.rank": str(rank)}).info.run_id
+                tags = {TAG_PARENT: self.run_id, TAG_KIND: "worker", "ntp.rank": str(rank), "ntp.host": hosts[rank]}
+                child = self.client.create_run(self.experiment_id, run_name=f"rank-{rank}", tags=tags).info.run_id
                 self.client.log_param(child, "rank", rank)
             ts = int(time.time() * 1000)
             items = [Metric(k, v, ts, e.epoch) for e in results.epochs for w in e.workers

@@ -60,7 +60,8 @@ def worker_summary(results: Results) -> Any:
 
 def summarize(results: Results, num_edges: int | None = None) -> dict[str, float]:
     """Job-level numbers: median epoch time, per-rank means over epochs, max/min balance, final metrics and, given
-    the store's edge count, bytes per edge (``comm_bytes_per_edge``, ``peak_mem_bytes_per_edge``)."""
+    the store's edge count, bytes per edge (``comm_bytes_per_edge``, ``peak_mem_bytes_per_edge``, the host memory of
+    one machine ``host_bytes_per_edge`` (its ranks' PSS), ``topology_bytes_per_edge`` and its device share)."""
     out: dict[str, float] = {"epochs_run": float(len(results.epochs))}
     if results.epochs:
         out["epoch_s_median"] = float(statistics.median(e.epoch_s for e in results.epochs))
@@ -94,7 +95,12 @@ def _balance(per_rank: Any) -> dict[str, float]:
 def _per_edge(results: Results, bytes_per_rank: float, num_edges: int) -> dict[str, float]:
     """Traffic and memory normalised by the graph's size, so runs on different graphs compare."""
     peak = max(w.peak_mem_bytes for e in results.epochs for w in e.workers)
-    return {"comm_bytes_per_edge": bytes_per_rank / num_edges, "peak_mem_bytes_per_edge": float(peak) / num_edges}
+    last = results.epochs[-1].workers
+    hosts = {w.host for w in last}  # a machine's ranks share its topology: count it once per machine
+    return {"comm_bytes_per_edge": bytes_per_rank / num_edges, "peak_mem_bytes_per_edge": float(peak) / num_edges,
+            "host_bytes_per_edge": sum(w.host_pss_bytes for w in last) / len(hosts) / num_edges,
+            "topology_bytes_per_edge": max(w.topology_bytes for w in last) / num_edges,
+            "device_topology_bytes_per_edge": max(w.device_topology_bytes for w in last) / num_edges}
 
 
 def epoch_metrics(record: EpochRecord) -> dict[str, float]:
@@ -108,7 +114,8 @@ def epoch_metrics(record: EpochRecord) -> dict[str, float]:
 
 def worker_metrics(worker: WorkerStats) -> dict[str, float]:
     """Child-run metrics of one worker in one epoch."""
-    out = {"compute_s": float(worker.compute_s), "peak_mem_bytes": float(worker.peak_mem_bytes)}
+    out = {"compute_s": float(worker.compute_s), "peak_mem_bytes": float(worker.peak_mem_bytes),
+           "host_pss_bytes": float(worker.host_pss_bytes), "device_topology_bytes": float(worker.device_topology_bytes)}
     for key in ("comm_s", "bytes_sent", "bytes_recv"):
         parts = getattr(worker, key)
         out[f"{key}_total"] = float(sum(parts.values()))
