@@ -55,6 +55,7 @@ def on_node(build: Builder, *, local_rank: int, local_world: int, key: str, requ
     folder = shared_dir(required_bytes) / f"ntp-shared-{key}"
     if local_rank == 0:
         try:
+            shutil.rmtree(folder, ignore_errors=True)  # left by a killed run of the same job (same key and port)
             folder.mkdir(parents=True)
             arrays = build(_file_allocator(folder))
             kept = {name: [list(a.shape), a.dtype.str] for name, a in arrays.items()}
