@@ -1,14 +1,15 @@
 """What the two OGB folder layouts (CSV files, or ogbn-papers100M's binary .npz files) share: the split folder,
-task metadata, provenance, and the error that names the folder."""
+feature rows, task metadata, provenance, and the error that names the folder."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from storage.schema import StoreError
 from storage.sources.base import GraphSource
-from storage.sources.csvio import read_numeric
+from storage.sources.csvio import iter_numeric_blocks, read_numeric
 from storage.sources.ogb_meta import OgbInfo
 
 
@@ -70,3 +71,13 @@ def ogb_source(root: Path, name: str, info: OgbInfo | None, split_dir: Path, tas
         info={"kind": "ogb" if info else "ogb-layout", "dataset": name, "path": str(root),
               "release": info.version if info else None, "split": split_dir.name, **notes},
     )
+
+
+def feature_rows(root: Path, dim: int, n: int) -> Iterator[np.ndarray]:
+    """raw/node-feat.csv.gz in row blocks, checked to hold one row per vertex."""
+    rows = 0
+    for block in iter_numeric_blocks(root / "raw/node-feat.csv.gz", dim, "float32"):
+        rows += len(block)
+        yield block
+    if rows != n:
+        raise folder_problem(root, f"node-feat.csv.gz has {rows} rows but num-node-list says {n}")

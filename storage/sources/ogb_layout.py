@@ -16,7 +16,7 @@ from storage.sources.base import EdgeBlock, GraphSource
 from storage.sources.csvio import count_columns, iter_numeric_blocks, read_numeric
 from storage.sources.ogb_binary import is_binary_folder, ogb_binary_source
 from storage.sources.ogb_link import is_link_folder, ogb_link_source
-from storage.sources.ogb_folder import checked_split_folder, folder_problem, ogb_source, task_of
+from storage.sources.ogb_folder import checked_split_folder, feature_rows, folder_problem, ogb_source, task_of
 from storage.sources.ogb_meta import OgbInfo
 
 REQUIRED = ("raw/edge.csv.gz", "raw/num-node-list.csv.gz", "raw/num-edge-list.csv.gz",
@@ -65,12 +65,7 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
 
     def feature_blocks() -> Iterator[np.ndarray]:
         if feat_path.is_file():
-            rows = 0
-            for block in iter_numeric_blocks(feat_path, dim, "float32"):
-                rows += len(block)
-                yield block
-            if rows != n:
-                raise folder_problem(root, f"node-feat.csv.gz has {rows} rows but num-node-list says {n}")
+            yield from feature_rows(root, dim, n)
         else:
             yield _mean_edge_features(root, n, dim)
 

@@ -15,9 +15,9 @@ import numpy as np
 
 from storage.schema import StoreError
 from storage.sources.base import EdgeBlock, GraphSource
-from storage.sources.csvio import count_columns, iter_numeric_blocks, read_numeric
+from storage.sources.csvio import count_columns, read_numeric
 from storage.sources.link_arrays import LINK_SPLITS, LinkSplit, load_split_file, split_pairs
-from storage.sources.ogb_folder import folder_problem
+from storage.sources.ogb_folder import feature_rows, folder_problem, split_folder
 from storage.sources.ogb_meta import OgbInfo
 
 REQUIRED = ("raw/edge.csv.gz", "raw/num-node-list.csv.gz")
@@ -39,19 +39,6 @@ def is_link_folder(root: Path) -> bool:
     return len(subs) == 1 and split_file(subs[0], "train") is not None
 
 
-def _link_split_folder(root: Path, info: OgbInfo | None) -> Path:
-    base = root / "split"
-    if info is not None:
-        found = base / info.split
-        if not found.is_dir():
-            raise folder_problem(root, f"split folder split/{info.split} is missing")
-        return found
-    subs = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
-    if len(subs) != 1:
-        raise folder_problem(root, f"expected exactly one folder under split/, found {[p.name for p in subs]}")
-    return subs[0]
-
-
 def ogb_link_source(root: Path, name: str, info: OgbInfo | None) -> GraphSource:
     """A GraphSource of task "link" over an OGB link-property folder; the metric from OGB's master.csv
     (``info``), else Hits@20 ... unless the split files hold MRR-style negatives (then MRR)."""
@@ -66,7 +53,7 @@ def ogb_link_source(root: Path, name: str, info: OgbInfo | None) -> GraphSource:
     if len(counts) != 1:
         raise folder_problem(root, f"raw/num-node-list.csv.gz lists {len(counts)} graphs; only one is supported")
     n = int(counts[0])
-    split_dir = _link_split_folder(root, info)
+    split_dir = split_folder(root, info)
     files = {part: split_file(split_dir, part) for part in LINK_SPLITS}
     for part, path in files.items():
         if path is None:
@@ -89,12 +76,7 @@ def ogb_link_source(root: Path, name: str, info: OgbInfo | None) -> GraphSource:
         if not dim:
             yield np.zeros((n, 0), np.float32)
             return
-        rows = 0
-        for block in iter_numeric_blocks(feat_path, dim, "float32"):
-            rows += len(block)
-            yield block
-        if rows != n:
-            raise folder_problem(root, f"node-feat.csv.gz has {rows} rows but num-node-list says {n}")
+        yield from feature_rows(root, dim, n)
 
     if train_weight is not None and len(np.ravel(train_weight)) != len(train_pos):
         raise StoreError(f"split file {files['train']}: {len(np.ravel(train_weight))} weights for {len(train_pos)} "
