@@ -13,16 +13,22 @@ from tests.ntp.graphs import loader
 def trace(cfg: TrainConfig, graph: dict, epochs: int, job_env=None) -> dict:
     """Losses per epoch, every parameter's gradient after the first backward, final eval logits of own rows."""
     job = setup(cfg, job_env, loader(graph))
-    losses, grads = [], None
-    for epoch in range(epochs):
-        losses.append(train_step(job, epoch))
-        if grads is None:
-            grads = {n: p.grad.detach().clone() for n, p in job.model.named_parameters()}
+    losses, grads = train_traced(job, epochs)
     job.model.eval()
     with torch.no_grad():
         logits = job.model(job.x, job.ctx)
     return {"losses": losses, "grads": grads, "logits": logits, "bytes": dict(job.comm.stats.bytes_sent),
             "calls": dict(job.comm.stats.calls)}
+
+
+def train_traced(job, epochs: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train ``epochs`` epochs: the loss of each, and every parameter's gradient after the first backward."""
+    losses, grads = [], None
+    for epoch in range(epochs):
+        losses.append(train_step(job, epoch))
+        if grads is None:
+            grads = {n: p.grad.detach().clone() for n, p in job.model.named_parameters()}
+    return losses, grads
 
 
 def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:

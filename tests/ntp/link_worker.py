@@ -1,5 +1,5 @@
 """What each rank runs in the link-prediction exactness tests: epochs of edge mini-batches, recording losses, the
-last step's gradients, and the scores of the validation pairs."""
+first backward's gradients, and the scores of the validation pairs."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +8,9 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.dist import distributed
 from ntp.engine.link_data import link_from_arrays
-from ntp.engine.loop import evaluate_splits, train_step
+from ntp.engine.loop import evaluate_splits
 from ntp.engine.setup import setup
+from tests.ntp.exactness_worker import train_traced
 
 
 def link_graph(n: int = 50, d: int = 7, edges: int = 260, seed: int = 0) -> dict:
@@ -33,11 +34,7 @@ def _loader(graph: dict, features: bool):
 
 def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> dict:
     job = setup(cfg, env, _loader(graph, features))
-    losses, grads = [], None
-    for epoch in range(epochs):
-        losses.append(train_step(job, epoch))
-        if grads is None:
-            grads = {n: p.grad.detach().clone() for n, p in job.model.named_parameters()}
+    losses, grads = train_traced(job, epochs)
     job.model.eval()
     with torch.no_grad():
         h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
