@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ntp.engine.chunking import DEVICE_MARGIN, format_bytes
+from ntp.engine.partition import ceil_div
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.
@@ -54,9 +55,9 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
                         params: int, nn_on_device: bool) -> dict[str, int]:
     """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
     before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device)."""
-    slice_width = -(-max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1) // world)
+    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload)
-    rows = -(-num_nodes // world)
+    rows = ceil_div(num_nodes, world)
     parts["NN stage"] = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params) if nn_on_device else 0
     return parts
 

@@ -20,7 +20,7 @@ from ntp.engine.collectives import Comm, check_same_on_all_ranks
 from ntp.engine.dist import DistEnv
 from ntp.engine.models import build_model
 from ntp.engine.node_shared import job_key, on_node
-from ntp.engine.partition import Partition, ceil_div
+from ntp.engine.partition import Partition
 from ntp.errors import ConfigError
 from ntp.records import EpochRecord
 from ntp.spec import mode_for
@@ -82,7 +82,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     comm = Comm(part, env.device, group=None)
     width = placement.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
     model = build_model(cfg, data.feature_dim, data.out_dim)
-    nn_device, nn_bytes = _place_nn_stage(cfg, env, data, model, width)
+    nn_device, nn_bytes = _place_nn_stage(cfg, env, data, model)
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
     ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
                   overlap=cfg.overlap, offload=cfg.offload, width=width, nn_device=nn_device,
@@ -106,13 +106,14 @@ def _warn_cpu_overlap(busy_threads: int) -> None:
               "moves the data", flush=True)
 
 
-def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module,
-                    width: int) -> tuple[torch.device, int]:
+def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module) -> tuple[torch.device, int]:
     """Where the NN stage runs (ntp.engine.placement) and the device memory it needs there."""
-    rows = ceil_div(data.num_nodes, env.world)  # the largest row block: every rank plans with the same figures
-    params = sum(p.numel() for p in model.parameters())
-    nn_bytes = placement.nn_stage_bytes(rows, data.feature_dim, cfg.hidden, data.out_dim, cfg.nn_layers, params)
-    graph_bytes = placement.graph_resident_bytes(data.num_nodes, data.num_edges, ceil_div(width, env.world), cfg.offload)
+    # the preflight's figures (the largest row block), so every rank plans alike
+    parts = placement.rank_resident_parts(cfg, num_nodes=data.num_nodes, num_edges=data.num_edges,
+                                          feature_dim=data.feature_dim, out_dim=data.out_dim, world=env.world,
+                                          params=sum(p.numel() for p in model.parameters()), nn_on_device=True)
+    nn_bytes = parts.pop("NN stage")
+    graph_bytes = sum(parts.values())
     free = free_device_bytes(env.device)
     if free and cfg.memory_budget_bytes:  # the budget bounds the whole rank: the NN stage fits in what it leaves
         free = min(free, int(cfg.memory_budget_bytes / placement.DEVICE_MARGIN))
