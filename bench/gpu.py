@@ -34,6 +34,7 @@ VARIANTS = {
     "sage coupled": dict(model="sage", arch="coupled"),
     "gat coupled": dict(model="gat", arch="coupled", heads=4),
     "gcn --dropout 0": dict(model="gcn", arch="coupled", dropout=0.0),
+    "gcn --precision bf16": dict(model="gcn", arch="coupled", precision="bf16"),
     "gcn --memory-budget": dict(model="gcn", arch="coupled", memory_budget="BUDGET"),
     "gcn --offload topology": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="topology"),
     "gcn --offload all": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all"),

@@ -21,7 +21,8 @@ def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
         results = Path(tmp) / "results.jsonl"
         mode = cfg_fields.pop("mode")
         device = cfg_fields.pop("device", "auto")
-        cfg = TrainConfig(store=str(store), epochs=epochs, results=str(results), eval_every=10**6,
+        cfg_fields.setdefault("eval_every", 10**6)  # timings: evaluate once, at the end
+        cfg = TrainConfig(store=str(store), epochs=epochs, results=str(results),
                           mode=mode if nproc > 1 or mode == "data" else "single", **cfg_fields)
         launch_training(resolve(cfg, nproc=nproc, device=device, job_timeout_s=1800), on_line=lambda line: None)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
@@ -36,7 +37,8 @@ def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
     return {"epoch_s": statistics.median(e["epoch_s"] for e in epochs_recs), "MB_per_rank": statistics.mean(sent) / 1e6,
             "graph_MB_per_rank": statistics.mean(graph_sent) / 1e6, "bytes_max/min": ratio(sent),
             "compute_max/min": ratio(compute), "comm_max/min": ratio(comm), "compute_max_s": max(compute),
-            "comm_max_s": max(comm), "graph_bytes_per_rank": graph_sent, **_memory(epochs_recs, recs)}
+            "comm_max_s": max(comm), "graph_bytes_per_rank": graph_sent, "test_metric": recs[-1].get("test_metric"),
+            **_memory(epochs_recs, recs)}
 
 
 def _memory(epoch_recs: list[dict], recs: list[dict]) -> dict:

@@ -26,6 +26,7 @@ Norm = Literal["none", "batch", "layer"]
 Offload = Literal["none", "topology", "all"]
 NNDevice = Literal["auto", "device", "cpu"]
 Decoder = Literal["mlp", "dot"]
+Precision = Literal["fp32", "bf16"]
 
 #: Models whose propagation has no weights between steps: they only exist decoupled.
 DECOUPLED_ONLY = ("sgc", "appnp")
@@ -80,6 +81,9 @@ class TrainConfig:
                                  "(default: free GPU memory with a margin; chunks of 256 MiB on CPU).")
     overlap: bool = opt(False, "Tensor parallel: split and gather chunk by chunk as asynchronous collectives that "
                                "overlap aggregation (inter-chunk pipelining); a source row is sent once. Not for gat.")
+    precision: Precision = opt("fp32", "fp32, or bf16: features, activations, communication and aggregation in "
+                                       "bfloat16, with float32 sums, parameters and optimiser state (half the "
+                                       "activation memory and traffic; fp32 is the exactness reference).")
     offload: Offload = opt("none", "What aggregation keeps in (pinned) host memory and streams to the device chunk by "
                                    "chunk: none, topology, or all (topology and the column-slice embeddings).")
     nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU), cpu, or auto (cpu when its "
@@ -220,7 +224,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 _LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm, "Offload": Offload,
-             "NNDevice": NNDevice, "Decoder": Decoder}
+             "NNDevice": NNDevice, "Decoder": Decoder, "Precision": Precision}
 
 
 def literal_choices(type_name: str) -> tuple[str, ...]:

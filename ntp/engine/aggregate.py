@@ -18,6 +18,7 @@ import torch
 
 from ntp.engine.chunking import in_phase
 from ntp.engine.operators import CSR, Scaling, transpose
+from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -26,15 +27,31 @@ warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitl
 
 # -- the kernel interface -----------------------------------------------------------------------------------------
 def csr_matmul(block: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """``block @ h`` for a torch sparse CSR ``block`` and a dense ``h``."""
-    return torch.sparse.mm(block, h) if h.shape[1] else h.new_zeros(block.shape[0], 0)
+    """``block @ h`` for a torch sparse CSR ``block`` and a dense ``h``, in ``h``'s dtype. A bfloat16 ``h`` is summed
+    in float32: cuSPARSE does so itself; CPU kernels have no bfloat16 product, so they multiply a float32 copy."""
+    if not h.shape[1]:
+        return h.new_zeros(block.shape[0], 0)
+    with torch.autocast(h.device.type, enabled=False):  # autocast would recast the float32 copy to bfloat16
+        if h.dtype not in LOW_PRECISION:
+            return torch.sparse.mm(block, h)
+        if h.is_cuda:
+            return torch.sparse.mm(_with_dtype(block, h.dtype), h)
+        return torch.sparse.mm(_with_dtype(block, torch.float32), h.float()).to(h.dtype)
+
+
+def _with_dtype(block: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    if block.dtype == dt:
+        return block
+    return torch.sparse_csr_tensor(block.crow_indices(), block.col_indices(), block.values().to(dt), size=block.shape)
 
 
 def edge_dot(indptr: torch.Tensor, indices: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
              bounds: list[int] | None = None) -> torch.Tensor:
     """``out[e] = <g[row(e)], h[indices[e]]>`` for every edge ``e`` of a CSR (an SDDMM), row block by row block.
 
-    This is the gradient of ``A(values) @ h`` with respect to the edge values."""
+    This is the gradient of ``A(values) @ h`` with respect to the edge values (float32 for bfloat16 inputs)."""
+    acc = accumulation_dtype(g.dtype)
+    g, h = g.to(acc), h.to(acc)
     out = g.new_empty(indices.shape[0])
     if g.shape[1] == 0:
         return out.zero_()
@@ -43,12 +60,15 @@ def edge_dot(indptr: torch.Tensor, indices: torch.Tensor, g: torch.Tensor, h: to
         e0, e1 = int(indptr[r0]), int(indptr[r1])
         pattern = torch.sparse_csr_tensor(indptr[r0 : r1 + 1] - e0, indices[e0:e1], g.new_zeros(e1 - e0),
                                           size=(r1 - r0, h.shape[0]))
-        out[e0:e1] = torch.sparse.sampled_addmm(pattern, g[r0:r1], h.t(), beta=0.0).values()
+        with torch.autocast(g.device.type, enabled=False):
+            out[e0:e1] = torch.sparse.sampled_addmm(pattern, g[r0:r1], h.t(), beta=0.0).values()
     return out
 
 
 def edge_softmax(logits: torch.Tensor, dst: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """Softmax of per-edge ``logits`` [E, heads] over the edges of each destination row ``dst[e]``."""
+    """Softmax of per-edge ``logits`` [E, heads] over the edges of each destination row ``dst[e]`` (in float32 for
+    bfloat16 logits)."""
+    logits = logits.to(accumulation_dtype(logits.dtype))
     heads = logits.shape[1]
     index = dst.unsqueeze(1).expand(-1, heads)
     peak = torch.full((num_rows, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
@@ -140,7 +160,8 @@ class RowBlocks:
         else:
             x = h
         col_d = col if col.device == self.device else col.to(self.device)
-        values = x.new_ones(1).expand(col_d.shape[0]) if pre is None else pre.index_select(0, col_d).to(x.dtype)
+        vdt = accumulation_dtype(x.dtype)  # the operator's values stay exact: csr_matmul picks the product's dtype
+        values = x.new_ones(1, dtype=vdt).expand(col_d.shape[0]) if pre is None else pre.index_select(0, col_d).to(vdt)
         y = csr_matmul(torch.sparse_csr_tensor(crow.to(self.device), col_d, values, size=(r1 - r0, x.shape[0])), x)
         if scaling.post is not None:
             y.mul_(scaling.post[r0:r1, None].to(y.dtype))

@@ -78,11 +78,13 @@ def row_costs(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width
     return degree_costs(in_deg, out_deg, width, extra_edges_per_row)
 
 
-def degree_costs(in_deg: np.ndarray, out_deg: np.ndarray, width: int, extra_edges_per_row: int = 1) -> np.ndarray:
-    """:func:`row_costs` from the degrees alone (what a store keeps beside its topology)."""
+def degree_costs(in_deg: np.ndarray, out_deg: np.ndarray, width: int, extra_edges_per_row: int = 1,
+                 element_bytes: int = 4) -> np.ndarray:
+    """:func:`row_costs` from the degrees alone (what a store keeps beside its topology); ``element_bytes``: of one
+    activation element (ntp.engine.precision)."""
     deg = np.maximum(in_deg.astype(np.int64), out_deg.astype(np.int64)) + extra_edges_per_row
     # edges, at most one gathered source row per edge, the output row and its pointer
-    return deg * (EDGE_BYTES + 4 * width) + 4 * width + ROW_BYTES
+    return deg * (EDGE_BYTES + element_bytes * width) + element_bytes * width + ROW_BYTES
 
 
 def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int) -> ChunkPlan:
@@ -131,12 +133,13 @@ def default_device_budget(device: torch.device, resident_bytes: int) -> int:
 
 
 def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, memory_budget: int = 0,
-              width: int = 1, device: torch.device | None = None, resident: dict[str, int] | None = None) -> ChunkPlan:
+              width: int = 1, device: torch.device | None = None, resident: dict[str, int] | None = None,
+              element_bytes: int = 4) -> ChunkPlan:
     """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default.
 
     ``resident``: what stays in the rank's memory besides the chunks (topology, embeddings, NN stage), by name. A
     budget bounds all of it: the chunks get what the resident parts leave, and a budget they do not leave room in
-    is a :class:`MemoryPlanError` that names every part."""
+    is a :class:`MemoryPlanError` that names every part. ``element_bytes``: of one activation element."""
     num_nodes = len(in_deg)
     if chunk_rows:
         return uniform_plan(num_nodes, chunk_rows)
@@ -144,9 +147,9 @@ def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, m
     kept = sum(resident.values())
     if not memory_budget:
         budget = default_device_budget(device or torch.device("cpu"), kept)
-        costs = degree_costs(in_deg, out_deg, width)
+        costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes)
         return plan_for_costs(costs, width, max(budget, int(costs.max(initial=0)))) if budget else ChunkPlan([0, num_nodes])
-    costs = degree_costs(in_deg, out_deg, width)
+    costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes)
     try:
         plan = plan_for_costs(costs, width, memory_budget - kept)
     except MemoryPlanError:

@@ -12,6 +12,7 @@ from ntp.engine.partition import ceil_div
 from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.operators import CSR, scaling, with_self_loops
 from ntp.engine.placement import graph_resident_parts
+from ntp.engine.precision import element_bytes
 from ntp.engine.topology import Topology
 
 
@@ -29,12 +30,13 @@ class GraphContext:
 
     def __init__(self, topology: Topology, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
                  width: int = 0, overlap: bool = False, offload: str = "none", send_once: bool = True,
-                 nn_device: torch.device | None = None, reserved_bytes: int = 0) -> None:
+                 nn_device: torch.device | None = None, reserved_bytes: int = 0, precision: str = "fp32") -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.engine.chunking; ``width``: the widest
         matrix propagated, for the budget); ``overlap``: propagation with per-chunk asynchronous split and gather
         (ntp.engine.overlap), ``send_once`` sends every source row once; ``offload``: what aggregation streams from
         host memory (ntp.engine.placement); ``nn_device``: where the row layout lives (default: the rank's device);
-        ``reserved_bytes``: device memory of the NN stage, which the chunks' budget leaves to it."""
+        ``reserved_bytes``: device memory of the NN stage, which the chunks' budget leaves to it; ``precision``: of the
+        activations (ntp.engine.precision)."""
         self.topology = topology
         self.comm = comm
         self.chunk_rows = chunk_rows
@@ -45,6 +47,7 @@ class GraphContext:
         self.send_once = send_once
         self.nn_device = nn_device or comm.device
         self.reserved_bytes = reserved_bytes
+        self.precision = precision
         #: where the graph layout lives: host memory when embeddings are offloaded, else the rank's device
         self.home = torch.device("cpu") if offload == "all" else comm.device
         self.seed = seed
@@ -61,10 +64,11 @@ class GraphContext:
         slice_width = ceil_div(max(self.width, 1), self.comm.world)
         topo = self.topology
         resident = {"NN stage": self.reserved_bytes,
-                    **graph_resident_parts(topo.num_nodes, topo.num_edges, slice_width, self.offload)}
+                    **graph_resident_parts(topo.num_nodes, topo.num_edges, slice_width, self.offload,
+                                           self.precision, self.device.type)}
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=slice_width, device=self.device,
-                         resident=resident)
+                         resident=resident, element_bytes=element_bytes(self.precision))
 
     @cached_property
     def csr(self) -> CSR:

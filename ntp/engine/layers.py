@@ -9,6 +9,7 @@ from torch import nn
 from ntp.engine.collectives import all_reduce_sum
 from ntp.engine.context import GraphContext
 from ntp.engine.metrics import ALLREDUCE
+from ntp.engine.precision import accumulation_dtype
 
 _MASK64 = (1 << 64) - 1
 
@@ -95,6 +96,7 @@ class DistBatchNorm(nn.Module):
         self.register_buffer("running_var", torch.ones(width))
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        x = x.to(accumulation_dtype(x.dtype))  # statistics of bfloat16 activations are summed in float32
         if self.training:
             count = torch.tensor([float(x.shape[0])], device=x.device, dtype=x.dtype)
             sums = all_reduce_sum(torch.cat([x.sum(0), (x * x).sum(0), count]), ctx.comm, ALLREDUCE)

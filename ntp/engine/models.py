@@ -21,6 +21,7 @@ from ntp.config import TrainConfig
 from ntp.engine.context import GraphContext
 from ntp.engine.layers import MLP, RowDropout
 from ntp.engine.metrics import ATTENTION
+from ntp.engine.precision import autocast
 
 #: Decoupled propagation operator of each model (see ntp.engine.operators).
 DECOUPLED_OPERATOR = {"gcn": "gcn", "sgc": "gcn", "appnp": "gcn", "sage": "mean_self", "gin": "sum_root"}
@@ -62,8 +63,19 @@ def propagate_heads(ctx: GraphContext, alpha: torch.Tensor, h_cols: torch.Tensor
     return torch.cat(parts, dim=1) if parts else h_cols
 
 
+class GraphModel(nn.Module):
+    """A model of the context's graph, run in the context's precision (ntp.engine.precision); outputs are float32."""
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        with autocast(ctx.precision, x.device):
+            return self.compute(x, ctx).float()
+
+    def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        raise NotImplementedError
+
+
 # -- decoupled architecture ----------------------------------------------------------------------------------------
-class DecoupledGNN(nn.Module):
+class DecoupledGNN(GraphModel):
     """``gather(P^K(split(MLP(X))))`` with a model-specific propagation ``P``."""
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
@@ -73,7 +85,7 @@ class DecoupledGNN(nn.Module):
                        activation=cfg.model != "sgc")
         self.attention = EdgeAttention(cfg.heads, out_dim) if cfg.model == "gat" else None
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+    def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         z = self.mlp(x, ctx)
         if self.attention is None:  # split, K steps, gather: one call, so the context may pipeline it
             alpha = self.alpha if self.model == "appnp" else None
@@ -154,7 +166,7 @@ class GATLayer(nn.Module):
         return out + self.bias
 
 
-class CoupledGNN(nn.Module):
+class CoupledGNN(GraphModel):
     """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last)."""
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
@@ -182,7 +194,7 @@ class CoupledGNN(nn.Module):
             return GATLayer(in_dim, out_dim // cfg.heads, cfg.heads, concat=True)
         raise ValueError(f"model {cfg.model} has no coupled form")
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+    def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(self.dropouts[i](x, ctx), ctx)

@@ -16,6 +16,7 @@ import torch
 
 from ntp.engine.chunking import DEVICE_MARGIN, format_bytes
 from ntp.engine.partition import ceil_div
+from ntp.engine.precision import element_bytes
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.
@@ -34,17 +35,23 @@ def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
     return out_dim if arch == "decoupled" else max(hidden, out_dim)
 
 
-def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int) -> int:
-    """Device memory of the NN stage on ``rows`` rows: activations of every layer, and the parameters."""
+def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int,
+                   precision: str = "fp32") -> int:
+    """Device memory of the NN stage on ``rows`` rows: activations of every layer, and the (float32) parameters."""
     widths = [in_dim] + [hidden] * (layers - 1) + [out_dim]
-    return 4 * (rows * sum(widths) * ACTIVATION_COPIES + params * PARAMETER_COPIES)
+    return element_bytes(precision) * rows * sum(widths) * ACTIVATION_COPIES + 4 * params * PARAMETER_COPIES
 
 
-def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> dict[str, int]:
+def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
+                         device_type: str = "cuda") -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded,
-    and the column-slice embeddings (input, output and their gradients) unless ``offload == "all"``."""
-    return {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
-            "embeddings": 0 if offload == "all" else 4 * num_nodes * slice_width * 4}
+    and the column-slice embeddings (input, output and their gradients) unless ``offload == "all"``; bfloat16 on
+    the CPU adds the float32 copy its products multiply (ntp.engine.aggregate.csr_matmul)."""
+    parts = {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
+             "embeddings": 0 if offload == "all" else 4 * num_nodes * slice_width * element_bytes(precision)}
+    if precision != "fp32" and device_type == "cpu":
+        parts["float32 product input"] = 4 * num_nodes * slice_width
+    return parts
 
 
 def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> int:
@@ -52,13 +59,14 @@ def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offlo
 
 
 def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int,
-                        params: int, nn_on_device: bool) -> dict[str, int]:
+                        params: int, nn_on_device: bool, device_type: str = "cuda") -> dict[str, int]:
     """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
     before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device)."""
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload)
+    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type)
     rows = ceil_div(num_nodes, world)
-    parts["NN stage"] = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params) if nn_on_device else 0
+    nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision)
+    parts["NN stage"] = nn_bytes if nn_on_device else 0
     return parts
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import placement
+from ntp.engine import placement, precision
 from ntp.engine.checkpoint import check_output_paths
 from ntp.engine.chunking import free_device_bytes
 from ntp.engine.context import GraphContext
@@ -86,13 +86,14 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
     ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
                   overlap=cfg.overlap, offload=cfg.offload, width=width, nn_device=nn_device,
-                  reserved_bytes=nn_bytes if nn_device == env.device else 0)
+                  reserved_bytes=nn_bytes if nn_device == env.device else 0, precision=cfg.precision)
     model = model.to(nn_device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     r0, r1 = part.rows()
     local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1) for name in SPLITS}
-    return Job(cfg, env, data, comm, ctx, model, optimizer, x=torch.from_numpy(data.features).to(nn_device),
+    x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
+    return Job(cfg, env, data, comm, ctx, model, optimizer, x=x,
                y=y_all[r0:r1].to(nn_device), local_split={k: v.to(nn_device) for k, v in local_split.items()},
                global_train_count=train_count)
 
@@ -111,7 +112,8 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
     # the preflight's figures (the largest row block), so every rank plans alike
     parts = placement.rank_resident_parts(cfg, num_nodes=data.num_nodes, num_edges=data.num_edges,
                                           feature_dim=data.feature_dim, out_dim=data.out_dim, world=env.world,
-                                          params=sum(p.numel() for p in model.parameters()), nn_on_device=True)
+                                          params=sum(p.numel() for p in model.parameters()), nn_on_device=True,
+                                          device_type=env.device.type)
     nn_bytes = parts.pop("NN stage")
     graph_bytes = sum(parts.values())
     free = free_device_bytes(env.device)

@@ -13,6 +13,7 @@ from ntp.engine.chunking import ChunkPlan, make_plan, uniform_plan
 from ntp.engine.models import build_model
 from ntp.engine.partition import ceil_div
 from ntp.engine.placement import propagated_width, rank_resident_parts
+from ntp.engine.precision import element_bytes
 from ntp.engine.setup import count_train_labels
 from ntp.errors import ConfigError
 from ntp.spec import LaunchSpec
@@ -58,6 +59,7 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
     # on a GPU, nn_device "auto" may move the NN stage to the host; the ranks decide (and check) that themselves
     resident = rank_resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges,
                                    feature_dim=meta.feature_dim, out_dim=out_dim, world=spec.world_size, params=params,
-                                   nn_on_device=spec.device == "cpu" or cfg.nn_device == "device")
+                                   nn_on_device=spec.device == "cpu" or cfg.nn_device == "device",
+                                   device_type=spec.device)
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
-                     width=slice_width, resident=resident)
+                     width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision))

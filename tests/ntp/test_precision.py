@@ -1,0 +1,90 @@
+"""``--precision bf16``: bfloat16 activations and traffic with float32 sums; tensor parallel close to one process.
+
+bf16 runs are compared with a tolerance, not exactly: a Linear layer's weight gradient is a bfloat16 product per
+rank (autocast), summed across ranks in float32, so its rounding depends on the row split. fp32 stays exact
+(tests/ntp/test_exactness.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine.aggregate import csr_matmul
+from ntp.engine.metrics import GATHER, SPLIT
+from ntp.engine.placement import rank_resident_parts
+from tests.ntp.exactness_worker import trace_all
+from tests.ntp.graphs import random_graph
+from tests.ntp.spawn import run_on_ranks
+
+EPOCHS = 3
+BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.05, seed=3, precision="bf16")
+CONFIGS = [dict(BASE, model="gcn", arch="decoupled"), dict(BASE, model="sage", arch="coupled"),
+           dict(BASE, model="gat", arch="coupled"), dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch")]
+GRAPH = random_graph(directed=True, seed=1)
+
+
+def _within(actual: torch.Tensor, expected: torch.Tensor, share: float, what: str) -> None:
+    scale = float(expected.abs().max())
+    error = float((actual - expected).abs().max())
+    assert error <= share * scale, f"{what}: max error {error:.3g} exceeds {share} x scale {scale:.3g}"
+
+
+def _grads_within(actual: dict, expected: dict, share: float, where: str) -> None:
+    """Every gradient within ``share`` of the model's largest one (some are ~0, e.g. a bias before a norm)."""
+    scale = max(float(g.abs().max()) for g in expected.values())
+    for name, g in expected.items():
+        error = float((actual[name] - g).abs().max())
+        assert error <= share * scale, f"gradient of {name}: {where}: error {error:.3g}, scale {scale:.3g}"
+
+
+@pytest.fixture(scope="module")
+def single() -> list[dict]:
+    return run_on_ranks(trace_all, 1, [dict(c, mode="single") for c in CONFIGS], GRAPH, EPOCHS)[0]
+
+
+@pytest.mark.parametrize("world", [3])  # divides neither the 100 vertices nor the widths
+def test_bf16_tensor_parallel_matches_one_process(world: int, single: list[dict]) -> None:
+    per_rank = run_on_ranks(trace_all, world, [dict(c, mode="tp") for c in CONFIGS], GRAPH, EPOCHS)
+    for i, cfg in enumerate(CONFIGS):
+        where = f"bf16 {cfg['arch']} {cfg['model']} (norm {cfg.get('norm', 'none')}), world {world}"
+        ref = single[i]
+        torch.testing.assert_close(torch.tensor(per_rank[0][i]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3,
+                                   atol=0, msg=lambda m: f"losses: {where}\n{m}")
+        _grads_within(per_rank[0][i]["grads"], ref["grads"], 0.02, where)
+        _within(torch.cat([r[i]["logits"] for r in per_rank]), ref["logits"], 0.03, f"predictions: {where}")
+        assert per_rank[0][i]["logits"].dtype == torch.float32, "models return float32 outputs under bf16"
+
+
+def test_bf16_halves_traffic_and_stays_close_to_fp32() -> None:
+    cfg = dict(BASE, model="gcn", arch="coupled", mode="tp")
+    fp32, bf16 = run_on_ranks(trace_all, 2, [dict(cfg, precision="fp32"), cfg], GRAPH, EPOCHS)[0]
+    for kind in (SPLIT, GATHER):
+        assert bf16["bytes"][kind] * 2 == fp32["bytes"][kind], f"{kind}: bf16 must move half of fp32's bytes"
+    torch.testing.assert_close(torch.tensor(bf16["losses"]), torch.tensor(fp32["losses"]), rtol=1e-2, atol=0)
+    _grads_within(bf16["grads"], fp32["grads"], 0.1, "bf16 against fp32")  # first step: rounding, no drift
+
+
+def test_bf16_products_sum_in_float32() -> None:
+    torch.manual_seed(0)
+    n, e = 50, 2000  # 40 edges per row: bfloat16 sums would lose several bits
+    rows = torch.arange(n).repeat_interleave(e // n)
+    cols = torch.randint(0, n, (e,))
+    values = torch.rand(e)
+    block = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (n, n)).coalesce().to_sparse_csr()
+    h = torch.randn(n, 7).bfloat16()
+    expected = torch.sparse.mm(block, h.float()).bfloat16()  # exact inputs, float32 sums, one rounding
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as inside a model: autocast must not recast the product
+        out = csr_matmul(block, h)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
+
+
+def test_memory_plan_counts_bf16_elements() -> None:
+    sizes = dict(num_nodes=10_000, num_edges=100_000, feature_dim=64, out_dim=8, world=2, params=5_000, nn_on_device=True)
+    fp32 = rank_resident_parts(TrainConfig(hidden=64), **sizes)
+    bf16_gpu = rank_resident_parts(TrainConfig(hidden=64, precision="bf16"), **sizes)
+    bf16_cpu = rank_resident_parts(TrainConfig(hidden=64, precision="bf16"), **sizes, device_type="cpu")
+    assert bf16_gpu["embeddings"] * 2 == fp32["embeddings"]
+    assert bf16_gpu["topology"] == fp32["topology"]
+    assert bf16_gpu["NN stage"] < fp32["NN stage"]  # activations halve; parameters and Adam state stay float32
+    assert bf16_cpu["float32 product input"] == fp32["embeddings"] // 4  # the float32 copy CPU products multiply
