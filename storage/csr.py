@@ -232,3 +232,22 @@ def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray | No
     out_indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(new_counts, out=out_indptr[1:])
     return CsrArrays(out_indptr, indices[:write], weights[:write] if weights is not None else None)
+
+
+def transpose_order(indices: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers of the CSR of ``A^T`` (from the CSR column ids ``indices`` of ``A``) and the edge order that sorts
+    ``A``'s edges by column, stably: every row of ``A^T`` then lists its columns in increasing order."""
+    import torch  # its stable sort of integers is a radix sort, several times numpy's
+
+    t_indptr = np.zeros(num_nodes + 1, np.int64)
+    np.cumsum(np.bincount(indices, minlength=num_nodes), out=t_indptr[1:])
+    order = torch.argsort(torch.from_numpy(indices), stable=True).numpy()
+    return t_indptr, order
+
+
+def transpose_indices(indptr: np.ndarray, indices: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The column ids of the CSR of ``A^T`` (its row pointers are the cumulative column counts of ``A``)."""
+    n = len(indptr) - 1
+    rows = np.repeat(np.arange(n, dtype=indices.dtype), np.diff(indptr))
+    _, order = transpose_order(indices, n)
+    return np.take(rows, order, out=out)

@@ -97,6 +97,8 @@ def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
     }
     if meta.has_edge_weights:
         arrays[S.WEIGHTS] = ((e,), "float32")
+    if S.T_INDICES in meta.checksums:
+        arrays[S.T_INDICES] = ((e,), meta.index_dtype)
     if meta.task_type == "link":  # edge splits instead of labels and node splits
         arrays.update({name: (None, "int64") for name in meta.checksums if name.startswith(S.LINK_PREFIX)})
         return arrays

@@ -19,6 +19,9 @@ SPLIT_NAMES = ("train", "valid", "test")
 # Array names inside the Zarr group.
 INDPTR = "indptr"
 INDICES = "indices"
+#: Column ids of the CSR of A^T (out-edges: each source's targets, sorted); absent from symmetrised stores, where
+#: A^T is A, and from stores built before it existed (the transpose is then sorted at start-up).
+T_INDICES = "t_indices"
 WEIGHTS = "edge_weights"
 IN_DEGREE = "in_degree"
 OUT_DEGREE = "out_degree"

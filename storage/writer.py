@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from storage import schema as S
-from storage.csr import CsrArrays, CsrBuilder, Preprocessing
+from storage.csr import CsrArrays, CsrBuilder, Preprocessing, transpose_indices
 from storage.labels import checked_labels
 from storage.layout import Layout, create_array
 from storage.schema import StoreError, StoreMeta
@@ -116,7 +116,7 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
                          f"dataset says {source.expected_edges}; the download is incomplete or "
                          "damaged: delete it and prepare again")
     csr = builder.finish()
-    sums.update(_write_topology(group, csr, n, layout, progress))
+    sums.update(_write_topology(group, csr, n, layout, progress, symmetric=prep.effective().symmetrize))
     del csr, builder
 
     progress(f"{source.name}: writing features ({n:,} x {source.feature_dim}, {feature_dtype})")
@@ -174,7 +174,9 @@ def _write_link_splits(group: zarr.Group, source: GraphSource, layout: Layout, s
 
 
 def _write_topology(group: zarr.Group, csr: CsrArrays, n: int, layout: Layout,
-                    progress: Callable[[str], None]) -> dict[str, str]:
+                    progress: Callable[[str], None], symmetric: bool) -> dict[str, str]:
+    """The in-edge CSR, both degree arrays and, unless the graph was symmetrised, the column ids of ``A^T``'s CSR
+    (its row pointers are the cumulative out-degrees): sorted once here, every training start-up reads them."""
     progress(f"writing topology ({len(csr.indices):,} edges)")
     sums = {
         S.INDPTR: write_array(group, S.INDPTR, csr.indptr, (layout.row_chunk,)),
@@ -187,6 +189,10 @@ def _write_topology(group: zarr.Group, csr: CsrArrays, n: int, layout: Layout,
     sums[S.OUT_DEGREE] = write_array(group, S.OUT_DEGREE, out_deg, (layout.row_chunk,))
     if csr.weights is not None:
         sums[S.WEIGHTS] = write_array(group, S.WEIGHTS, csr.weights, (layout.edge_chunk,))
+    if not symmetric:
+        progress("writing the transpose (out-edge CSR)")
+        sums[S.T_INDICES] = write_array(group, S.T_INDICES, transpose_indices(csr.indptr, csr.indices),
+                                        (layout.edge_chunk,))
     return sums
 
 

@@ -87,8 +87,15 @@ def store_topology(store, alloc: T.Allocator = T.empty) -> dict[str, np.ndarray]
         store.read_into(S.INDPTR, indptr)
         store.read_into(S.INDICES, indices)
 
-    symmetric = True if store.meta.preprocessing.get("symmetrized") else None
-    return T.build(store.meta.num_nodes, store.meta.num_edges, fill, alloc, symmetric=symmetric)
+    def fill_transpose(t_indptr: np.ndarray, t_indices: np.ndarray) -> None:
+        t_indptr[0] = 0
+        np.cumsum(store.out_degrees(), out=t_indptr[1:])
+        store.read_into(S.T_INDICES, t_indices)
+
+    meta = store.meta
+    symmetric = True if meta.preprocessing.get("symmetrized") else None
+    stored = fill_transpose if S.T_INDICES in meta.checksums else None  # older stores: sorted here
+    return T.build(meta.num_nodes, meta.num_edges, fill, alloc, symmetric=symmetric, fill_transpose=stored)
 
 
 def topology_bytes(num_nodes: int, num_edges: int) -> int:

@@ -17,6 +17,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from storage.csr import transpose_order
+
 #: (name, shape, dtype) -> a writable array; plain ``np.empty`` by default, shared memory for the ranks of a node
 Allocator = Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
 #: alloc -> a topology's named arrays (what :func:`build` returns)
@@ -81,12 +83,13 @@ Filler = Callable[[np.ndarray, np.ndarray], None]
 
 
 def build(num_nodes: int, num_edges: int, fill: Filler, alloc: Allocator = empty,
-          symmetric: bool | None = None) -> dict[str, np.ndarray]:
+          symmetric: bool | None = None, fill_transpose: Filler | None = None) -> dict[str, np.ndarray]:
     """The arrays of a :class:`Topology`: ``fill`` writes the CSR of ``A`` straight into ``alloc``'s arrays, the
     rest is derived from it.
 
     ``symmetric``: True when the caller knows ``A = A^T`` (a symmetrised store), so no transpose is built;
-    None: find out (the transpose is built, compared, and dropped when equal)."""
+    None: find out (the transpose is compared, and dropped when equal). ``fill_transpose``: writes the CSR of ``A^T``
+    (a store that keeps it), instead of sorting ``A``'s edges here."""
     n, e = num_nodes, num_edges
     out = {"indptr": alloc("indptr", (n + 1,), np.dtype(np.int64)), "indices": alloc("indices", (e,), index_dtype(n))}
     fill(out["indptr"], out["indices"])
@@ -97,12 +100,16 @@ def build(num_nodes: int, num_edges: int, fill: Filler, alloc: Allocator = empty
         out["self_loops"][:] = loops
     if symmetric:
         return out
-    t_indptr, order = _transpose_order(out["indices"], n)
     t = {"t_indptr": alloc("t_indptr", (n + 1,), np.dtype(np.int64)), "t_indices": alloc("t_indices", (e,), rows.dtype)}
-    t["t_indptr"][:] = t_indptr
-    np.take(rows, order, out=t["t_indices"])
-    del order, rows
-    if symmetric is None and np.array_equal(t_indptr, out["indptr"]) and np.array_equal(t["t_indices"], out["indices"]):
+    if fill_transpose is not None:
+        del rows
+        fill_transpose(t["t_indptr"], t["t_indices"])
+    else:
+        t_indptr, order = transpose_order(out["indices"], n)
+        t["t_indptr"][:] = t_indptr
+        np.take(rows, order, out=t["t_indices"])
+        del order, rows
+    if symmetric is None and np.array_equal(t["t_indptr"], out["indptr"]) and np.array_equal(t["t_indices"], out["indices"]):
         return out  # A^T is A: the same arrays serve both directions
     out.update(t)
     return out
@@ -114,12 +121,3 @@ def from_csr(indptr: np.ndarray, indices: np.ndarray, alloc: Allocator = empty) 
         p[:], i[:] = indptr, indices
 
     return Topology.from_arrays(build(len(indptr) - 1, len(indices), fill, alloc))
-
-
-def _transpose_order(indices: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row pointers of ``A^T`` and the edge order that sorts ``A``'s edges by source, stably (so every row of
-    ``A^T`` lists its destinations in increasing order)."""
-    t_indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(indices, minlength=n), out=t_indptr[1:])
-    order = torch.argsort(torch.from_numpy(indices), stable=True).numpy()  # torch's radix sort: ~4x numpy's
-    return t_indptr, order

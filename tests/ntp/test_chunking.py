@@ -10,7 +10,8 @@ import torch
 
 from ntp.engine.aggregate import RowBlocks, SparseOperator
 from ntp.engine.operators import CSR, OPERATORS, operator_pattern, scaling, with_self_loops
-from ntp.engine.topology import Topology, from_csr
+from ntp.engine.topology import Topology, build, from_csr
+from storage.csr import transpose_indices
 from ntp.engine.chunking import EDGE_BYTES, ROW_BYTES, budget_plan, make_plan, row_costs, source_schedule, uniform_plan
 from ntp.config import TrainConfig, parse_bytes
 from ntp.errors import ConfigError, MemoryPlanError
@@ -194,6 +195,27 @@ def test_topology_is_8_bytes_per_edge_or_4_when_symmetric() -> None:
     undirected = _topology(both)
     assert undirected.symmetric and undirected.t_indices is undirected.indices
     assert undirected.nbytes() == 4 * undirected.num_edges + 8 * (n + 1) + loops
+
+
+def test_a_stored_transpose_builds_the_same_topology_as_sorting() -> None:
+    src, dst = DIRECTED["edge_index"]
+    both = {**DIRECTED, "edge_index": np.unique(np.concatenate([[src, dst], [dst, src]], axis=1), axis=1)}
+    for graph in (DIRECTED, both):
+        ref = _topology(graph)
+        indptr, indices = ref.indptr.numpy(), ref.indices.numpy()
+
+        def fill(p: np.ndarray, i: np.ndarray) -> None:
+            p[:], i[:] = indptr, indices
+
+        def fill_transpose(p: np.ndarray, i: np.ndarray) -> None:  # as a store keeps it (storage.csr)
+            p[0] = 0
+            np.cumsum(np.bincount(indices, minlength=len(indptr) - 1), out=p[1:])
+            transpose_indices(indptr, indices, out=i)
+
+        read = Topology.from_arrays(build(len(indptr) - 1, len(indices), fill, fill_transpose=fill_transpose))
+        assert read.symmetric == ref.symmetric
+        for name in ("indptr", "indices", "t_indptr", "t_indices"):
+            assert torch.equal(getattr(read, name), getattr(ref, name)), name
 
 
 # -- placement: where the NN stage runs ------------------------------------------------------------------------------------

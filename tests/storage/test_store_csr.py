@@ -50,6 +50,17 @@ def test_preprocessing(options, expected, edge_csv, tmp_path):
     np.testing.assert_array_equal(store.out_degrees(), out)
     block = store.topology(3, 5)
     assert block.indptr.tolist() == [0, len(expected[3]), len(expected[3]) + len(expected[4])]
+    _check_transpose(store, expected)
+
+
+def _check_transpose(store, expected: list[list[int]]) -> None:
+    """A directed store keeps the out-edge CSR (each source's targets, sorted) for start-up to read; a symmetrised
+    one keeps none (A^T is A)."""
+    if store.meta.preprocessing["symmetrized"]:
+        assert "t_indices" not in store.meta.checksums
+        return
+    targets = [sorted(v for v, row in enumerate(expected) for src in row if src == u) for u in range(len(expected))]
+    assert store._read("t_indices").tolist() == [v for row in targets for v in row]
 
 
 def test_contradictory_options(edge_csv, tmp_path):
