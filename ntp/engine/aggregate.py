@@ -70,7 +70,7 @@ def edge_softmax(logits: torch.Tensor, dst: torch.Tensor, num_rows: int) -> torc
     bfloat16 logits)."""
     logits = logits.to(accumulation_dtype(logits.dtype))
     heads = logits.shape[1]
-    index = dst.unsqueeze(1).expand(-1, heads)
+    index = dst.long().unsqueeze(1).expand(-1, heads)  # scatter_reduce takes int64 indices only
     peak = torch.full((num_rows, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
     peak = peak.scatter_reduce(0, index, logits.detach(), reduce="amax", include_self=True)
     ex = (logits - peak[dst]).exp()  # shifting by a constant leaves softmax and its gradient unchanged
@@ -299,13 +299,14 @@ class EdgeWeightedTopology:
         self.bounds = list(bounds) if bounds is not None else [0, pattern.num_nodes]
         self.t_bounds = self.bounds  # square: the same boundaries cut A^T
         self.phases = None  #: a ntp.engine.chunking.PhaseMemory (peak memory per phase), set by the context
-        self.pattern = pattern
         self.num_nodes = pattern.num_nodes
         t, perm = transpose(pattern)
-        self.indptr = pattern.indptr.to(self.device)
-        self.src = self.cols = pattern.indices.to(self.device)
-        self.dst = pattern.edge_rows().to(self.device)
-        self.t_indptr, self.t_cols, self.perm = t.indptr.to(self.device), t.indices.to(self.device), perm.to(self.device)
+        # one index type for every array (a torch CSR wants one), 32-bit where the edges allow: 16 bytes per edge
+        idx = pattern.indices.dtype if pattern.num_edges < 2**31 else torch.int64
+        self.indptr = pattern.indptr.to(self.device, idx)
+        self.src = self.cols = pattern.indices.to(self.device, idx)
+        self.dst = pattern.edge_rows().to(self.device, idx)
+        self.t_indptr, self.t_cols, self.perm = (a.to(self.device, idx) for a in (t.indptr, t.indices, perm))
 
     def matmul(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return weighted_matmul(values, h, self)

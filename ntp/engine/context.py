@@ -174,7 +174,8 @@ class GraphContext:
     def attention_topology(self) -> EdgeWeightedTopology:
         """In-edges plus one self-loop per vertex (as GATConv), for attention-weighted propagation."""
         with in_phase(self.memory, "setup"):
-            topo = EdgeWeightedTopology(with_self_loops(self.csr), self.device, bounds=self.plan.bounds)
+            pattern = CSR(self.topology.indptr, self.topology.indices, self.topology.num_nodes)  # 32-bit ids kept
+            topo = EdgeWeightedTopology(with_self_loops(pattern), self.device, bounds=self.plan.bounds)
         topo.phases = self.memory
         return topo
 

@@ -42,7 +42,7 @@ class Scaling:
 # -- topology -------------------------------------------------------------------------------------------------------
 @dataclass
 class CSR:
-    """A square CSR matrix over in-edges (int64 index tensors), optionally with the CSR of its transpose."""
+    """A square CSR matrix over in-edges: int64 row pointers, int64 or int32 column ids."""
 
     indptr: torch.Tensor
     indices: torch.Tensor
@@ -84,7 +84,7 @@ def with_self_loops(csr: CSR, keep_existing: bool = False) -> CSR:
     keep = torch.ones_like(rows, dtype=torch.bool) if keep_existing else csr.indices != rows
     n = csr.num_nodes
     all_rows = torch.cat([rows[keep], torch.arange(n)])
-    all_cols = torch.cat([csr.indices[keep], torch.arange(n)])
+    all_cols = torch.cat([csr.indices[keep], torch.arange(n, dtype=csr.indices.dtype)])
     order = torch.argsort(all_rows, stable=True)
     counts = torch.bincount(all_rows, minlength=n)
     indptr = torch.zeros(n + 1, dtype=torch.int64)

@@ -197,6 +197,17 @@ def test_topology_is_8_bytes_per_edge_or_4_when_symmetric() -> None:
     assert undirected.nbytes() == 4 * undirected.num_edges + 8 * (n + 1) + loops
 
 
+def test_attention_topology_keeps_32_bit_ids() -> None:
+    from ntp.engine.aggregate import EdgeWeightedTopology
+
+    topo = _topology(DIRECTED)
+    attention = EdgeWeightedTopology(with_self_loops(CSR(topo.indptr, topo.indices, topo.num_nodes)))
+    arrays = (attention.indptr, attention.cols, attention.dst, attention.t_indptr, attention.t_cols, attention.perm)
+    assert all(a.dtype == torch.int32 for a in arrays)
+    edges = attention.cols.numel()  # with one self-loop per vertex
+    assert sum(a.numel() * a.element_size() for a in arrays) == 4 * (4 * edges + 2 * (topo.num_nodes + 1))
+
+
 def test_a_stored_transpose_builds_the_same_topology_as_sorting() -> None:
     src, dst = DIRECTED["edge_index"]
     both = {**DIRECTED, "edge_index": np.unique(np.concatenate([[src, dst], [dst, src]], axis=1), axis=1)}
