@@ -1,0 +1,93 @@
+"""Where a rank's rows of an inference job go, and the node pairs it reads.
+
+Parquet: one dataset folder, one file per rank (``part-00000.parquet``, ...; rank order is node order), each written
+by its rank at the same time as the others, in row groups: memory is bounded by a row group, not by the rank's rows.
+A 2-D column (probabilities, embeddings) is a fixed-size list of float32. ``_ntp.json`` (ignored by Parquet readers,
+as its name starts with "_") says what the dataset holds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+#: Rows per Parquet row group (and per Zarr chunk): what a rank converts and holds at a time.
+ROW_GROUP = 65536
+DESCRIPTION = "_ntp.json"
+
+
+def part_path(folder: str | Path, rank: int) -> Path:
+    return Path(folder) / f"part-{rank:05d}.parquet"
+
+
+def _arrow_type(values: np.ndarray):
+    import pyarrow as pa
+
+    scalar = pa.from_numpy_dtype(values.dtype)
+    return scalar if values.ndim == 1 else pa.list_(scalar, values.shape[1])
+
+
+def _arrow_column(values: np.ndarray):
+    import pyarrow as pa
+
+    if values.ndim == 1:
+        return pa.array(values)
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(values).reshape(-1)), values.shape[1])
+
+
+def write_parquet_part(folder: str | Path, rank: int, columns: dict[str, np.ndarray], row_group: int = ROW_GROUP) -> Path:
+    """This rank's rows (every column has the same number of rows) as ``part-<rank>.parquet`` in ``folder``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(name, _arrow_type(values)) for name, values in columns.items()])
+    rows = len(next(iter(columns.values())))
+    path = part_path(folder, rank)
+    with pq.ParquetWriter(path, schema) as writer:
+        for start in range(0, rows, row_group):
+            part = {name: _arrow_column(values[start : start + row_group]) for name, values in columns.items()}
+            writer.write_table(pa.table(part, schema=schema), row_group_size=row_group)
+        if rows == 0:
+            writer.write_table(schema.empty_table())
+    return path
+
+
+def write_description(folder: str | Path, description: dict) -> Path:
+    path = Path(folder) / DESCRIPTION
+    path.write_text(json.dumps(description, indent=2, default=str))
+    return path
+
+
+def read_pairs(path: str | Path) -> np.ndarray:
+    """Node pairs [k, 2] (int64) from a ``.npy`` array [k, 2], a ``.parquet`` file with columns ``src`` and ``dst``,
+    or a ``.csv``/``.txt`` file of two integer columns (a header line is skipped). ValueError says what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"pairs file {path} does not exist; pass a .npy, .parquet or .csv file of node pairs")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        pairs = np.load(path, allow_pickle=False)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        missing = {"src", "dst"} - set(table.column_names)
+        if missing:
+            raise ValueError(f"pairs file {path} lacks column(s) {sorted(missing)}; it needs src and dst")
+        pairs = np.stack([table["src"].to_numpy(), table["dst"].to_numpy()], axis=1)
+    elif suffix in (".csv", ".txt"):
+        pairs = _read_text_pairs(path)
+    else:
+        raise ValueError(f"pairs file {path}: unknown format {suffix!r}; use .npy, .parquet or .csv")
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or not np.issubdtype(pairs.dtype, np.integer):
+        raise ValueError(f"pairs file {path} holds {pairs.dtype} {pairs.shape}; expected integer node ids [k, 2]")
+    return pairs.astype(np.int64)
+
+
+def _read_text_pairs(path: Path) -> np.ndarray:
+    with path.open() as f:
+        first = f.readline()
+    header = any(c.isalpha() for c in first)
+    delimiter = "," if "," in first else None
+    return np.loadtxt(path, dtype=np.int64, delimiter=delimiter, skiprows=int(header), ndmin=2)

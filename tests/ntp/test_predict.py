@@ -1,0 +1,101 @@
+"""`ntp predict` and `ntp evaluate` on the training launcher: the same predictions for 1, 2 and 3 ranks (torchrun,
+chunked or not), equal to what training reported; embeddings; a model refused on a store it does not fit."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine.dist import DistEnv
+from ntp.engine.loop import fit
+from ntp.engine.setup import setup
+from ntp.records import read_results
+from ntp.run.cli import main as ntp_main
+from storage import open_store
+
+SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
+
+
+def _train(store: str, folder, **kw) -> tuple[str, object]:
+    """A model trained in this process: its file and the final record training wrote."""
+    cfg = TrainConfig(**{"store": store, "epochs": 10, "hidden": 16, "model_out": str(folder / "model.pt"),
+                         "results": str(folder / "results.jsonl"), **kw})
+    fit(setup(cfg, SINGLE))
+    return cfg.model_out, read_results(cfg.results).final
+
+
+@pytest.fixture(scope="module")
+def trained(cora_store: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object]:
+    return _train(cora_store, tmp_path_factory.mktemp("trained"))
+
+
+def _stacked(frame: pd.DataFrame, column: str) -> np.ndarray:
+    return np.stack(frame[column].to_numpy())
+
+
+@pytest.mark.slow
+def test_predictions_of_1_2_3_ranks_are_identical_and_match_training(trained, cora_store, tmp_path, capsys) -> None:
+    model, final = trained
+    base = ["--model", model, "--store", cora_store]
+    assert ntp_main(["predict", *base, "--out", str(tmp_path / "p1")]) == 0
+    capsys.readouterr()
+    assert ntp_main(["evaluate", *base, "--nproc", "2", "--out", str(tmp_path / "p2")]) == 0  # metrics + export
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ntp_main(["predict", *base, "--nproc", "3", "--chunk-rows", "700", "--out", str(tmp_path / "p3")]) == 0
+    assert metrics["test"] == final.test_metric and metrics["valid"] == final.best_valid_metric
+
+    frames = [pd.read_parquet(tmp_path / f"p{n}") for n in (1, 2, 3)]
+    assert len(list((tmp_path / "p3").glob("part-*.parquet"))) == 3  # one file per rank
+    store = open_store(cora_store)
+    for frame in frames:
+        assert frame["node_id"].tolist() == list(range(store.meta.num_nodes))
+        assert frame["pred"].tolist() == frames[0]["pred"].tolist()
+        np.testing.assert_allclose(_stacked(frame, "prob"), _stacked(frames[0], "prob"), atol=1e-6)
+    test = store.split("test")
+    recomputed = float((frames[2]["pred"].to_numpy()[test] == store.labels()[test]).mean())
+    assert recomputed == final.test_metric  # the test metric from the exported file is the one training reported
+    assert json.loads((tmp_path / "p3" / "_ntp.json").read_text())["world_size"] == 3
+
+
+@pytest.mark.slow
+def test_embeddings_of_a_layer_are_the_same_for_1_and_2_ranks(trained, cora_store, tmp_path) -> None:
+    model, _ = trained
+    for n in (1, 2):
+        assert ntp_main(["predict", "--model", model, "--store", cora_store, "--nproc", str(n), "--export",
+                         "embeddings", "--layer", "0", "--row-group", "500", "--out", str(tmp_path / f"e{n}")]) == 0
+    one, two = (pd.read_parquet(tmp_path / f"e{n}") for n in (1, 2))
+    assert _stacked(one, "embedding").shape == (open_store(cora_store).meta.num_nodes, 16)  # the hidden layer
+    np.testing.assert_allclose(_stacked(two, "embedding"), _stacked(one, "embedding"), atol=1e-6)
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(tmp_path / "e2" / "part-00000.parquet").num_row_groups == 3  # 1354 rows, 500 per group
+
+
+def _synthetic(root, seed: int, features: int) -> str:
+    from storage import prepare
+
+    return str(prepare("synthetic", nodes=60, avg_degree=3.0, features=features, classes=3, seed=seed,
+                       out=root / f"synthetic-{seed}-{features}", progress=lambda s: None))
+
+
+def test_a_model_is_refused_on_a_store_it_does_not_fit(tmp_path, capsys) -> None:
+    trained_on, other, wider = (_synthetic(tmp_path, 0, 6), _synthetic(tmp_path, 1, 6), _synthetic(tmp_path, 0, 7))
+    model, _ = _train(trained_on, tmp_path, epochs=2)
+    predict = ["predict", "--model", model, "--out", str(tmp_path / "out"), "--store"]
+    assert ntp_main([*predict, wider, "--any-store"]) == 2  # another width: never
+    err = capsys.readouterr().err
+    assert "takes 6 features per node" in err and "has 7" in err and model in err
+    assert ntp_main([*predict, other]) == 2  # another fingerprint: only when asked for
+    assert "--any-store" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert ntp_main([*predict, other, "--any-store"]) == 0
+    assert ntp_main([*predict, trained_on]) == 2  # the export exists
+    assert "--overwrite" in capsys.readouterr().err
+    assert ntp_main([*predict, trained_on, "--overwrite"]) == 0
+    assert len(pd.read_parquet(tmp_path / "out")) == 60
+    assert ntp_main([*predict, trained_on, "--overwrite", "--export", "scores", "--pairs", model]) == 2
+    assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []  # no staging folder left
