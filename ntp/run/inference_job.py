@@ -65,8 +65,10 @@ def _check_pairs(path: str, store: str) -> None:
         raise ConfigError(f"pairs file {path} has node ids outside [0, {n}) of store {store}; pass ids of its nodes")
 
 
-def run_inference(spec: LaunchSpec, request: Request, *, overwrite: bool = False, on_line: LineSink = print) -> dict:
-    """Run the job; returns {"out", "world_size", "wall_s"}. Input errors are raised before any rank starts."""
+def run_inference(spec: LaunchSpec, request: Request, *, overwrite: bool = False, on_line: LineSink = print,
+                  source: str | None = None) -> dict:
+    """Run the job; returns {"out", "world_size", "wall_s"}. Input errors are raised before any rank starts.
+    ``source``: where the model came from (an MLflow URI), for the export's description."""
     check_launch(spec)
     check_request(spec, request, overwrite)
     out = Path(request.out) if request.out else None
@@ -75,7 +77,7 @@ def run_inference(spec: LaunchSpec, request: Request, *, overwrite: bool = False
     try:
         _run_ranks(spec, dataclasses.replace(request, out=str(staging) if staging else None), on_line)
         if staging is not None and leads(spec):
-            write_description(staging, _description(spec, request))
+            write_description(staging, _description(spec, request, source))
             _publish(staging, out)
     except BaseException:
         if staging is not None:
@@ -114,11 +116,11 @@ def _publish(staging: Path, out: Path) -> None:
     staging.rename(out)
 
 
-def _description(spec: LaunchSpec, request: Request) -> dict:
+def _description(spec: LaunchSpec, request: Request, source: str | None) -> dict:
     from storage import open_store
 
     meta = open_store(spec.config.store).meta
-    return {"export": request.export, "model": str(Path(request.model).resolve()), "store": spec.config.store,
+    return {"export": request.export, "model": source or str(Path(request.model).resolve()), "store": spec.config.store,
             "store_fingerprint": meta.fingerprint, "task_type": meta.task_type, "layer": request.layer,
             "pairs": request.pairs, "num_nodes": meta.num_nodes, "world_size": spec.world_size,
             "parts": "part-<rank>.parquet, one per rank in rank order (= node order for node exports)",

@@ -42,3 +42,24 @@ def log_mlflow_model(run_id: str, model_path: str | Path, *, store: str | Path, 
         if values:
             mlflow.log_metrics(values, model_id=info.model_id)
     return {"model_uri": info.model_uri, "model_id": info.model_id, "version": info.registered_model_version}
+
+
+def fetch_model_file(model_uri: str, dst: str | Path, uri: str | None = None) -> Path:
+    """The model file behind ``model_uri``: a local file; ``runs:/<run id>`` (the training run's model file);
+    or an MLflow model URI (``models:/NAME/VERSION``, ``models:/NAME@ALIAS``, a logged model's ``models:/m-...``)
+    whose ``model`` artifact is downloaded into ``dst``."""
+    if Path(model_uri).is_file():
+        return Path(model_uri)
+    if model_uri.startswith("runs:/"):
+        from ntp.run.tracking.runs import download_model
+
+        return download_model(model_uri.removeprefix("runs:/").split("/")[0], dst, uri=uri)[0]
+    if not model_uri.startswith("models:/"):
+        raise ValueError(f"model {model_uri!r} is neither a file nor an MLflow URI (runs:/RUN_ID, models:/NAME/VERSION,"
+                         " models:/NAME@ALIAS)")
+    import mlflow
+    from mlflow.models import Model
+
+    mlflow.set_tracking_uri(uri or tracking_uri())
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
+    return local / Model.load(local).flavors["python_function"]["artifacts"]["model"]["path"]
