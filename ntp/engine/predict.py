@@ -39,6 +39,16 @@ class Request:
     row_group: int = exports.ROW_GROUP
 
 
+def check_export(export: str, task_type: str) -> None:
+    """Node models predict nodes, link models score pairs; both have embeddings."""
+    if export == "predictions" and task_type == "link":
+        raise ConfigError("a link prediction model predicts pairs, not nodes: use --export scores --pairs FILE, "
+                          "or --export embeddings")
+    if export == "scores" and task_type != "link":
+        raise ConfigError("--export scores scores node pairs with a link prediction model; this model predicts "
+                          "nodes: use --export predictions or embeddings")
+
+
 def embedding_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Modules whose outputs (row layout, before any activation) are the embeddings ``--layer`` chooses from: a
     coupled model's GNN layers; a decoupled model's MLP Linears, then the propagated output; link models: their
@@ -65,6 +75,8 @@ def apply(cfg: TrainConfig, env: DistEnv, request: Request) -> dict:
     job = setup(cfg, env)
     load_weights(job, load_saved(request.model), request.model)
     job.model.eval()
+    if request.out:
+        check_export(request.export, job.data.task_type)
     if request.export == "scores":
         return _write_scores(job, request)
     columns, metrics = node_columns(job, request)
@@ -110,9 +122,6 @@ def predict_in_process(model: str | Path, store: str | Path, any_store: bool = F
 def _prediction_columns(job: Job, logits: torch.Tensor) -> dict[str, np.ndarray]:
     """Multi-class: the class and the softmax probabilities; binary/multi-label: per-task sigmoid probabilities
     and 0/1 predictions."""
-    if job.link is not None:
-        raise ConfigError("a link prediction model predicts pairs, not nodes: use --export scores --pairs FILE, "
-                          "or --export embeddings")
     logits = logits.float().cpu()
     if job.data.task_type == "multiclass":
         return {"pred": logits.argmax(1).numpy(), "prob": torch.softmax(logits, 1).numpy()}
@@ -122,9 +131,6 @@ def _prediction_columns(job: Job, logits: torch.Tensor) -> dict[str, np.ndarray]
 
 def _write_scores(job: Job, request: Request) -> dict:
     """A link model's scores (the decoder's logit and its sigmoid) of this rank's share of each batch of pairs."""
-    if job.link is None:
-        raise ConfigError("--export scores scores node pairs with a link prediction model; this model predicts "
-                          "nodes: use --export predictions or embeddings")
     from ntp.engine.link import EVAL_PAIRS, LinkTask
 
     pairs = torch.from_numpy(exports.read_pairs(request.pairs))

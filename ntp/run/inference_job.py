@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ntp.engine.exports import read_pairs, write_description
 from ntp.engine.inference import check_store, inference_config, load_saved
-from ntp.engine.predict import Request
+from ntp.engine.predict import Request, check_export
 from ntp.errors import ConfigError, WorkerFailed, is_input_error
 from ntp.run.flags import config_to_argv
 from ntp.run.launch import LineSink, leads, run_torchrun_job
@@ -40,29 +40,28 @@ def inference_spec(model: str | Path, store: str | Path, *, any_store: bool = Fa
 
 def check_request(spec: LaunchSpec, request: Request, overwrite: bool = False) -> None:
     """What the job will write and read is usable: found now, not after the forward pass."""
-    if request.out:
-        out = Path(request.out)
-        if out.exists() and not overwrite:
-            raise ConfigError(f"--out {out} exists; pass --overwrite to replace it, or another --out")
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"--out {out} is a file; an export is a folder (a Parquet dataset): pass another path")
+    from storage import open_store
+
+    if not request.out:
+        return
+    out = Path(request.out)
+    if out.exists() and not overwrite:
+        raise ConfigError(f"--out {out} exists; pass --overwrite to replace it, or another --out")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; an export is a folder (a Parquet dataset): pass another path")
+    meta = open_store(spec.config.store).meta
+    check_export(request.export, meta.task_type)
     if request.export == "scores":
         if not request.pairs:
             raise ConfigError("--export scores needs --pairs FILE (node pairs: .npy [k, 2], .parquet with src/dst, "
                               "or .csv)")
-        _check_pairs(request.pairs, spec.config.store)
-
-
-def _check_pairs(path: str, store: str) -> None:
-    from storage import open_store
-
-    try:
-        pairs = read_pairs(path)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    n = open_store(store).meta.num_nodes
-    if len(pairs) and (pairs.min() < 0 or pairs.max() >= n):
-        raise ConfigError(f"pairs file {path} has node ids outside [0, {n}) of store {store}; pass ids of its nodes")
+        try:
+            pairs = read_pairs(request.pairs)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if len(pairs) and (pairs.min() < 0 or pairs.max() >= meta.num_nodes):
+            raise ConfigError(f"pairs file {request.pairs} has node ids outside [0, {meta.num_nodes}) of store "
+                              f"{spec.config.store}; pass ids of its nodes")
 
 
 def run_inference(spec: LaunchSpec, request: Request, *, overwrite: bool = False, on_line: LineSink = print,

@@ -1,5 +1,6 @@
 """`ntp predict` and `ntp evaluate` on the training launcher: the same predictions for 1, 2 and 3 ranks (torchrun,
-chunked or not), equal to what training reported; embeddings; a model refused on a store it does not fit."""
+chunked or not), equal to what training reported; embeddings; link scores of given pairs; a model refused on a store
+it does not fit."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ from ntp.engine.setup import setup
 from ntp.records import read_results
 from ntp.run.cli import main as ntp_main
 from storage import open_store
+from tests.ntp.test_link_run import link_store  # noqa: F401 (a fixture)
 
 SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
 
@@ -99,3 +101,29 @@ def test_a_model_is_refused_on_a_store_it_does_not_fit(tmp_path, capsys) -> None
     assert len(pd.read_parquet(tmp_path / "out")) == 60
     assert ntp_main([*predict, trained_on, "--overwrite", "--export", "scores", "--pairs", model]) == 2
     assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []  # no staging folder left
+
+
+@pytest.mark.slow
+def test_link_scores_of_given_pairs_match_the_model_for_1_and_2_ranks(link_store, tmp_path, capsys) -> None:
+    from ntp.engine.inference import single_process_job
+
+    model, _ = _train(str(link_store), tmp_path, model="gcn", arch="coupled", epochs=3, dropout=0.0, link_batch=200)
+    pairs = np.array([[0, 1], [2, 50], [119, 3], [5, 5], [64, 65]])
+    np.save(tmp_path / "pairs.npy", pairs)
+    base = ["predict", "--model", model, "--store", str(link_store), "--export", "scores"]
+    for n in (1, 2):
+        assert ntp_main([*base, "--pairs", str(tmp_path / "pairs.npy"), "--nproc", str(n),
+                         "--out", str(tmp_path / f"s{n}")]) == 0
+    one, two = (pd.read_parquet(tmp_path / f"s{n}").sort_values("pair", ignore_index=True) for n in (1, 2))
+    assert one["pair"].tolist() == two["pair"].tolist() == list(range(len(pairs)))
+    assert np.array_equal(two[["src", "dst"]].to_numpy(), pairs)
+    job = single_process_job(model, link_store)
+    with torch.no_grad():  # the scores the training's evaluation computes for the same pairs
+        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
+        expected = job.link._scores(job, h_cols, torch.from_numpy(pairs)).numpy()
+    np.testing.assert_allclose(one["score"], expected, atol=1e-5)
+    np.testing.assert_allclose(two["score"], expected, atol=1e-5)
+    np.testing.assert_allclose(two["prob"], 1 / (1 + np.exp(-expected)), atol=1e-6)
+    np.save(tmp_path / "bad.npy", np.array([[0, 120]]))
+    assert ntp_main([*base, "--pairs", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "bad")]) == 2
+    assert "outside [0, 120)" in capsys.readouterr().err
