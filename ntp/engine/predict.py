@@ -36,11 +36,15 @@ class Request:
     layer: int | None = None  #: embeddings: index into :func:`embedding_layers` (None: the default)
     pairs: str | None = None  #: scores: file of node pairs (ntp.engine.exports.read_pairs)
     metrics_out: str | None = None  #: JSON file of the train/valid/test metrics (written by rank 0)
-    row_group: int = exports.ROW_GROUP
+    row_group: int = exports.ROW_GROUP  #: rows per Parquet row group (at most per Zarr chunk)
+    fmt: str = "parquet"  #: parquet (a dataset of one file per rank) | zarr (a group of arrays indexed by node id)
 
 
-def check_export(export: str, task_type: str) -> None:
-    """Node models predict nodes, link models score pairs; both have embeddings."""
+def check_export(export: str, task_type: str, fmt: str = "parquet") -> None:
+    """Node models predict nodes, link models score pairs; both have embeddings. Zarr arrays are indexed by node."""
+    if fmt == "zarr" and export == "scores":
+        raise ConfigError("--format zarr writes arrays indexed by node id; pair scores are rows of a table: use "
+                          "--format parquet")
     if export == "predictions" and task_type == "link":
         raise ConfigError("a link prediction model predicts pairs, not nodes: use --export scores --pairs FILE, "
                           "or --export embeddings")
@@ -60,8 +64,13 @@ def embedding_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def default_layer(model: torch.nn.Module) -> int:
-    """The last hidden layer (-2); a link model's or a one-layer model's output (-1)."""
-    return -1 if hasattr(model, "encoder") or len(embedding_layers(model)) < 2 else -2
+    """The last hidden layer (the last layer of the hidden width: before a decoupled model's output Linear and
+    propagation); a link model's or a one-layer model's output (-1)."""
+    if hasattr(model, "encoder"):
+        return -1
+    outputs = 2 if hasattr(model, "mlp") else 1  # layers that produce the output width
+    hidden = len(embedding_layers(model)) - outputs - 1
+    return hidden if hidden >= 0 else -1
 
 
 def run(cfg: TrainConfig, device: str, request: Request) -> dict:
@@ -76,17 +85,19 @@ def apply(cfg: TrainConfig, env: DistEnv, request: Request) -> dict:
     load_weights(job, load_saved(request.model), request.model)
     job.model.eval()
     if request.out:
-        check_export(request.export, job.data.task_type)
+        check_export(request.export, job.data.task_type, request.fmt)
     if request.export == "scores":
         return _write_scores(job, request)
     columns, metrics = node_columns(job, request)
     if request.metrics_out and env.is_main:
         record = {**metrics, "metric": job.data.metric, "task_type": job.data.task_type}
         Path(request.metrics_out).write_text(json.dumps(record))
-    written = {"rank": env.rank, "rows": len(columns["node_id"])}
-    if request.out:
-        written["path"] = str(exports.write_parquet_part(request.out, env.rank, columns, request.row_group))
-    return written
+    rows = Partition(job.data.num_nodes, env.world, env.rank).rows()
+    if request.out and request.fmt == "zarr":
+        exports.write_zarr_rows(request.out, rows, job.data.num_nodes, columns, request.row_group, env.is_main)
+    elif request.out:
+        exports.write_parquet_part(request.out, env.rank, columns, request.row_group)
+    return {"rank": env.rank, "rows": rows}
 
 
 def node_columns(job: Job, request: Request) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -146,4 +157,4 @@ def _write_scores(job: Job, request: Request) -> dict:
     columns = {"pair": idx.numpy(), "src": pairs[idx, 0].numpy(), "dst": pairs[idx, 1].numpy(),
                "score": score.numpy(), "prob": torch.sigmoid(score).numpy()}
     path = exports.write_parquet_part(request.out, job.env.rank, columns, request.row_group)
-    return {"rank": job.env.rank, "rows": (len(idx),), "path": str(path)}
+    return {"rank": job.env.rank, "pairs": len(idx), "path": str(path)}
