@@ -1,6 +1,7 @@
 """Where a rank's rows of an inference job go, and the node pairs it reads.
 
-Parquet: one dataset folder, one file per rank (``part-00000.parquet``, ...; rank order is node order), each written
+Zarr: one group whose arrays (``pred``, ``prob`` or ``embedding``) are indexed by node id, written by all ranks
+at once, each chunk by one rank (:func:`write_zarr_rows`). Parquet: one dataset folder, one file per rank (``part-00000.parquet``, ...; rank order is node order), each written
 by its rank at the same time as the others, in row groups: memory is bounded by a row group, not by the rank's rows.
 A 2-D column (probabilities, embeddings) is a fixed-size list of float32. ``_ntp.json`` (ignored by Parquet readers,
 as its name starts with "_") says what the dataset holds.
@@ -8,6 +9,7 @@ as its name starts with "_") says what the dataset holds.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +93,39 @@ def _read_text_pairs(path: Path) -> np.ndarray:
     header = any(c.isalpha() for c in first)
     delimiter = "," if "," in first else None
     return np.loadtxt(path, dtype=np.int64, delimiter=delimiter, skiprows=int(header), ndmin=2)
+
+
+def zarr_chunk_rows(columns: dict[str, np.ndarray], row_group: int) -> int:
+    """Rows per Zarr chunk: about 1 MiB of the widest column (a power of two, as the store's feature chunks), at
+    most ``row_group``."""
+    widest = max(int(np.prod(v.shape[1:])) * v.dtype.itemsize for v in columns.values())
+    return max(1, min(row_group, 2 ** round(math.log2(max(1, (1 << 20) // widest)))))
+
+
+def write_zarr_rows(folder: str | Path, rows: tuple[int, int], num_nodes: int, columns: dict[str, np.ndarray],
+                    row_group: int, is_main: bool) -> None:
+    """Every rank's rows into one Zarr group of arrays indexed by node id (the store's codecs: uncompressed,
+    CRC32C per chunk). A chunk is written by one rank only (two writers of one chunk corrupt it): the rank where
+    the chunk starts, which receives the rest of its rows from the next ranks (at most one chunk each)."""
+    import zarr
+
+    from ntp.engine.collectives import all_gather_objects, barrier
+    from storage.layout import create_array
+
+    values = {name: v for name, v in columns.items() if name != "node_id"}  # the index is the node id
+    chunk = zarr_chunk_rows(values, row_group)
+    start, stop = rows
+    boundary = min(stop, -(-start // chunk) * chunk)  # the first chunk that starts in this rank's rows
+    heads = all_gather_objects((start, {name: v[: boundary - start] for name, v in values.items()}))
+    if is_main:
+        group = zarr.open_group(str(folder), mode="w", zarr_format=3)
+        for name, v in values.items():
+            create_array(group, name, (num_nodes, *v.shape[1:]), v.dtype.str, (chunk, *v.shape[1:]))
+    barrier()  # the arrays exist before anyone writes
+    if boundary < stop:
+        end = min(num_nodes, -(-stop // chunk) * chunk)
+        later = [head for begin, head in heads if stop <= begin < end]
+        group = zarr.open_group(str(folder), mode="r+")
+        for name, v in values.items():
+            group[name][boundary:end] = np.concatenate([v[boundary - start :], *(h[name] for h in later)])
+    barrier()  # every chunk written before the job ends

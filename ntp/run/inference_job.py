@@ -48,9 +48,10 @@ def check_request(spec: LaunchSpec, request: Request, overwrite: bool = False) -
     if out.exists() and not overwrite:
         raise ConfigError(f"--out {out} exists; pass --overwrite to replace it, or another --out")
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; an export is a folder (a Parquet dataset): pass another path")
+        raise ConfigError(f"--out {out} is a file; an export is a folder (a Parquet dataset or Zarr group): pass "
+                          "another path")
     meta = open_store(spec.config.store).meta
-    check_export(request.export, meta.task_type)
+    check_export(request.export, meta.task_type, request.fmt)
     if request.export == "scores":
         if not request.pairs:
             raise ConfigError("--export scores needs --pairs FILE (node pairs: .npy [k, 2], .parquet with src/dst, "
@@ -122,5 +123,6 @@ def _description(spec: LaunchSpec, request: Request, source: str | None) -> dict
     return {"export": request.export, "model": source or str(Path(request.model).resolve()), "store": spec.config.store,
             "store_fingerprint": meta.fingerprint, "task_type": meta.task_type, "layer": request.layer,
             "pairs": request.pairs, "num_nodes": meta.num_nodes, "world_size": spec.world_size,
-            "parts": "part-<rank>.parquet, one per rank in rank order (= node order for node exports)",
+            "format": request.fmt, "layout": "a Zarr group, arrays indexed by node id" if request.fmt == "zarr" else
+            "part-<rank>.parquet, one per rank in rank order (= node order for node exports)",
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

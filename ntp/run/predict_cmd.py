@@ -54,10 +54,14 @@ def add_predict_command(subparsers) -> argparse.ArgumentParser:
     out.add_argument("--layer", type=int, default=None,
                      help="embeddings: which layer's output (before its activation): coupled models' GNN layers, "
                           "decoupled models' MLP Linears then the propagated output; negative counts from the end "
-                          "(default: -2, the last hidden layer; link models: -1, the encoder's output)")
+                          "(default: the last hidden layer; link models: -1, the encoder's output)")
     out.add_argument("--pairs", default=None,
                      help="scores: node pairs, a .npy [k, 2], a .parquet with columns src, dst, or a .csv")
-    out.add_argument("--row-group", type=int, default=65536, help="rows per Parquet row group (default: 65536)")
+    out.add_argument("--format", choices=("parquet", "zarr"), default="parquet",
+                     help="parquet: a dataset of one file per rank (default); zarr: a group of arrays indexed by "
+                          "node id (pred, prob or embedding) in the store's codecs, written by all ranks at once")
+    out.add_argument("--row-group", type=int, default=65536,
+                     help="rows per Parquet row group, at most per Zarr chunk (default: 65536)")
     out.add_argument("--overwrite", action="store_true", help="replace --out if it exists (when the job succeeds)")
     parser.set_defaults(func=_run_predict)
     return parser
@@ -71,7 +75,7 @@ def _run_predict(args: argparse.Namespace) -> int:
         spec = inference_spec_from_args(args)
         print(f"[ntp] {spec.describe()}", flush=True)
         request = Request(model=args.model, export=args.export, out=args.out, layer=args.layer, pairs=args.pairs,
-                          row_group=args.row_group)
+                          row_group=args.row_group, fmt=args.format)
         return run_inference(spec, request, overwrite=args.overwrite)
 
     return run_command(predict)

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-pairs", default=None)
     parser.add_argument("--request-metrics-out", default=None)
     parser.add_argument("--request-row-group", type=int, default=Request.row_group)
+    parser.add_argument("--request-fmt", choices=("parquet", "zarr"), default=Request.fmt)
     return parser
 
 

@@ -47,11 +47,18 @@ def test_predictions_of_1_2_3_ranks_are_identical_and_match_training(trained, co
     capsys.readouterr()
     assert ntp_main(["evaluate", *base, "--nproc", "2", "--out", str(tmp_path / "p2")]) == 0  # metrics + export
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert ntp_main(["predict", *base, "--nproc", "3", "--chunk-rows", "700", "--out", str(tmp_path / "p3")]) == 0
+    # 3 ranks, chunked, into Zarr chunks of 500 rows that cross the ranks' row ranges (903, 903, 902 rows)
+    assert ntp_main(["predict", *base, "--nproc", "3", "--chunk-rows", "700", "--format", "zarr", "--row-group", "500",
+                     "--out", str(tmp_path / "p3")]) == 0
     assert metrics["test"] == final.test_metric and metrics["valid"] == final.best_valid_metric
 
-    frames = [pd.read_parquet(tmp_path / f"p{n}") for n in (1, 2, 3)]
-    assert len(list((tmp_path / "p3").glob("part-*.parquet"))) == 3  # one file per rank
+    import zarr
+
+    arrays = zarr.open_group(str(tmp_path / "p3"), mode="r")
+    assert arrays["prob"].chunks == (500, 7)
+    frames = [pd.read_parquet(tmp_path / f"p{n}") for n in (1, 2)]
+    frames.append(pd.DataFrame({"node_id": np.arange(2708), "pred": arrays["pred"][:], "prob": list(arrays["prob"][:])}))
+    assert len(list((tmp_path / "p2").glob("part-*.parquet"))) == 2  # one file per rank
     store = open_store(cora_store)
     for frame in frames:
         assert frame["node_id"].tolist() == list(range(store.meta.num_nodes))
