@@ -45,4 +45,4 @@ def test_predict_deployment_is_declared_and_loads() -> None:
     deployments = {d["name"]: d for d in yaml.safe_load((PROJECT / "prefect.yaml").read_text())["deployments"]}
     predict = deployments["predict"]
     assert load_flow_from_entrypoint(str(PROJECT / predict["entrypoint"])).name == "predict"
-    assert predict["schedules"][0]["cron"] and predict["work_pool"]["name"] == "gpu-pool"
+    assert predict["schedules"][0]["cron"] and predict["schedules"][0]["active"] is False  # parameters first
