@@ -24,7 +24,7 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
         raise ConfigError("embeddings_out publishes from one node; for a multi-node model run the predict flow on "
                           "every node (export embeddings), or leave embeddings_out empty")
     store = prepare_store(params.dataset.name, params.dataset.prepare_kwargs())
-    trained = run_training(store, params.training, params.launch, params.experiment, params.register)
+    trained = run_training(store, params.training, params.launch, params.experiment, params.registered_model)
     if trained.run_id is None:  # node rank > 0 of a multi-node job: rank 0's node evaluates and tracks
         return {"store": store, "run_id": None}
     evaluation: dict[str, Any] = {}

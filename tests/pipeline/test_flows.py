@@ -24,7 +24,7 @@ def pipeline_result() -> dict[str, Any]:
 
     params = PipelineParams(dataset={"name": "cora", "from_dir": str(CORA)}, training=TINY,
                             launch={"nproc": 2, "device": "cpu", "job_timeout_s": 120},
-                            experiment="pipeline-test", register="cora-pipeline",
+                            experiment="pipeline-test", registered_model="cora-pipeline",
                             embeddings_out=str(ROOT / "cora-embeddings"))
     return pipeline(params)
 
