@@ -127,5 +127,8 @@ def write_zarr_rows(folder: str | Path, rows: tuple[int, int], num_nodes: int, c
         later = [head for begin, head in heads if stop <= begin < end]
         group = zarr.open_group(str(folder), mode="r+")
         for name, v in values.items():
-            group[name][boundary:end] = np.concatenate([v[boundary - start :], *(h[name] for h in later)])
+            for a in range(boundary, end, chunk):  # chunk by chunk: no copy of the rank's rows
+                b = min(a + chunk, end)
+                group[name][a:b] = v[a - start : b - start] if b <= stop else \
+                    np.concatenate([v[a - start :], *(head[name] for head in later)])
     barrier()  # every chunk written before the job ends

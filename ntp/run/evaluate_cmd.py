@@ -48,6 +48,8 @@ def evaluate(args: argparse.Namespace) -> dict:
         out = args.out or (str(Path(tmp) / "predictions") if track and not _is_link(args.store) else None)
         request = Request(model=args.model, out=out, metrics_out=str(metrics_path))
         run_inference(spec, request, overwrite=args.overwrite, on_line=print)
+        if not metrics_path.is_file():  # several nodes: rank 0 wrote it on its own node, which reports them
+            return {"metrics": "reported by the node of rank 0"}
         metrics = json.loads(metrics_path.read_text())
         logged = {}
         if track:

@@ -1,6 +1,6 @@
 """`ntp predict` and `ntp evaluate` on the training launcher: the same predictions for 1, 2 and 3 ranks (torchrun,
-chunked or not), equal to what training reported; embeddings; link scores of given pairs; a model refused on a store
-it does not fit."""
+chunked or not, Parquet or Zarr), equal to what training reported; link scores of given pairs; a model refused on a
+store it does not fit. (Embeddings: tests/pipeline/test_predict_flow.py.)"""
 from __future__ import annotations
 
 import json
@@ -68,20 +68,6 @@ def test_predictions_of_1_2_3_ranks_are_identical_and_match_training(trained, co
     recomputed = float((frames[2]["pred"].to_numpy()[test] == store.labels()[test]).mean())
     assert recomputed == final.test_metric  # the test metric from the exported file is the one training reported
     assert json.loads((tmp_path / "p3" / "_ntp.json").read_text())["world_size"] == 3
-
-
-@pytest.mark.slow
-def test_embeddings_of_a_layer_are_the_same_for_1_and_2_ranks(trained, cora_store, tmp_path) -> None:
-    model, _ = trained
-    for n in (1, 2):
-        assert ntp_main(["predict", "--model", model, "--store", cora_store, "--nproc", str(n), "--export",
-                         "embeddings", "--layer", "0", "--row-group", "500", "--out", str(tmp_path / f"e{n}")]) == 0
-    one, two = (pd.read_parquet(tmp_path / f"e{n}") for n in (1, 2))
-    assert _stacked(one, "embedding").shape == (open_store(cora_store).meta.num_nodes, 16)  # the hidden layer
-    np.testing.assert_allclose(_stacked(two, "embedding"), _stacked(one, "embedding"), atol=1e-6)
-    import pyarrow.parquet as pq
-
-    assert pq.ParquetFile(tmp_path / "e2" / "part-00000.parquet").num_row_groups == 3  # 1354 rows, 500 per group
 
 
 def _synthetic(root, seed: int, features: int) -> str:
