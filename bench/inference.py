@@ -5,13 +5,17 @@
 
 A decoupled GCN (hidden 64) is trained for one epoch in this process, then applied with `ntp predict` at 1, 2 and 3
 ranks (torchrun, gloo), unchunked and chunked (--chunk-rows n/8): wall time of the whole command (launch, store
-read, forward pass, Parquet writes, publish), nodes per second, the export's size, and beside it the wall time of a
+read, forward pass, Parquet writes, publish) and rank 0's phases (load: store and model; forward; write), nodes
+per second, the export's size, and beside it the wall time of a
 1-epoch training job on the same launcher (what launching, loading and one forward/backward pass cost). Every
 export is compared with the 1-rank one (same classes; probabilities within 1e-5). The machine may be shared:
 compare ratios.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import shutil
 import tempfile
 import time
@@ -35,15 +39,20 @@ def train_model(store: Path, folder: Path) -> str:
     return cfg.model_out
 
 
-def predict(model: str, store: Path, out: Path, nproc: int, chunk_rows: int | None) -> float:
+def predict(model: str, store: Path, out: Path, nproc: int, chunk_rows: int | None) -> tuple[float, dict]:
+    """Wall seconds of the whole command, and rank 0's phases (load, forward, write) from its report line."""
     from ntp.engine.predict import Request
     from ntp.run.inference_job import inference_spec, run_inference
 
+    lines: list[str] = []
     t0 = time.perf_counter()
-    spec = inference_spec(model, store, nproc=nproc, launch={"device": "cpu", "job_timeout_s": 1800},
-                          chunk_rows=chunk_rows)
-    run_inference(spec, Request(model=model, out=str(out)), overwrite=True, on_line=lambda line: None)
-    return time.perf_counter() - t0
+    with contextlib.redirect_stdout(io.StringIO()) as here:  # one process reports here, torchrun's ranks by line
+        spec = inference_spec(model, store, nproc=nproc, launch={"device": "cpu", "job_timeout_s": 1800},
+                              chunk_rows=chunk_rows)
+        run_inference(spec, Request(model=model, out=str(out)), overwrite=True, on_line=lines.append)
+    wall = time.perf_counter() - t0
+    phases = dict(re.findall(r"(load|forward|write) ([0-9.]+) s", here.getvalue() + "\n".join(lines)))
+    return wall, {f"{name}_s": float(value) for name, value in phases.items()}
 
 
 def train_epoch_wall(store: Path, nproc: int) -> float:
@@ -77,7 +86,7 @@ def main() -> None:
             train_s = round(train_epoch_wall(store, nproc), 2)
             for chunk_rows in (None, nodes // 8):
                 out = folder / f"p{nproc}-{chunk_rows}"
-                wall = predict(model, store, out, nproc, chunk_rows)
+                wall, phases = predict(model, store, out, nproc, chunk_rows)
                 frame = pd.read_parquet(out)
                 probs = np.stack(frame["prob"].to_numpy())
                 if reference is None:
@@ -85,7 +94,7 @@ def main() -> None:
                 same = bool((frame["pred"].to_numpy() == reference[0]).all() and np.allclose(probs, reference[1],
                                                                                              atol=1e-5))
                 size = sum(f.stat().st_size for f in out.glob("*.parquet"))
-                rows.append({"ranks": nproc, "chunks": 8 if chunk_rows else 1, "wall_s": round(wall, 2),
+                rows.append({"ranks": nproc, "chunks": 8 if chunk_rows else 1, "wall_s": round(wall, 2), **phases,
                              "train_1_epoch_wall_s": train_s,
                              "nodes_per_s": int(nodes / wall), "export_MiB": round(size / 2**20, 1),
                              "equal_to_1_rank": same})

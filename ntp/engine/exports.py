@@ -1,8 +1,8 @@
 """Where a rank's rows of an inference job go, and the node pairs it reads.
 
 Zarr: one group whose arrays (``pred``, ``prob`` or ``embedding``) are indexed by node id, written by all ranks
-at once, each chunk by one rank (:func:`write_zarr_rows`). Parquet: one dataset folder, one file per rank (``part-00000.parquet``, ...; rank order is node order), each written
-by its rank at the same time as the others, in row groups: memory is bounded by a row group, not by the rank's rows.
+at once, each chunk by one rank (:func:`write_zarr_rows`). Parquet: one dataset folder, one file per rank
+(``part-00000.parquet``, ...; rank order is node order), each written by its rank at the same time as the others, in row groups: memory is bounded by a row group, not by the rank's rows.
 A 2-D column (probabilities, embeddings) is a fixed-size list of float32. ``_ntp.json`` (ignored by Parquet readers,
 as its name starts with "_") says what the dataset holds.
 """
@@ -38,7 +38,8 @@ def _arrow_column(values: np.ndarray):
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(values).reshape(-1)), values.shape[1])
 
 
-def write_parquet_part(folder: str | Path, rank: int, columns: dict[str, np.ndarray], row_group: int = ROW_GROUP) -> Path:
+def write_parquet_part(folder: str | Path, rank: int, columns: dict[str, np.ndarray],
+                       row_group: int = ROW_GROUP) -> Path:
     """This rank's rows (every column has the same number of rows) as ``part-<rank>.parquet`` in ``folder``."""
     import pyarrow as pa
     import pyarrow.parquet as pq

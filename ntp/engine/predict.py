@@ -8,6 +8,7 @@ per-task probabilities), the embeddings of one layer, or a link model's scores o
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,23 +82,39 @@ def run(cfg: TrainConfig, device: str, request: Request) -> dict:
 
 @torch.no_grad()
 def apply(cfg: TrainConfig, env: DistEnv, request: Request) -> dict:
+    """One rank's share of the job; rank 0 reports how long each phase took."""
+    t0 = time.perf_counter()
     job = setup(cfg, env)
     load_weights(job, load_saved(request.model), request.model)
     job.model.eval()
     if request.out:
         check_export(request.export, job.data.task_type, request.fmt)
+    phases = {"load": time.perf_counter() - t0}
     if request.export == "scores":
-        return _write_scores(job, request)
-    columns, metrics = node_columns(job, request)
-    if request.metrics_out and env.is_main:
+        written = _write_scores(job, request)
+    else:
+        t1 = time.perf_counter()
+        columns, metrics = node_columns(job, request)
+        phases["forward"] = time.perf_counter() - t1
+        written = _write_nodes(job, request, columns, metrics)
+    last = "write" if request.export != "scores" else "score and write"
+    phases[last] = time.perf_counter() - t0 - sum(phases.values())
+    if env.is_main:
+        took = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items())
+        print(f"[ntp] {request.export} on {env.world} rank(s): {took} (rank 0)", flush=True)
+    return written
+
+
+def _write_nodes(job: Job, request: Request, columns: dict[str, np.ndarray], metrics: dict) -> dict:
+    if request.metrics_out and job.env.is_main:
         record = {**metrics, "metric": job.data.metric, "task_type": job.data.task_type}
         Path(request.metrics_out).write_text(json.dumps(record))
-    rows = Partition(job.data.num_nodes, env.world, env.rank).rows()
+    rows = Partition(job.data.num_nodes, job.env.world, job.env.rank).rows()
     if request.out and request.fmt == "zarr":
-        exports.write_zarr_rows(request.out, rows, job.data.num_nodes, columns, request.row_group, env.is_main)
+        exports.write_zarr_rows(request.out, rows, job.data.num_nodes, columns, request.row_group, job.env.is_main)
     elif request.out:
-        exports.write_parquet_part(request.out, env.rank, columns, request.row_group)
-    return {"rank": env.rank, "rows": rows}
+        exports.write_parquet_part(request.out, job.env.rank, columns, request.row_group)
+    return {"rank": job.env.rank, "rows": rows}
 
 
 def node_columns(job: Job, request: Request) -> tuple[dict[str, np.ndarray], dict[str, float]]:

@@ -57,7 +57,8 @@ def test_predictions_of_1_2_3_ranks_are_identical_and_match_training(trained, co
     arrays = zarr.open_group(str(tmp_path / "p3"), mode="r")
     assert arrays["prob"].chunks == (500, 7)
     frames = [pd.read_parquet(tmp_path / f"p{n}") for n in (1, 2)]
-    frames.append(pd.DataFrame({"node_id": np.arange(2708), "pred": arrays["pred"][:], "prob": list(arrays["prob"][:])}))
+    frames.append(pd.DataFrame({"node_id": np.arange(2708), "pred": arrays["pred"][:],
+                                "prob": list(arrays["prob"][:])}))
     assert len(list((tmp_path / "p2").glob("part-*.parquet"))) == 2  # one file per rank
     store = open_store(cora_store)
     for frame in frames:

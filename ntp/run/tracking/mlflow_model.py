@@ -28,7 +28,8 @@ def log_mlflow_model(run_id: str, model_path: str | Path, *, store: str | Path, 
     mlflow.set_tracking_uri(uri or tracking_uri())
     meta = dict(store_meta)
     metadata = {"store_fingerprint": meta.get("fingerprint"), "store_name": meta.get("name"),
-                "task_type": meta.get("task_type"), "metric": meta.get("metric"), "feature_dim": meta.get("feature_dim"),
+                "task_type": meta.get("task_type"), "metric": meta.get("metric"),
+                "feature_dim": meta.get("feature_dim"),
                 "num_nodes": meta.get("num_nodes"), "config": dict(config), "metrics": dict(metrics)}
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
