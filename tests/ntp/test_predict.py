@@ -121,3 +121,24 @@ def test_link_scores_of_given_pairs_match_the_model_for_1_and_2_ranks(link_store
     np.save(tmp_path / "bad.npy", np.array([[0, 120]]))
     assert ntp_main([*base, "--pairs", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "bad")]) == 2
     assert "outside [0, 120)" in capsys.readouterr().err
+
+
+def test_pairs_files_of_each_format_read_the_same(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ntp.engine.exports import read_pairs
+
+    pairs = np.array([[0, 1], [7, 3]])
+    np.save(tmp_path / "p.npy", pairs)
+    (tmp_path / "p.csv").write_text("src,dst\n0,1\n7,3\n")
+    (tmp_path / "p.txt").write_text("0 1\n7 3\n")
+    pq.write_table(pa.table({"src": pairs[:, 0], "dst": pairs[:, 1]}), tmp_path / "p.parquet")
+    for name in ("p.npy", "p.csv", "p.txt", "p.parquet"):
+        assert np.array_equal(read_pairs(tmp_path / name), pairs), name
+    np.save(tmp_path / "bad.npy", np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"bad.npy holds float64 \(2, 3\); expected integer node ids \[k, 2\]"):
+        read_pairs(tmp_path / "bad.npy")
+    pq.write_table(pa.table({"u": [0]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['dst', 'src'\]"):
+        read_pairs(tmp_path / "bad.parquet")
