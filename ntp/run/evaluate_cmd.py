@@ -41,6 +41,11 @@ def evaluate(args: argparse.Namespace) -> dict:
     from ntp.engine.predict import Request
     from ntp.run.inference_job import run_inference
 
+    from ntp.errors import ConfigError
+
+    if args.register and _is_link(args.store):
+        raise ConfigError("--register logs a model whose predict takes node ids; a link prediction model scores "
+                          "pairs: serve it with `ntp predict --export scores` (or embeddings) instead")
     spec = inference_spec_from_args(args)
     track = bool(args.track or args.run_id or args.register)
     with tempfile.TemporaryDirectory(prefix="ntp-evaluate-") as tmp:
