@@ -126,3 +126,7 @@ class PipelineParams(BaseModel):
                                       description="Model and training options (as `ntp train`).")
     launch: LaunchOptions = Field(default_factory=LaunchOptions, description="Processes, nodes, timeout, retries.")
     experiment: str | None = Field(None, description="MLflow experiment (default: the dataset's name).")
+    registered_model: str | None = Field(None, description="Register the best model as a new version of this name "
+                                                           "in the MLflow model registry.")
+    embeddings_out: str | None = Field(None, description="Publish the best model's node embeddings (last hidden "
+                                                         "layer) there as a Parquet dataset, replaced on every run.")

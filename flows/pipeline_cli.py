@@ -63,6 +63,10 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
     launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")
     launch.add_argument("--retry-delay", type=float, default=10.0, help="seconds between retries (default 10)")
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
+    p.add_argument("--register", default=None, metavar="NAME",
+                   help="register the best model as a new version of NAME in the MLflow model registry")
+    p.add_argument("--embeddings-out", default=None, metavar="DIR",
+                   help="publish the best model's node embeddings there (a Parquet dataset, replaced)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved flow parameters (YAML, as a "
                    "deployment takes them) and the launch, and exit without running the flow")
     p.set_defaults(func=run_pipeline_cli)
@@ -85,6 +89,8 @@ def params_from_args(args: argparse.Namespace) -> Any:
                              retries=args.retries,
                              retry_delay_s=args.retry_delay),
         experiment=args.experiment,
+        registered_model=args.register,
+        embeddings_out=args.embeddings_out,
     )
 
 
@@ -124,6 +130,8 @@ def run_pipeline_cli(args: argparse.Namespace) -> int:
               + (f" ({ev['metric']})" if "metric" in ev else ""))
         print(f"mlflow run: {out['run_id']}")
         print(f"mlflow link: {run_url(out['run_id'])}")
+        if out.get("embeddings"):
+            print(f"embeddings: {out['embeddings']}")
     return 0
 
 

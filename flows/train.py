@@ -19,13 +19,14 @@ def _retry(task: Any, task_run: Any, state: Any) -> bool:
     return True
 
 
-def run_training(store: str, training: Any, launch: LaunchOptions, experiment: str | None) -> Any:
+def run_training(store: str, training: Any, launch: LaunchOptions, experiment: str | None,
+                 register: str | None = None) -> Any:
     """Run the train task with the launch options' retries (shared by `train` and `pipeline`). The launch spec is
     resolved here, in the flow, so an invalid combination fails before any task runs."""
     spec = launch_spec(training, launch, store=store)
     task = train_model.with_options(retries=launch.retries, retry_delay_seconds=launch.retry_delay_s,
                                     retry_condition_fn=_retry)
-    return task(spec, experiment=experiment)
+    return task(spec, experiment=experiment, register=register)
 
 
 @flow(name="train")

@@ -39,6 +39,11 @@ RESUMABLE_CHANGES = frozenset({
     "patience", "collective_timeout_s", "threads", "fail_at_epoch", "fail_rank", "chunk_rows", "memory_budget",
     "overlap", "offload", "nn_device", "mode", "store"})
 
+#: Fields that say how inference runs on this hardware, not what the model computes: `ntp predict` and
+#: `ntp evaluate` take them from their command line, the rest comes from the saved model's config.
+INFERENCE_OPTIONS = ("chunk_rows", "memory_budget", "overlap", "offload", "nn_device", "collective_timeout_s",
+                     "threads")
+
 
 def opt(default: Any, help: str) -> Any:
     """A config field with its --help text."""

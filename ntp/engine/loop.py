@@ -54,7 +54,11 @@ def evaluate_splits(job: Job) -> dict[str, float]:
     if job.link is not None:
         return job.link.evaluate(job)
     job.model.eval()
-    logits = job.model(job.x, job.ctx)
+    return split_metrics(job, job.model(job.x, job.ctx))
+
+
+def split_metrics(job: Job, logits: torch.Tensor) -> dict[str, float]:
+    """The metric on train/valid/test of this rank's rows of ``logits`` (every rank gets the same numbers)."""
     if job.data.metric == "acc" and job.data.task_type == "multiclass":
         pred = logits.argmax(dim=1)
         counts = torch.tensor([[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],

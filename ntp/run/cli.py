@@ -17,12 +17,13 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from ntp.run.compare import add_compare_command
 from ntp.run.evaluate_cmd import add_evaluate_command
+from ntp.run.predict_cmd import add_predict_command
 from ntp.run.train_cmd import add_train_command
 
 PLUGIN_GROUP = "ntp.commands"
 DATA_HELP = "build and inspect graph stores"
 #: Commands that run the engine in this process (they get the worker's warning filters).
-ENGINE_COMMANDS = ("train", "evaluate", "pipeline")
+ENGINE_COMMANDS = ("train", "evaluate", "predict", "pipeline")
 
 
 def _plugins() -> dict[str, object]:
@@ -59,7 +60,7 @@ def build_parser(load_plugin: str | None = None) -> argparse.ArgumentParser:
                                 "Prefect pipeline, compare MLflow runs.")
     parser.add_argument("--version", action=_VersionAction, help="print the versions of ntp, torch and Python")
     plugins = _plugins()
-    names = ["data", "train", "evaluate", *sorted(plugins), "compare"]
+    names = ["data", "train", "evaluate", "predict", *sorted(plugins), "compare"]
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(names) + "}")
     if load_plugin == "data":
         from storage.cli import add_data_commands  # the storage package imports Zarr
@@ -69,6 +70,7 @@ def build_parser(load_plugin: str | None = None) -> argparse.ArgumentParser:
         sub.add_parser("data", help=DATA_HELP)
     add_train_command(sub)
     add_evaluate_command(sub)
+    add_predict_command(sub)
     for name, ep in sorted(plugins.items()):
         if name == load_plugin:
             ep.load()(sub)  # type: ignore[attr-defined]

@@ -13,11 +13,14 @@ from ntp.spec import DEVICES, LaunchSpec, resolve
 
 
 def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-                         exclude: tuple[str, ...] = ()) -> None:
-    """One --flag per TrainConfig field but ``exclude`` (defaults None, so a --config file can fill them)."""
-    parser.add_argument("--config", help="YAML or TOML file with training options; flags given on the command line win")
+                         exclude: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> None:
+    """One --flag per TrainConfig field but ``exclude`` (defaults None, so a --config file can fill them); with
+    ``only``, just those fields' flags (and no --config)."""
+    if only is None:
+        parser.add_argument("--config", help="YAML or TOML file with training options; flags given on the command "
+                                             "line win")
     for f in fields(TrainConfig):
-        if f.name in exclude:
+        if f.name in exclude or (only is not None and f.name not in only):
             continue
         help_text = f.metadata["help"] + ("" if f.default in (None, "") else f" (default: {f.default})")
         kind = f.type.removesuffix(" | None")

@@ -43,14 +43,15 @@ class LaunchResult:
     wall_s: float
 
 
-def torchrun_command(spec: LaunchSpec, log_dir: str | None = None) -> list[str]:
+def torchrun_command(spec: LaunchSpec, log_dir: str | None = None, program: list[str] | None = None) -> list[str]:
     """The torchrun command line of ``spec``, run through ntp.run.rendezvous (torchrun with its stores bound to one
     address). One node: a rendezvous on loopback at a free port. ``log_dir``: where torchrun keeps its files
-    (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind)."""
+    (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind). ``program``: what every rank runs
+    (default: the training worker with the spec's config)."""
     cmd = [sys.executable, "-m", "ntp.run.rendezvous", f"--nproc-per-node={spec.nproc_per_node}",
            "--max-restarts=0", *([f"--log-dir={log_dir}"] if log_dir else [])]
     cmd += _rendezvous(spec)
-    return cmd + ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)]
+    return cmd + (program or ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)])
 
 
 def _rendezvous(spec: LaunchSpec) -> list[str]:
@@ -87,14 +88,20 @@ def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[st
     if spec.mode == "single":
         _run_in_process(spec)
     else:
-        network = job_network_env(spec.rdzv_endpoint, spec.interface)
-        with tempfile.TemporaryDirectory(prefix="ntp-torchrun-", ignore_cleanup_errors=True) as tmp:
-            _run_torchrun(torchrun_command(spec, log_dir=tmp), spec.job_timeout_s, on_line,
-                          {**_scratch_env(tmp), **network, **(env or {})})
+        run_torchrun_job(spec, None, on_line=on_line, env=env)
     cfg = spec.config
     model = Path(cfg.model_out) if cfg.model_out else None
     return LaunchResult(Path(cfg.results) if cfg.results else None, model if model and model.exists() else None,
                         time.perf_counter() - t0)
+
+
+def run_torchrun_job(spec: LaunchSpec, program: list[str] | None, *, on_line: LineSink = print,
+                     env: dict[str, str] | None = None) -> None:
+    """``program`` (default: training) on every rank of ``spec``'s torchrun job, to completion (WorkerFailed)."""
+    network = job_network_env(spec.rdzv_endpoint, spec.interface)
+    with tempfile.TemporaryDirectory(prefix="ntp-torchrun-", ignore_cleanup_errors=True) as tmp:
+        _run_torchrun(torchrun_command(spec, log_dir=tmp, program=program), spec.job_timeout_s, on_line,
+                      {**_scratch_env(tmp), **network, **(env or {})})
 
 
 def _run_in_process(spec: LaunchSpec) -> None:

@@ -29,6 +29,9 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
     tracking.add_argument("--no-track", action="store_true", help="do not log the run to MLflow")
     tracking.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
     tracking.add_argument("--run-name", default=None, help="MLflow run name (default: model-arch-mode-ranks-date)")
+    tracking.add_argument("--register", default=None, metavar="NAME",
+                          help="register the best model (logged as an MLflow model: node ids -> predictions) as a "
+                               "new version of NAME in the MLflow model registry")
     add_config_arguments(parser.add_argument_group("training"))
     parser.set_defaults(func=run_train)
     return parser
@@ -64,6 +67,8 @@ def run_train(args: argparse.Namespace) -> int:
 def _check_tracking(args: argparse.Namespace) -> None:
     from ntp.errors import ConfigError
 
+    if args.no_track and getattr(args, "register", None):
+        raise ConfigError("--register logs the model to MLflow, which --no-track turns off: drop one of them")
     if not args.no_track and importlib.util.find_spec("mlflow") is None:
         raise ConfigError("MLflow is not installed here, so the run cannot be tracked: install the tracking extra "
                           "(pip install 'ntp[tracking]') or pass --no-track")
@@ -83,7 +88,7 @@ def _train(args: argparse.Namespace):
         if args.no_track:
             return train_untracked(spec, on_line=on_line, consumers=consumers)
         return train_tracked(spec, experiment=args.experiment, run_name=args.run_name, on_line=on_line,
-                             consumers=consumers)
+                             consumers=consumers, register=args.register)
     finally:
         if bar:
             bar.close()

@@ -11,6 +11,8 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -54,14 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ntp.engine.loop import run
 
-    try:
+    with failure_reported():
         run(spec)
+    return 0
+
+
+@contextmanager
+def failure_reported() -> Iterator[None]:
+    """A failing rank prints its traceback between the markers the launcher looks for, then fails."""
+    try:
+        yield
     except BaseException:
         rank = os.environ.get("RANK", "0")
         print(f"{FAILURE_BEGIN} (rank {rank}) =====\n{traceback.format_exc().rstrip()}\n{FAILURE_END} (rank {rank}) =====",
               file=sys.stderr, flush=True)
         raise
-    return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ntp.run import tracking
-from tests.pipeline.conftest import CORA
+from tests.pipeline.conftest import CORA, ROOT
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 
@@ -24,7 +24,8 @@ def pipeline_result() -> dict[str, Any]:
 
     params = PipelineParams(dataset={"name": "cora", "from_dir": str(CORA)}, training=TINY,
                             launch={"nproc": 2, "device": "cpu", "job_timeout_s": 120},
-                            experiment="pipeline-test")
+                            experiment="pipeline-test", registered_model="cora-pipeline",
+                            embeddings_out=str(ROOT / "cora-embeddings"))
     return pipeline(params)
 
 
@@ -66,6 +67,19 @@ def test_pipeline_publishes_markdown_artifact(pipeline_result: dict[str, Any]) -
 
     art = asyncio.run(latest())
     assert art.type == "markdown" and pipeline_result["run_id"] in art.data and "| world size | 2 |" in art.data
+
+
+def test_pipeline_registers_the_model_and_publishes_embeddings(pipeline_result: dict[str, Any]) -> None:
+    import mlflow
+    import pandas as pd
+
+    version, = tracking.client().search_model_versions("name = 'cora-pipeline'")
+    assert version.run_id == pipeline_result["run_id"]
+    served = mlflow.pyfunc.load_model("models:/cora-pipeline/1")
+    assert served.predict(pd.DataFrame({"node_id": [0, 1]}))["pred"].between(0, 6).all()
+    embeddings = pd.read_parquet(pipeline_result["embeddings"])
+    assert embeddings["node_id"].tolist() == list(range(2708)) and len(embeddings["embedding"][0]) == 16
+    assert len(list(Path(pipeline_result["embeddings"]).glob("part-*.parquet"))) == 2  # the training's 2 ranks
 
 
 def test_evaluate_flow_from_run_id(pipeline_result: dict[str, Any]) -> None:

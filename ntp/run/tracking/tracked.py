@@ -53,11 +53,13 @@ def train_untracked(spec: LaunchSpec, *, on_line: Callable[[str], None] = print,
 
 def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: str | None = None,
                   flow_run_id: str | None = None, on_line: Callable[[str], None] = print,
-                  consumers: Sequence[Consumer] = (), system_metrics: bool = True) -> TrackedTraining:
+                  consumers: Sequence[Consumer] = (), system_metrics: bool = True,
+                  register: str | None = None) -> TrackedTraining:
     """Launch ``spec`` inside a parent MLflow run: epochs are logged as they happen, the summary, worker runs,
     plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id or job id>/`` unless the
     config names them. A failed job's run ends FAILED with what it logged so far, and the error is re-raised. Of a
-    multi-node job only the leading node tracks (ntp.run.launch.leads); the others just train."""
+    multi-node job only the leading node tracks (ntp.run.launch.leads); the others just train. The best model of
+    a node task is also logged as an MLflow model, and with ``register`` registered as a new version of that name."""
     if not leads(spec):  # it names the files the leader will, or the ranks' configs would disagree
         return train_untracked(with_outputs_in(spec, job_dir(spec.job_id or "")), on_line=on_line,
                                consumers=consumers)
@@ -87,8 +89,30 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
         if res.model_path is not None:
             run.log_model(res.model_path, config=cfg.to_dict(), store_meta=meta)
         run.log_metrics({"wall_s": res.wall_s})
+    final = read_results(cfg.results).final
+    if res.model_path is not None and meta.get("task_type") != "link":
+        _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)
     return TrackedTraining(run.run_id, Path(cfg.results), res.model_path, res.wall_s, summary, spec.world_size,
-                           cfg.to_dict(), read_results(cfg.results).final)
+                           cfg.to_dict(), final)
+
+
+def _log_mlflow_model(run_id: str, model_path: Path, cfg: Any, meta: dict, final: FinalRecord | None,
+                      register: str | None, on_line: Callable[[str], None]) -> None:
+    """The best model as an MLflow model (after the run ended: MLflow reopens it). Failing to log it is a warning
+    (the training succeeded), unless ``register`` asked for it."""
+    from ntp.run.tracking.mlflow_model import log_mlflow_model
+
+    metrics = {"best_valid_metric": final.best_valid_metric, "test_metric": final.test_metric} if final else {}
+    try:
+        logged = log_mlflow_model(run_id, model_path, store=cfg.store, store_meta=meta, config=cfg.to_dict(),
+                                  metrics=metrics, register=register)
+    except Exception as exc:
+        if register:
+            raise
+        on_line(f"warning: the model could not be logged as an MLflow model: {type(exc).__name__}: {exc}")
+        return
+    if register:
+        on_line(f"[ntp] registered {register} version {logged['version']} ({logged['model_uri']})")
 
 
 def job_dir(name: str) -> Path:
