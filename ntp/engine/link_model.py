@@ -1,12 +1,14 @@
 """Link prediction's model: a tensor-parallel encoder (any model of ntp.engine.models), learnable node embeddings
 column-sliced across ranks when the graph has no features, and a decoder that scores pairs of nodes.
 
-Decoders work in the graph layout, where every rank holds all rows of its column slice of the embeddings ``H``:
-- dot: each rank computes the partial dot products ``H[u, C_r] . H[v, C_r]`` of every pair of the batch (the same
-  work on every rank), and one reduce-scatter sums them, leaving each rank the scores of its share of the pairs;
-- mlp (OGB's LinkPredictor): each rank forms ``H[u, C_r] * H[v, C_r]`` for every pair, one all-to-all over the pairs
-  (the split/gather of the pairs) gives each rank complete rows for its share, and the MLP runs there.
-A rank's share of the pairs is a contiguous, balanced range (ntp.engine.partition), so the loss of every pair is
+Decoders work in the graph layout, where every rank holds all rows of its column slice of the embeddings ``H``, on
+the products ``H[u, C_r] * H[v, C_r]`` of a chunk of pairs (ntp.engine.link_pairs forms them, the same work on
+every rank):
+- dot: each rank sums its products' columns (partial dot products), and one reduce-scatter sums the partials,
+  leaving each rank the scores of its share of the chunk's pairs;
+- mlp (OGB's LinkPredictor): one all-to-all over the pairs (the split/gather of the pairs) gives each rank complete
+  rows for its share, and the MLP runs there.
+A rank's share of a chunk is a contiguous, balanced range (ntp.engine.partition), so the loss of every pair is
 computed once; its replicated parameters' gradients are summed over ranks. Dropout masks depend on (seed, step,
 layer, pair index) only, never on the number of ranks.
 """
@@ -78,17 +80,17 @@ class SlicedEmbedding(nn.Module):
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-def _pair_dropout(x: torch.Tensor, p: float, pairs: Partition, stream: int) -> torch.Tensor:
-    mask = keep_mask(pairs.rows(), x.shape[1], p, stream, x.device)
-    return x * mask.to(x.dtype) / (1.0 - p)
+def _pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream: int) -> torch.Tensor:
+    """Dropout of the pairs ``rows`` (their indices in the batch): the mask depends on them, not on the ranks."""
+    scale = keep_mask(rows, x.shape[1], p, stream, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
+    return x * scale
 
 
 class DotDecoder(nn.Module):
     """score(u, v) = h_u . h_v."""
 
-    def forward(self, h_cols: torch.Tensor, pairs: torch.Tensor, pc: Comm, stream: int) -> torch.Tensor:
-        partial = (h_cols[pairs[:, 0]] * h_cols[pairs[:, 1]]).sum(dim=1, keepdim=True)
-        return reduce_scatter_rows(partial, pc, LINK)[:, 0]
+    def forward(self, prod: torch.Tensor, pc: Comm, first: int, stream: int) -> torch.Tensor:
+        return reduce_scatter_rows(prod.sum(dim=1, keepdim=True), pc, LINK)[:, 0]
 
 
 class MLPDecoder(nn.Module):
@@ -100,12 +102,13 @@ class MLPDecoder(nn.Module):
         self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.width, self.dropout = width, dropout
 
-    def forward(self, h_cols: torch.Tensor, pairs: torch.Tensor, pc: Comm, stream: int) -> torch.Tensor:
-        x = gather(h_cols[pairs[:, 0]] * h_cols[pairs[:, 1]], pc, self.width, LINK)  # this rank's pairs, all columns
+    def forward(self, prod: torch.Tensor, pc: Comm, first: int, stream: int) -> torch.Tensor:
+        x = gather(prod, pc, self.width, LINK)  # this rank's pairs, all columns
+        r0, r1 = pc.part.rows()
         for i, lin in enumerate(self.lins[:-1]):
             x = F.relu(lin(x))
             if self.training and self.dropout > 0:
-                x = _pair_dropout(x, self.dropout, pc.part, stream * 31 + i)
+                x = _pair_dropout(x, self.dropout, (first + r0, first + r1), stream * 31 + i)
         return self.lins[-1](x)[:, 0]
 
 
@@ -128,6 +131,8 @@ class LinkModel(nn.Module):
         """Parameters every rank holds whole (their gradients are summed over ranks): all but the embeddings."""
         return list(self.encoder.parameters()) + list(self.decoder.parameters())
 
-    def score(self, h_cols: torch.Tensor, pairs: torch.Tensor, pc: Comm, stream: int = 0) -> torch.Tensor:
-        """Scores (logits) of this rank's share ``pc.part.rows()`` of ``pairs`` [P, 2], from the graph layout."""
-        return self.decoder(h_cols, pairs, pc, stream)
+    def decode(self, prod: torch.Tensor, pc: Comm, first: int = 0, stream: int = 0) -> torch.Tensor:
+        """Scores (logits) of this rank's share ``pc.part.rows()`` of a chunk of pairs, from their products
+        ``h_u * h_v`` on this rank's column slice [pairs, columns]; ``first``: the chunk's first pair in its batch
+        (the dropout masks' rows). ntp.engine.link_pairs forms the products and runs the chunks."""
+        return self.decoder(prod, pc, first, stream)
