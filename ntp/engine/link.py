@@ -79,10 +79,6 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     if not isinstance(data, LinkGraphData):  # read from a store: its edge splits too
         data = with_link_splits(data, read_link_splits(cfg.store))
     splits = data.link_splits
-    if cfg.resume and env.world > 1 and data.feature_dim == 0:
-        raise ConfigError("--resume of link prediction with learned node embeddings on several ranks is not supported "
-                          "(each rank's optimiser state of its embedding slice is not checkpointed): resume with one "
-                          "process (--nproc 1), or start afresh")
     n = data.num_nodes
     part = Partition(n, env.world, env.rank)
     sizes = {k: (len(p), None if q is None else tuple(q.shape)) for k, (p, q) in splits.items()}
@@ -96,6 +92,8 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
                        nn_device=env.device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
+        model.embedding.track_optimizer(optimizer)
     task = LinkTask(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer,
                 x=torch.from_numpy(data.features).to(env.device), y=torch.zeros(0), local_split={},
@@ -143,7 +141,8 @@ class LinkTask:
             job.optimizer.step()
             total += loss * k
         if model.embedding is not None:
-            model.embedding.snapshot(ctx)  # the whole matrix for the state dict (best model, checkpoints)
+            # the whole matrix for the state dict (best model, checkpoints), and the optimiser's state for checkpoints
+            model.embedding.snapshot(ctx, with_optimizer=bool(cfg.checkpoint_dir))
         return float(comm.all_reduce(total)[0]) / len(pos)
 
     @torch.no_grad()
