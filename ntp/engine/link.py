@@ -150,7 +150,7 @@ class LinkTask:
         """The metric on train (a sample, see __init__), valid and test, identical on every rank."""
         job.model.eval()
         h_cols = job.ctx.to_graph(job.model(job.x, job.ctx)).to(job.comm.device)
-        out = {}
+        out, scored = {}, {}  # the training sample's negatives are the validation ones: scored once
         for split, (pos, neg) in self.eval_sets.items():
             s_pos = score_pairs(job.model, h_cols, pos, job.comm)
             if self.metric == "mrr":  # negatives [E, K]: targets for each positive's source
@@ -158,7 +158,9 @@ class LinkTask:
                 s_neg = score_pairs(job.model, h_cols, torch.stack([src, neg.reshape(-1)], 1), job.comm)
                 s_neg = s_neg.view(neg.shape)
             else:
-                s_neg = score_pairs(job.model, h_cols, neg, job.comm)
+                if id(neg) not in scored:
+                    scored[id(neg)] = score_pairs(job.model, h_cols, neg, job.comm)
+                s_neg = scored[id(neg)]
             out[split] = link_metric(self.metric, s_pos, s_neg, self.ogb_name)
         return out
 
