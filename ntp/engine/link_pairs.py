@@ -20,7 +20,8 @@ from ntp.engine.collectives import Comm
 from ntp.engine.link_model import LINK
 from ntp.engine.partition import Partition
 
-#: Pairs per chunk on CPU (8192 x 256 floats: 8 MB, cache-sized) and on accelerators (larger kernels pay there).
+#: Pairs per chunk on CPU (8192 x 256 floats: 8 MB, cache-sized) and on accelerators (fewer, larger kernels; their
+#: size there is a guess, not yet measured on a GPU).
 CPU_CHUNK, DEVICE_CHUNK = 1 << 13, 1 << 17
 
 
