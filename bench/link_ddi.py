@@ -32,16 +32,22 @@ def ddi_store() -> Path:
     return prepare("ogbl-ddi", from_dir=DATASETS / "ogb-link" / "ogbl-ddi", progress=lambda line: None)
 
 
-def run_one(store: Path, model: str, seed: int, epochs: int, eval_every: int, nproc: int) -> dict:
+def run_one(store: Path, model: str, seed: int, epochs: int, eval_every: int, nproc: int,
+            out: Path | None = None) -> dict:
+    """One run; with ``out``, its results file and checkpoints stay there (``--resume`` continues it) and its
+    epochs are printed as they end."""
     from ntp.config import TrainConfig
     from ntp.run.launch import launch_training
     from ntp.spec import resolve
 
     with tempfile.TemporaryDirectory() as tmp:
-        results = Path(tmp) / "results.jsonl"
+        folder = out / f"{model}-seed{seed}" if out else Path(tmp)
+        results = folder / "results.jsonl"
         cfg = TrainConfig(store=str(store), model=model, seed=seed, epochs=epochs, eval_every=eval_every,
-                          results=str(results), mode="single" if nproc == 1 else "tp", **OGB_EXAMPLE)
-        launch_training(resolve(cfg, nproc=nproc, job_timeout_s=24 * 3600), on_line=lambda line: None)
+                          results=str(results), mode="single" if nproc == 1 else "tp", **OGB_EXAMPLE,
+                          checkpoint_dir=str(folder / "ckpt") if out else None, checkpoint_every=1, resume=bool(out))
+        show = (lambda line: print(line, flush=True)) if out else (lambda line: None)
+        launch_training(resolve(cfg, nproc=nproc, job_timeout_s=24 * 3600), on_line=show)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
     epochs_recs = [r for r in recs if "epoch" in r]
     final = next(r for r in recs if r.get("final"))
@@ -59,6 +65,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=200, help="OGB's example: 200")
     p.add_argument("--eval-every", type=int, default=5, help="OGB's example: 5")
     p.add_argument("--nproc", type=int, default=1, help="ranks per run (tensor parallel when > 1)")
+    p.add_argument("--out", type=Path, help="keep each run's results and checkpoints in OUT/<model>-seed<seed>/ and "
+                   "print its epochs; a run found there is resumed from its last checkpoint")
     args = p.parse_args()
     if args.quick:
         args.models, args.seeds, args.epochs, args.eval_every = ["gcn"], [0], 2, 1
@@ -67,7 +75,7 @@ def main() -> None:
     for model in args.models:
         runs = []
         for seed in args.seeds:
-            row = run_one(store, model, seed, args.epochs, args.eval_every, args.nproc)
+            row = run_one(store, model, seed, args.epochs, args.eval_every, args.nproc, args.out)
             print(json.dumps(row), flush=True)
             runs.append(row)
         tests = [r["test_hits@20"] for r in runs]

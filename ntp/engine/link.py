@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ntp.config import TrainConfig
 from ntp.engine import placement
@@ -27,12 +26,11 @@ from ntp.engine.data import GraphData
 from ntp.engine.dist import DistEnv
 from ntp.engine.link_data import LinkGraphData, read_link_splits, with_link_splits
 from ntp.engine.link_eval import link_metric
-from ntp.engine.link_model import LINK, LinkModel
+from ntp.engine.link_model import LinkModel
+from ntp.engine.link_pairs import score_pairs, train_pairs
 from ntp.engine.partition import Partition
 from ntp.errors import ConfigError
 
-#: Pairs scored per exchange during evaluation (bounds its memory).
-EVAL_PAIRS = 1 << 18
 #: Redraws of negatives that hit an edge before the rest are kept as they are (only a nearly complete graph needs more).
 MAX_REDRAWS = 100
 
@@ -54,11 +52,13 @@ def _member(keys: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
 def sample_negatives(gen: torch.Generator, n: int, k: int, taken: torch.Tensor) -> torch.Tensor:
     """``k`` uniform pairs [k, 2] that are not edges (sorted keys ``taken``), drawn from ``gen``."""
     pairs = torch.randint(0, n, (k, 2), generator=gen)
+    todo = torch.arange(k)  # only redrawn pairs can hit an edge again
     for _ in range(MAX_REDRAWS):
-        hit = _member(pairs[:, 0] * n + pairs[:, 1], taken)
-        if not hit.any():
+        hit = todo[_member(pairs[todo, 0] * n + pairs[todo, 1], taken)]
+        if len(hit) == 0:
             break
-        pairs[hit] = torch.randint(0, n, (int(hit.sum()), 2), generator=gen)
+        pairs[hit] = torch.randint(0, n, (len(hit), 2), generator=gen)
+        todo = hit
     return pairs
 
 
@@ -79,10 +79,6 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     if not isinstance(data, LinkGraphData):  # read from a store: its edge splits too
         data = with_link_splits(data, read_link_splits(cfg.store))
     splits = data.link_splits
-    if cfg.resume and env.world > 1 and data.feature_dim == 0:
-        raise ConfigError("--resume of link prediction with learned node embeddings on several ranks is not supported "
-                          "(each rank's optimiser state of its embedding slice is not checkpointed): resume with one "
-                          "process (--nproc 1), or start afresh")
     n = data.num_nodes
     part = Partition(n, env.world, env.rank)
     sizes = {k: (len(p), None if q is None else tuple(q.shape)) for k, (p, q) in splits.items()}
@@ -96,6 +92,8 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
                        nn_device=env.device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
+        model.embedding.track_optimizer(optimizer)
     task = LinkTask(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer,
                 x=torch.from_numpy(data.features).to(env.device), y=torch.zeros(0), local_split={},
@@ -119,12 +117,6 @@ class LinkTask:
         if metric != "mrr":
             self.eval_sets = {"train": (train[pick.sort().values], self.neg["valid"]), **self.eval_sets}
 
-    @staticmethod
-    def _pair_comm(num_pairs: int, comm: Comm) -> Comm:
-        pc = Comm(Partition(num_pairs, comm.world, comm.rank), comm.device, comm.group)
-        pc.stats = comm.stats  # one account of the rank's traffic
-        return pc
-
     def train_epoch(self, job: Any, epoch: int) -> float:
         """One epoch of mini-batch steps; returns the mean loss over the epoch's positive edges (all ranks)."""
         cfg, model, comm, ctx = job.cfg, job.model, job.comm, job.ctx
@@ -141,19 +133,16 @@ class LinkTask:
             ctx.step = epoch * steps + b  # the encoder's dropout masks: one stream per step
             job.optimizer.zero_grad(set_to_none=True)
             h_cols = ctx.to_graph(model(job.x, ctx)).to(comm.device)  # (--offload all keeps it in host memory)
-            pc = self._pair_comm(len(pairs), comm)
-            scores = model.score(h_cols, pairs, pc, stream=cfg.seed * 1_000_003 + ctx.step)
-            r0, r1 = pc.part.rows()
-            positive = torch.arange(r0, r1, device=scores.device) < k
-            loss = torch.where(positive, -F.logsigmoid(scores), -F.logsigmoid(-scores)).sum() / k
-            loss.backward()
+            loss, h_grad = train_pairs(model, h_cols, pairs, k, comm, stream=cfg.seed * 1_000_003 + ctx.step)
+            h_cols.backward(h_grad)  # the encoder's (and the embeddings') backward, once for all chunks
             all_reduce_gradients(model.replicated(), comm)
             if cfg.clip_grad:
                 clip_gradients(model, comm, cfg.clip_grad)
             job.optimizer.step()
-            total += loss.detach().double() * k
+            total += loss * k
         if model.embedding is not None:
-            model.embedding.snapshot(ctx)  # the whole matrix for the state dict (best model, checkpoints)
+            # the whole matrix for the state dict (best model, checkpoints), and the optimiser's state for checkpoints
+            model.embedding.snapshot(ctx, with_optimizer=bool(cfg.checkpoint_dir))
         return float(comm.all_reduce(total)[0]) / len(pos)
 
     @torch.no_grad()
@@ -161,26 +150,19 @@ class LinkTask:
         """The metric on train (a sample, see __init__), valid and test, identical on every rank."""
         job.model.eval()
         h_cols = job.ctx.to_graph(job.model(job.x, job.ctx)).to(job.comm.device)
-        out = {}
+        out, scored = {}, {}  # the training sample's negatives are the validation ones: scored once
         for split, (pos, neg) in self.eval_sets.items():
-            s_pos = self._scores(job, h_cols, pos)
+            s_pos = score_pairs(job.model, h_cols, pos, job.comm)
             if self.metric == "mrr":  # negatives [E, K]: targets for each positive's source
                 src = pos[:, :1].expand(-1, neg.shape[1]).reshape(-1)
-                s_neg = self._scores(job, h_cols, torch.stack([src, neg.reshape(-1)], 1)).view(neg.shape)
+                s_neg = score_pairs(job.model, h_cols, torch.stack([src, neg.reshape(-1)], 1), job.comm)
+                s_neg = s_neg.view(neg.shape)
             else:
-                s_neg = self._scores(job, h_cols, neg)
+                if id(neg) not in scored:
+                    scored[id(neg)] = score_pairs(job.model, h_cols, neg, job.comm)
+                s_neg = scored[id(neg)]
             out[split] = link_metric(self.metric, s_pos, s_neg, self.ogb_name)
         return out
-
-    def _scores(self, job: Any, h_cols: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-        """Scores of all ``pairs`` on every rank (each rank scores its share, then all-gather)."""
-        parts = []
-        for start in range(0, len(pairs), EVAL_PAIRS):
-            chunk = pairs[start : start + EVAL_PAIRS].to(job.comm.device)
-            pc = self._pair_comm(len(chunk), job.comm)
-            own = job.model.score(h_cols, chunk, pc)
-            parts.append(pc.all_gather_rows(own.reshape(-1, 1).contiguous(), LINK)[:, 0].cpu())
-        return torch.cat(parts) if parts else torch.zeros(0)
 
 
 def clip_gradients(model: LinkModel, comm: Comm, max_norm: float) -> None:

@@ -1,18 +1,21 @@
 """Link prediction's model: a tensor-parallel encoder (any model of ntp.engine.models), learnable node embeddings
 column-sliced across ranks when the graph has no features, and a decoder that scores pairs of nodes.
 
-Decoders work in the graph layout, where every rank holds all rows of its column slice of the embeddings ``H``:
-- dot: each rank computes the partial dot products ``H[u, C_r] . H[v, C_r]`` of every pair of the batch (the same
-  work on every rank), and one reduce-scatter sums them, leaving each rank the scores of its share of the pairs;
-- mlp (OGB's LinkPredictor): each rank forms ``H[u, C_r] * H[v, C_r]`` for every pair, one all-to-all over the pairs
-  (the split/gather of the pairs) gives each rank complete rows for its share, and the MLP runs there.
-A rank's share of the pairs is a contiguous, balanced range (ntp.engine.partition), so the loss of every pair is
+Decoders work in the graph layout, where every rank holds all rows of its column slice of the embeddings ``H``, on
+the products ``H[u, C_r] * H[v, C_r]`` of a chunk of pairs (ntp.engine.link_pairs forms them, the same work on
+every rank):
+- dot: each rank sums its products' columns (partial dot products), and one reduce-scatter sums the partials,
+  leaving each rank the scores of its share of the chunk's pairs;
+- mlp (OGB's LinkPredictor): one all-to-all over the pairs (the split/gather of the pairs) gives each rank complete
+  rows for its share, and the MLP runs there.
+A rank's share of a chunk is a contiguous, balanced range (ntp.engine.partition), so the loss of every pair is
 computed once; its replicated parameters' gradients are summed over ranks. Dropout masks depend on (seed, step,
 layer, pair index) only, never on the number of ranks.
 """
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +27,7 @@ from ntp.engine.context import GraphContext
 from ntp.engine.layers import keep_mask
 from ntp.engine.models import build_model
 from ntp.engine.partition import Partition
+from ntp.errors import CheckpointError
 
 #: Communication kind of the pair exchanges (in the workers' byte counts).
 LINK = "link"
@@ -36,8 +40,9 @@ class SlicedEmbedding(nn.Module):
     ``forward`` gathers them into the row layout, the encoder's input. Xavier-uniform initialisation (as OGB's
     examples) drawn tile by tile from the seed, so every world size starts from the same matrix.
 
-    Its state dict holds the whole matrix: :meth:`snapshot` (a collective) gathers it on every rank, and loading a
-    whole matrix keeps this rank's slice."""
+    Its state dict holds the whole matrix, and so does the optimiser's for its per-element state (Adam's moments;
+    :meth:`track_optimizer`): :meth:`snapshot` (a collective) gathers them on every rank. Loading whole matrices keeps
+    this rank's columns, so a checkpoint written with any number of ranks resumes with any other."""
 
     def __init__(self, num_nodes: int, width: int, part: Partition, seed: int) -> None:
         super().__init__()
@@ -52,43 +57,90 @@ class SlicedEmbedding(nn.Module):
             weight[t0 : t0 + len(tile)] = (2 * tile[:, self.c0 : self.c1] - 1) * bound
         self.weight = nn.Parameter(weight)
         self.full: torch.Tensor | None = None  #: the whole matrix as of the last snapshot (several ranks)
+        self.full_state: dict[str, torch.Tensor] | None = None  #: the optimiser's whole state, likewise
+        self.optimizer: torch.optim.Optimizer | None = None
 
     def forward(self, ctx: GraphContext) -> torch.Tensor:
         return ctx.from_graph(self.weight, self.width)
 
     @torch.no_grad()
-    def snapshot(self, ctx: GraphContext) -> None:
-        """Gather the whole matrix on every rank (for the state dict); every rank must call it."""
-        if self.world > 1:
-            rows = ctx.from_graph(self.weight.detach(), self.width)
-            self.full = ctx.comm.all_gather_rows(rows.to(ctx.device).contiguous(), LINK).cpu()
+    def snapshot(self, ctx: GraphContext, with_optimizer: bool = False) -> None:
+        """Gather the whole matrix (and the tracked optimiser's state of it) on every rank, for the state dicts;
+        every rank must call it."""
+        if self.world == 1:
+            return
+        self.full = self._whole(self.weight, ctx)
+        if with_optimizer and self.optimizer is not None:
+            state = self.optimizer.state.get(self.weight, {})
+            self.full_state = {key: self._whole(v, ctx) for key, v in sorted(state.items()) if self._is_slice(v)}
+
+    def _whole(self, t: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        rows = ctx.from_graph(t.detach(), self.width)
+        return ctx.comm.all_gather_rows(rows.to(ctx.device).contiguous(), LINK).cpu()
+
+    def _is_slice(self, t: torch.Tensor) -> bool:
+        return t.shape == self.weight.shape
+
+    def _own_columns(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of a whole [n, width] matrix; anything else as it is."""
+        return t[:, self.c0 : self.c1] if t.dim() == 2 and t.shape == (self.num_nodes, self.width) else t
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: ANN001 (torch's signature)
         if self.world == 1:
             return super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.full is None:
-            raise RuntimeError("the embeddings are sliced over ranks and no snapshot was gathered: call "
-                               "SlicedEmbedding.snapshot on every rank first")
-        destination[prefix + "weight"] = self.full.clone()
+        destination[prefix + "weight"] = self._require(self.full).clone()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001
         key = prefix + "weight"
-        if key in state_dict and state_dict[key].shape == (self.num_nodes, self.width) and self.world > 1:
-            state_dict[key] = state_dict[key][:, self.c0 : self.c1]
+        if key in state_dict and self.world > 1 and state_dict[key].shape == (self.num_nodes, self.width):
+            self.full = state_dict[key].detach().cpu().clone()
+            state_dict[key] = self._own_columns(state_dict[key])
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def track_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.state_dict()`` holds the whole matrices of this parameter's per-element state (as of the last
+        snapshot with the optimiser), and ``load_state_dict`` keeps this rank's columns of them."""
+        self.optimizer = optimizer
+        index = [id(p) for group in optimizer.param_groups for p in group["params"]].index(id(self.weight))
+        whole_shape = (self.num_nodes, self.width)
 
-def _pair_dropout(x: torch.Tensor, p: float, pairs: Partition, stream: int) -> torch.Tensor:
-    mask = keep_mask(pairs.rows(), x.shape[1], p, stream, x.device)
-    return x * mask.to(x.dtype) / (1.0 - p)
+        def save(_opt: torch.optim.Optimizer, sd: dict) -> None:
+            if self.world > 1 and index in sd["state"]:  # a new dict: the one there is the optimiser's own state
+                sd["state"][index] = {**sd["state"][index], **self._require(self.full_state)}
+
+        def load(_opt: torch.optim.Optimizer, sd: dict) -> None:
+            state = sd["state"].get(index, {})
+            for key, v in state.items():
+                if v.dim() == 2 and v.shape != whole_shape:
+                    raise CheckpointError(f"the optimiser state {key!r} of the node embeddings in this checkpoint "
+                                          f"is one rank's columns {tuple(v.shape)}, not the whole {whole_shape} "
+                                          "(written by an older version): start afresh in another --checkpoint-dir")
+            if state:
+                self.full_state = {k: v.detach().cpu().clone() for k, v in state.items() if v.dim() == 2}
+                sd["state"] = {**sd["state"], index: {k: self._own_columns(v) for k, v in state.items()}}
+
+        optimizer.register_state_dict_post_hook(save)
+        optimizer.register_load_state_dict_pre_hook(load)
+
+    @staticmethod
+    def _require(full: Any) -> Any:
+        if full is None:
+            raise RuntimeError("the embeddings are sliced over ranks and no snapshot was gathered: call "
+                               "SlicedEmbedding.snapshot on every rank first")
+        return full
+
+
+def _pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream: int) -> torch.Tensor:
+    """Dropout of the pairs ``rows`` (their indices in the batch): the mask depends on them, not on the ranks."""
+    scale = keep_mask(rows, x.shape[1], p, stream, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
+    return x * scale
 
 
 class DotDecoder(nn.Module):
     """score(u, v) = h_u . h_v."""
 
-    def forward(self, h_cols: torch.Tensor, pairs: torch.Tensor, pc: Comm, stream: int) -> torch.Tensor:
-        partial = (h_cols[pairs[:, 0]] * h_cols[pairs[:, 1]]).sum(dim=1, keepdim=True)
-        return reduce_scatter_rows(partial, pc, LINK)[:, 0]
+    def forward(self, prod: torch.Tensor, pc: Comm, first: int, stream: int) -> torch.Tensor:
+        return reduce_scatter_rows(prod.sum(dim=1, keepdim=True), pc, LINK)[:, 0]
 
 
 class MLPDecoder(nn.Module):
@@ -100,12 +152,13 @@ class MLPDecoder(nn.Module):
         self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.width, self.dropout = width, dropout
 
-    def forward(self, h_cols: torch.Tensor, pairs: torch.Tensor, pc: Comm, stream: int) -> torch.Tensor:
-        x = gather(h_cols[pairs[:, 0]] * h_cols[pairs[:, 1]], pc, self.width, LINK)  # this rank's pairs, all columns
+    def forward(self, prod: torch.Tensor, pc: Comm, first: int, stream: int) -> torch.Tensor:
+        x = gather(prod, pc, self.width, LINK)  # this rank's pairs, all columns
+        r0, r1 = pc.part.rows()
         for i, lin in enumerate(self.lins[:-1]):
             x = F.relu(lin(x))
             if self.training and self.dropout > 0:
-                x = _pair_dropout(x, self.dropout, pc.part, stream * 31 + i)
+                x = _pair_dropout(x, self.dropout, (first + r0, first + r1), stream * 31 + i)
         return self.lins[-1](x)[:, 0]
 
 
@@ -128,6 +181,8 @@ class LinkModel(nn.Module):
         """Parameters every rank holds whole (their gradients are summed over ranks): all but the embeddings."""
         return list(self.encoder.parameters()) + list(self.decoder.parameters())
 
-    def score(self, h_cols: torch.Tensor, pairs: torch.Tensor, pc: Comm, stream: int = 0) -> torch.Tensor:
-        """Scores (logits) of this rank's share ``pc.part.rows()`` of ``pairs`` [P, 2], from the graph layout."""
-        return self.decoder(h_cols, pairs, pc, stream)
+    def decode(self, prod: torch.Tensor, pc: Comm, first: int = 0, stream: int = 0) -> torch.Tensor:
+        """Scores (logits) of this rank's share ``pc.part.rows()`` of a chunk of pairs, from their products
+        ``h_u * h_v`` on this rank's column slice [pairs, columns]; ``first``: the chunk's first pair in its batch
+        (the dropout masks' rows). ntp.engine.link_pairs forms the products and runs the chunks."""
+        return self.decoder(prod, pc, first, stream)

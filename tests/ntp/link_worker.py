@@ -1,5 +1,5 @@
-"""What each rank runs in the link-prediction exactness tests: epochs of edge mini-batches, recording losses, the
-first backward's gradients, and the scores of the validation pairs."""
+"""What each rank runs in the link-prediction exactness and resume tests: epochs of edge mini-batches, recording
+losses, the first backward's gradients, and the scores of the validation pairs; whole runs with checkpoints."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,9 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.dist import distributed
 from ntp.engine.link_data import link_from_arrays
-from ntp.engine.loop import evaluate_splits
+from ntp.engine import link_pairs
+from ntp.engine.link_pairs import score_pairs
+from ntp.engine.loop import evaluate_splits, fit
 from ntp.engine.setup import setup
 from tests.ntp.exactness_worker import train_traced
 
@@ -39,12 +41,23 @@ def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> di
     with torch.no_grad():
         h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
         pos, neg = job.link.eval_sets["valid"]
-        scores = torch.cat([job.link._scores(job, h_cols, pos), job.link._scores(job, h_cols, neg)])
+        scores = torch.cat([score_pairs(job.model, h_cols, p, job.comm) for p in (pos, neg)])
     state = {k: v.clone() for k, v in job.model.state_dict().items()}
     return {"losses": losses, "grads": grads, "scores": scores, "metrics": evaluate_splits(job), "state": state,
             "bytes": dict(job.comm.stats.bytes_sent)}
 
 
 def trace_all(configs: list[tuple[dict, bool]], graph: dict, epochs: int) -> list[dict]:
+    link_pairs.CPU_CHUNK = 16  # chunks of a few pairs, split unevenly over ranks: as a large batch in big chunks
     with distributed(60, "cpu") as env:
         return [trace(TrainConfig(**c), features, graph, epochs, env) for c, features in configs]
+
+
+def fit_run(cfg: dict, graph: dict) -> dict:
+    """Train with ntp.engine.loop.fit (checkpoints and --resume as a job does them), featureless (learned embeddings):
+    every epoch's loss, the final record and the whole embedding matrix."""
+    with distributed(60, "cpu") as env:
+        job = setup(TrainConfig(**cfg), env, _loader(graph, features=False))
+        final = fit(job, sinks=[])
+        return {"losses": [r.loss for r in job.history], "valid": [r.valid_metric for r in job.history],
+                "best": (final.best_epoch, final.test_metric), "embedding": job.model.state_dict()["embedding.weight"]}

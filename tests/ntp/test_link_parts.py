@@ -1,15 +1,18 @@
 """Link prediction's parts on their own: metrics equal OGB's Evaluator, negatives avoid edges and are seeded, the
-sliced embeddings start from the same matrix for every world size, the reduce-scatter's backward is an all-gather."""
+sliced embeddings start from the same matrix for every world size, the reduce-scatter's backward is an all-gather,
+the chunked loss and gradients equal autograd over a whole batch."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
+from ntp.config import TrainConfig
+from ntp.engine import link_pairs
 from ntp.engine.collectives import Comm, reduce_scatter_rows
 from ntp.engine.link import _member, sample_negatives
 from ntp.engine.link_eval import link_metric
-from ntp.engine.link_model import SlicedEmbedding
+from ntp.engine.link_model import LinkModel, SlicedEmbedding
 from ntp.engine.partition import Partition
 from tests.ntp.spawn import run_on_ranks
 
@@ -74,3 +77,30 @@ def test_reduce_scatter_rows_and_its_backward() -> None:
         grads.append(torch.arange(1, (r1 - r0) * 2 + 1, dtype=torch.float32).view(r1 - r0, 2))
     for _, grad in results:  # every rank's input fed every rank's sums: its gradient is all of them, gathered
         assert torch.equal(grad, torch.cat(grads))
+
+
+@pytest.mark.parametrize("decoder", ["mlp", "dot"])
+def test_chunked_loss_and_gradients_equal_whole_batch_autograd(decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """train_pairs (chunks of 16 pairs, forward and backward per chunk, index_add_ for the embeddings' gradient)
+    equals autograd over the whole batch at once: the loss, the decoder's gradients, the gradient w.r.t. h."""
+    monkeypatch.setattr(link_pairs, "CPU_CHUNK", 16)
+    cfg = TrainConfig(hidden=8, decoder=decoder, decoder_layers=3, dropout=0.5, seed=2)
+    n, k = 30, 41
+    model = LinkModel(cfg, n, 4, Partition(n, 1, 0)).train()
+    comm = Comm(Partition(n, 1, 0), torch.device("cpu"))
+    h = torch.randn(n, 8, generator=torch.Generator().manual_seed(0))
+    pairs = torch.randint(0, n, (2 * k, 2), generator=torch.Generator().manual_seed(1))
+    loss, h_grad = link_pairs.train_pairs(model, h, pairs, k, comm, stream=9)
+    grads = {name: p.grad.clone() for name, p in model.decoder.named_parameters()}
+
+    model.zero_grad()
+    leaf = h.clone().requires_grad_()
+    scores = model.decode(leaf[pairs[:, 0]] * leaf[pairs[:, 1]], link_pairs.pair_comm(len(pairs), comm), 0, 9)
+    ref = (-torch.nn.functional.logsigmoid(scores[:k]).sum() - torch.nn.functional.logsigmoid(-scores[k:]).sum()) / k
+    ref.backward()
+    assert float(loss) == pytest.approx(float(ref.detach()), rel=1e-6)
+    torch.testing.assert_close(h_grad, leaf.grad)
+    for name, p in model.decoder.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, msg=lambda m: f"{name}: {m}")
+    assert float(h_grad.abs().sum()) > 0 and all(g.abs().sum() > 0 for g in grads.values())
+    assert len(grads) == (6 if decoder == "mlp" else 0)

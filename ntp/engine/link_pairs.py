@@ -1,0 +1,80 @@
+"""Scoring pairs of nodes chunk by chunk: the loss of a batch with its gradients, and the scores of an evaluation set.
+
+Why chunks: one ogbl-ddi batch is 131k pairs, so every intermediate of the decoder (the gathered h_u and h_v, their
+product, the MLP's hidden layer, the dropout mask) is 131k x 256 floats (134 MB). Made whole, each is a fresh
+allocation (page faults) streamed through memory several times; in chunks of a few thousand pairs they stay in cache,
+and in training each chunk's forward and backward run before the next chunk, so only one chunk's activations live at
+a time. The node embeddings' gradient is accumulated with ``index_add_``: autograd's backward of indexing is
+``index_put_`` with accumulation, several times slower on CPU.
+
+Chunks are a fixed number of pairs whatever the world size: every rank forms the products of all pairs of a chunk on
+its column slice, and the decoder gives it the scores of its share of that chunk (a balanced contiguous range,
+ntp.engine.partition). Sums then run in the same order for every world size.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ntp.engine.collectives import Comm
+from ntp.engine.link_model import LINK
+from ntp.engine.partition import Partition
+
+#: Pairs per chunk on CPU (8192 x 256 floats: 8 MB, cache-sized) and on accelerators (fewer, larger kernels; their
+#: size there is a guess, not yet measured on a GPU).
+CPU_CHUNK, DEVICE_CHUNK = 1 << 13, 1 << 17
+
+
+def pair_chunk(device: torch.device) -> int:
+    return CPU_CHUNK if device.type == "cpu" else DEVICE_CHUNK
+
+
+def pair_comm(num_pairs: int, comm: Comm) -> Comm:
+    """``comm`` over ``num_pairs`` pairs: its partition gives this rank's share of them."""
+    pc = Comm(Partition(num_pairs, comm.world, comm.rank), comm.device, comm.group)
+    pc.stats = comm.stats  # one account of the rank's traffic
+    return pc
+
+
+def _ends(h_cols: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return h_cols.index_select(0, pairs[:, 0]), h_cols.index_select(0, pairs[:, 1])
+
+
+def train_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, k: int, comm: Comm,
+                stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """OGB's loss of a batch whose first ``k`` pairs are positive: this rank's terms summed and divided by ``k``
+    (float64 [1]), and the loss's gradient w.r.t. ``h_cols`` (this rank's column slice of every node). The decoder's
+    parameters' gradients accumulate in their ``.grad`` (chunk by chunk: call it once per step, after zero_grad)."""
+    h = h_cols.detach()
+    h_grad = torch.zeros_like(h)
+    total = torch.zeros(1, dtype=torch.float64, device=h.device)
+    step = pair_chunk(h.device)
+    for first in range(0, len(pairs), step):
+        chunk = pairs[first : first + step]
+        pc = pair_comm(len(chunk), comm)
+        hu, hv = _ends(h, chunk)
+        prod = (hu * hv).requires_grad_()
+        scores = model.decode(prod, pc, first, stream)
+        r0, r1 = pc.part.rows()
+        positive = torch.arange(first + r0, first + r1, device=scores.device) < k
+        loss = torch.where(positive, -F.logsigmoid(scores), -F.logsigmoid(-scores)).sum() / k
+        loss.backward()
+        g = prod.grad
+        h_grad.index_add_(0, chunk[:, 0], g * hv).index_add_(0, chunk[:, 1], g * hu)
+        total += loss.detach().double()
+    return total, h_grad
+
+
+@torch.no_grad()
+def score_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """Scores (logits) of all ``pairs`` [P, 2] on every rank (each rank scores its share of a chunk, then one
+    all-gather), in host memory. Every rank must call it with the same pairs."""
+    parts = []
+    step = pair_chunk(h_cols.device)
+    for first in range(0, len(pairs), step):
+        chunk = pairs[first : first + step].to(h_cols.device)
+        pc = pair_comm(len(chunk), comm)
+        own = model.decode(torch.mul(*_ends(h_cols, chunk)), pc, first)
+        parts.append(pc.all_gather_rows(own.reshape(-1, 1).contiguous(), LINK)[:, 0].cpu())
+    return torch.cat(parts) if parts else torch.zeros(0)
+
