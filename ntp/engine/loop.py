@@ -37,6 +37,8 @@ def train_step(job: Job, epoch: int) -> float:
     """Forward, backward and update; returns the global mean loss over all training vertices of all ranks."""
     if job.link is not None:  # link prediction: an epoch of edge mini-batches (ntp.engine.link)
         return job.link.train_epoch(job, epoch)
+    if job.task is not None:  # a task with its own epoch (heterogeneous graphs: ntp.engine.hetero)
+        return job.task.train_epoch(job, epoch)
     job.model.train()
     job.ctx.step = epoch
     job.optimizer.zero_grad(set_to_none=True)
@@ -51,8 +53,8 @@ def train_step(job: Job, epoch: int) -> float:
 
 @torch.no_grad()
 def evaluate_splits(job: Job) -> dict[str, float]:
-    if job.link is not None:
-        return job.link.evaluate(job)
+    if job.link is not None or job.task is not None:
+        return (job.link or job.task).evaluate(job)
     job.model.eval()
     logits = job.model(job.x, job.ctx)
     if job.data.metric == "acc" and job.data.task_type == "multiclass":

@@ -1,0 +1,204 @@
+"""R-GCN (Schlichtkrull et al. 2018), tensor parallel, on heterogeneous graphs.
+
+A layer computes, for every node v of type t:
+
+    h'_v = W_0 h_v + b + sum_{r into t} (1 / c_{v,r}) sum_{u in N_r(v)} W_r h_u
+
+Tensor parallel, aggregate first (as PyG's ``RGCNConv``): each rank aggregates its column slice of every relation's
+sources (``A_r @ H_s``, no communication; ntp.engine.relations), the messages of all relations into type t go to the
+row layout in ONE all-to-all (``gather_stacked``), and the transforms ``W_r`` and the root ``W_0`` run on the rank's
+own rows. The layer's output is split back to the column layout for the next layer (one all-to-all per type).
+Relation weights: full ``[R, in, out]``, a basis decomposition ``W_r = sum_b a_rb V_b`` or block-diagonal ``W_r``.
+
+Input: a type with features goes through its own Linear (row layout, then split); a featureless type has a learnable
+embedding table that lives in the column layout (each rank holds all rows of its column slice: its own columns and
+their optimiser state) and is gathered only for the root term.
+
+Decoupled form: the NN stage (a per-type MLP, or the embedding) on the rows, one split, then ``--prop-steps`` of
+relation-wise propagation ``H_t <- w_t H_t + sum_{r into t} w_r A_r H_s`` with learnable scalars (on the column slices,
+no communication), and one gather of the target type's rows: 2 all-to-alls forward whatever the depth.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ntp.config import TrainConfig
+from ntp.engine.collectives import gather, gather_stacked, split
+from ntp.engine.layers import keep_mask
+from ntp.engine.link_model import SlicedEmbedding
+from ntp.engine.relations import HeteroContext
+
+
+def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int) -> torch.Tensor:
+    """Dropout on a type's rows whose mask depends on (seed, step, layer, type, global row, column) only."""
+    if p == 0.0:
+        return x
+    stream = ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
+    r0 = hc.row_offset(node_type)
+    return x * keep_mask((r0, r0 + x.shape[0]), x.shape[1], p, stream, x.device).to(x.dtype) / (1.0 - p)
+
+
+class RelationWeights(nn.Module):
+    """``W_r`` for R relations: ``forward(m, rels)`` = sum_i m[:, i] @ W_{rels[i]} for messages m [N, k, in]."""
+
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str = "none",
+                 num_bases: int = 0) -> None:
+        super().__init__()
+        self.decomposition, self.in_dim, self.out_dim = decomposition, in_dim, out_dim
+        if decomposition == "basis":
+            self.bases = nn.Parameter(torch.empty(num_bases, in_dim, out_dim))
+            self.comp = nn.Parameter(torch.empty(num_relations, num_bases))
+            bound = math.sqrt(6.0 / (in_dim + out_dim))
+            nn.init.uniform_(self.bases, -bound, bound)
+            nn.init.xavier_uniform_(self.comp)
+        elif decomposition == "block":
+            if in_dim % num_bases or out_dim % num_bases:
+                raise ValueError(f"block-diagonal relation weights: widths {in_dim} -> {out_dim} are not divisible "
+                                 f"by --num-bases {num_bases}; choose a divisor of both")
+            self.blocks = nn.Parameter(torch.empty(num_relations, num_bases, in_dim // num_bases, out_dim // num_bases))
+            bound = math.sqrt(6.0 / (in_dim // num_bases + out_dim // num_bases))
+            nn.init.uniform_(self.blocks, -bound, bound)
+        else:
+            self.weight = nn.Parameter(torch.empty(num_relations, in_dim, out_dim))
+            bound = math.sqrt(6.0 / (in_dim + out_dim))
+            nn.init.uniform_(self.weight, -bound, bound)
+
+    def matrices(self, rels: list[int]) -> torch.Tensor:
+        """[k, in, out] (full and basis forms)."""
+        if self.decomposition == "basis":
+            return torch.einsum("kb,bio->kio", self.comp[rels], self.bases)
+        return self.weight[rels]
+
+    def forward(self, m: torch.Tensor, rels: list[int]) -> torch.Tensor:
+        if self.decomposition == "block":
+            nb = self.blocks.shape[1]
+            x = m.reshape(m.shape[0], len(rels), nb, -1)
+            return torch.einsum("nkbi,kbio->nbo", x, self.blocks[rels]).reshape(m.shape[0], self.out_dim)
+        return torch.einsum("nki,kio->no", m, self.matrices(rels))
+
+
+class HeteroInput(nn.Module):
+    """Per type: a Linear of its features (row layout) or a column-sliced embedding table (featureless)."""
+
+    def __init__(self, hc: HeteroContext, feature_dims: dict[str, int], width: int, seed: int) -> None:
+        super().__init__()
+        self.width = width
+        self.linears = nn.ModuleDict({t: nn.Linear(d, width) for t, d in feature_dims.items() if d})
+        self.embeddings = nn.ModuleDict({
+            t: SlicedEmbedding(hc.counts[t], width, hc.comms[t].part, seed * 1_009 + i)
+            for i, t in enumerate(hc.types) if not feature_dims[t]})
+
+    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> tuple[dict, dict]:
+        """(rows, cols) of every type: the row layout and the column layout of the input."""
+        rows, cols = {}, {}
+        for t in hc.types:
+            if t in self.linears:
+                rows[t] = self.linears[t](x[t])
+                cols[t] = split(rows[t], hc.comms[t])
+            else:
+                cols[t] = self.embeddings[t].weight
+                rows[t] = gather(cols[t], hc.comms[t], self.width)
+        return rows, cols
+
+    def sliced(self) -> list[nn.Parameter]:
+        return [e.weight for e in self.embeddings.values()]
+
+
+class RGCNLayer(nn.Module):
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str, num_bases: int) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+        self.root = nn.Linear(in_dim, out_dim)
+        self.rel = RelationWeights(num_relations, in_dim, out_dim, decomposition, num_bases)
+
+    def forward(self, rows: dict, cols: dict, hc: HeteroContext, dst_types: list[str]) -> dict:
+        out = {}
+        for t in dst_types:
+            y = self.root(rows[t])
+            rels = hc.into[t]
+            if rels:
+                msgs = torch.stack([hc.ops[i](cols[hc.ops[i].src]) for i in rels], dim=1)  # [n_t, k, slice]
+                y = y + self.rel(gather_stacked(msgs, hc.comms[t], self.in_dim), rels)
+            out[t] = y
+        return out
+
+
+class CoupledRGCN(nn.Module):
+    """``nn_layers`` R-GCN layers (width ``hidden``), ReLU and dropout between them; logits of the target type."""
+
+    def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
+                 out_dim: int) -> None:
+        super().__init__()
+        torch.manual_seed(cfg.seed)
+        self.target, self.dropout = target, cfg.dropout
+        self.input = HeteroInput(hc, feature_dims, cfg.hidden, cfg.seed)
+        dims = [cfg.hidden] * cfg.nn_layers + [out_dim]
+        self.layers = nn.ModuleList(RGCNLayer(len(hc.ops), a, b, cfg.decomposition, cfg.num_bases)
+                                    for a, b in zip(dims[:-1], dims[1:]))
+
+    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+        rows, cols = self.input(x, hc)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            out = layer(rows, cols, hc, [self.target] if i == last else hc.types)
+            if i == last:
+                return out[self.target]
+            rows = {t: F.relu(h) for t, h in out.items()}
+            if self.training:
+                rows = {t: hetero_dropout(h, self.dropout, hc, t, i) for t, h in rows.items()}
+            cols = {t: split(h, hc.comms[t]) for t, h in rows.items()}
+        raise AssertionError("unreachable")
+
+    def sliced(self) -> list[nn.Parameter]:
+        return self.input.sliced()
+
+
+class DecoupledRGCN(nn.Module):
+    """NN stage per type (MLP of its features to the class width, or an embedding), then relation-wise propagation."""
+
+    def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
+                 out_dim: int) -> None:
+        super().__init__()
+        torch.manual_seed(cfg.seed)
+        self.target, self.dropout, self.steps, self.out_dim = target, cfg.dropout, cfg.prop_steps, out_dim
+        self.mlps = nn.ModuleDict()
+        for t, d in feature_dims.items():
+            if d:
+                dims = [d] + [cfg.hidden] * (cfg.nn_layers - 1) + [out_dim]
+                self.mlps[t] = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.embeddings = nn.ModuleDict({t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed * 1_009 + i)
+                                         for i, t in enumerate(hc.types) if not feature_dims[t]})
+        # mixing weights: one per type (its own state) then one per relation, each 1 / (1 + relations into the type)
+        init = [1.0 / (1 + len(hc.into[t])) for t in hc.types] + [1.0 / (1 + len(hc.into[op.dst])) for op in hc.ops]
+        self.mix = nn.Parameter(torch.tensor(init))
+
+    def _nn(self, t: str, x: torch.Tensor, hc: HeteroContext) -> torch.Tensor:
+        lins = self.mlps[t]
+        for i, lin in enumerate(lins):
+            if self.training:
+                x = hetero_dropout(x, self.dropout, hc, t, i)
+            x = lin(x)
+            x = F.relu(x) if i < len(lins) - 1 else x
+        return x
+
+    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+        h = {t: (split(self._nn(t, x[t], hc), hc.comms[t]) if t in self.mlps else self.embeddings[t].weight)
+             for t in hc.types}
+        n_types = len(hc.types)
+        for _ in range(self.steps):
+            h = {t: sum((self.mix[n_types + i] * hc.ops[i](h[hc.ops[i].src]) for i in hc.into[t]),
+                        self.mix[j] * h[t]) for j, t in enumerate(hc.types)}
+        return gather(h[self.target], hc.comms[self.target], self.out_dim)
+
+    def sliced(self) -> list[nn.Parameter]:
+        return [e.weight for e in self.embeddings.values()]
+
+
+def build_rgcn(cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
+               out_dim: int) -> nn.Module:
+    cls = CoupledRGCN if cfg.arch == "coupled" else DecoupledRGCN
+    return cls(cfg, hc, feature_dims, target, out_dim)
