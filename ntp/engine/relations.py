@@ -61,7 +61,7 @@ class RelationOperator:
 
     @staticmethod
     def _product(blocks: list[torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        parts = [csr_matmul(b, h) for b in blocks]
+        parts = [csr_matmul(b if b.dtype == h.dtype else b.to(h.dtype), h) for b in blocks]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
