@@ -36,61 +36,40 @@ class Comm:
         return self.part.rank
 
     # -- row layout <-> column layout -------------------------------------------------------------------------
-    def rows_to_cols(self, x: torch.Tensor, kind: str = SPLIT, stack: int = 1) -> torch.Tensor:
-        """[rows of this rank, width] -> [all rows, this rank's column slice]. With ``stack`` k, the columns are k
-        matrices of width / k side by side, each sliced on its own ([all rows, k * its slice])."""
+    def rows_to_cols(self, x: torch.Tensor, kind: str = SPLIT) -> torch.Tensor:
+        """[rows of this rank, width] -> [all rows, this rank's column slice]."""
         lay, m = self.part, self.world
-        width = x.shape[1] // stack
+        width = x.shape[1]
         if m == 1:
             return x
         self._check_rows(x)
         col_b = lay.col_bounds(width)
-        x3 = x.reshape(x.shape[0], stack, width)
         rows_pad, cols_pad = lay.padded_rows, lay.padded_cols(width)
-        send = x.new_zeros(m, rows_pad, stack, cols_pad)
+        send = x.new_zeros(m, rows_pad, cols_pad)
         for q in range(m):
-            send[q, : x.shape[0], :, : col_b[q + 1] - col_b[q]] = x3[:, :, col_b[q] : col_b[q + 1]]
+            send[q, : x.shape[0], : col_b[q + 1] - col_b[q]] = x[:, col_b[q] : col_b[q + 1]]
         recv = self._all_to_all(send, kind)
         c0, c1 = lay.cols(width)
-        return torch.cat([recv[r, : lay.num_rows(r), :, : c1 - c0].reshape(lay.num_rows(r), -1) for r in range(m)],
-                         dim=0)
+        return torch.cat([recv[r, : lay.num_rows(r), : c1 - c0] for r in range(m)], dim=0)
 
-    def cols_to_rows(self, y: torch.Tensor, width: int, kind: str = GATHER, stack: int = 1) -> torch.Tensor:
-        """[all rows, this rank's column slice of ``width``] -> [rows of this rank, width] (with ``stack`` k: k
-        matrices of width / k, see rows_to_cols)."""
+    def cols_to_rows(self, y: torch.Tensor, width: int, kind: str = GATHER) -> torch.Tensor:
+        """[all rows, this rank's column slice of ``width``] -> [rows of this rank, width]."""
         lay, m = self.part, self.world
         if m == 1:
             return y
-        width //= stack
         c0, c1 = lay.cols(width)
-        if y.shape != (lay.num_nodes, stack * (c1 - c0)):
+        if y.shape != (lay.num_nodes, c1 - c0):
             raise RuntimeError(f"rank {self.rank}: column block has shape {tuple(y.shape)}, "
-                               f"expected {(lay.num_nodes, stack * (c1 - c0))}")
-        y3 = y.reshape(lay.num_nodes, stack, c1 - c0)
+                               f"expected {(lay.num_nodes, c1 - c0)}")
         rows_pad, cols_pad = lay.padded_rows, lay.padded_cols(width)
-        send = y.new_zeros(m, rows_pad, stack, cols_pad)
+        send = y.new_zeros(m, rows_pad, cols_pad)
         for r in range(m):
             r0, r1 = lay.rows(r)
-            send[r, : r1 - r0, :, : c1 - c0] = y3[r0:r1]
+            send[r, : r1 - r0, : c1 - c0] = y[r0:r1]
         recv = self._all_to_all(send, kind)
         col_b = lay.col_bounds(width)
         n_own = lay.num_rows()
-        return torch.cat([recv[q, :n_own, :, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=2).reshape(n_own, -1)
-
-    def stacked_cols_to_rows(self, y: torch.Tensor, width: int, kind: str = GATHER) -> torch.Tensor:
-        """[all rows, k, this rank's column slice of ``width``] -> [rows of this rank, k, width]: ``k`` matrices of
-        one width gathered in one all-to-all (R-GCN's per-relation messages)."""
-        n, k = y.shape[0], y.shape[1]
-        out = self.cols_to_rows(y.reshape(n, -1), width * k, kind, stack=k) if self.world > 1 else y
-        return out.reshape(-1, k, width) if self.world > 1 else y
-
-    def stacked_rows_to_cols(self, x: torch.Tensor, kind: str = SPLIT) -> torch.Tensor:
-        """[rows of this rank, k, width] -> [all rows, k, this rank's column slice] (the backward of the above)."""
-        if self.world == 1:
-            return x
-        k, width = x.shape[1], x.shape[2]
-        c0, c1 = self.part.cols(width)
-        return self.rows_to_cols(x.reshape(x.shape[0], -1), kind, stack=k).reshape(self.part.num_nodes, k, c1 - c0)
+        return torch.cat([recv[q, :n_own, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=1)
 
     def _all_to_all(self, send: torch.Tensor, kind: str) -> torch.Tensor:
         recv = torch.empty_like(send)
@@ -201,17 +180,6 @@ class _GatherColsToRows(torch.autograd.Function):
         return ctx.comm.rows_to_cols(grad.contiguous(), SPLIT if ctx.kind == GATHER else ctx.kind), None, None, None
 
 
-class _GatherStacked(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y: torch.Tensor, comm: Comm, width: int, kind: str) -> torch.Tensor:
-        ctx.comm, ctx.kind = comm, kind
-        return comm.stacked_cols_to_rows(y, width, kind)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return ctx.comm.stacked_rows_to_cols(grad.contiguous(), SPLIT if ctx.kind == GATHER else ctx.kind), None, None, None
-
-
 class _AllGatherRows(torch.autograd.Function):
     """Forward: every rank gets all rows. Backward: gradients from all ranks are summed, each rank keeps its rows."""
 
@@ -260,11 +228,6 @@ def split(x: torch.Tensor, comm: Comm, kind: str = SPLIT) -> torch.Tensor:
 def gather(y: torch.Tensor, comm: Comm, width: int, kind: str = GATHER) -> torch.Tensor:
     """Column layout -> row layout (one all-to-all; its backward is :func:`split`)."""
     return y if comm.world == 1 else _GatherColsToRows.apply(y, comm, width, kind)
-
-
-def gather_stacked(y: torch.Tensor, comm: Comm, width: int, kind: str = GATHER) -> torch.Tensor:
-    """[all rows, k, column slice] -> [own rows, k, width]: k matrices gathered in one all-to-all (backward: split)."""
-    return y if comm.world == 1 else _GatherStacked.apply(y, comm, width, kind)
 
 
 def all_gather_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Relation-wise aggregation for heterogeneous graphs, and the per-rank context R-GCN runs in.
 
-Each relation ``r: s -> t`` is a sparse ``n_t x n_s`` matrix ``A_r`` (row v lists v's in-neighbours of relation r).
-Aggregation ``A_r @ H_s`` works column by column, so in the column layout (every row of a type, this rank's column
+Each relation ``r: s -> t`` is a sparse ``n_t x n_s`` matrix ``A_r`` (row v lists v's in-neighbours of relation r);
+all relations into a type form one typed CSR (TypedOperator). Aggregation ``A_r @ H_s`` works column by column, so in the column layout (every row of a type, this rank's column
 slice) every rank aggregates its slice with no communication, as for homogeneous graphs. Normalisation (``norm``):
 
 - ``mean``: row v scaled by 1 / |N_r(v)| (R-GCN's c_{v,r}; PyG ``RGCNConv(aggr="mean")``);
@@ -41,23 +41,42 @@ def _blocks(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, num_col
     return out
 
 
-class RelationOperator:
-    """``A_r`` with its normalisation, applied in row blocks; ``transpose`` blocks serve the backward."""
+class TypedOperator:
+    """Every relation into one node type as ONE sparse matrix over (destination, relation) pairs (a typed CSR).
 
-    def __init__(self, rel: RelationData, num_src: int, row_scale: np.ndarray, chunk_rows: int,
-                 device: torch.device) -> None:
-        self.key, self.src, self.dst = rel.key, rel.src, rel.dst
-        indptr, indices = np.asarray(rel.indptr, np.int64), np.asarray(rel.indices, np.int64)
-        deg = np.diff(indptr)
-        values = np.repeat(row_scale, deg).astype(np.float32)
-        num_dst = len(indptr) - 1
-        self.num_edges = len(indices)
-        self.forward_blocks = _blocks(indptr, indices, values, num_src, chunk_rows, device)
-        order = np.argsort(indices, kind="stable")
-        t_indptr = np.zeros(num_src + 1, np.int64)
-        np.cumsum(np.bincount(indices, minlength=num_src), out=t_indptr[1:])
-        dst = np.repeat(np.arange(num_dst, dtype=np.int64), deg)
-        self.backward_blocks = _blocks(t_indptr, dst[order], values[order], num_dst, chunk_rows, device)
+    Row p is a pair (v, r) with at least one in-edge of relation r at v (pairs sorted by v, then r); its columns are
+    the sources in the global id space (every type's rows stacked in the store's order), its values the
+    normalisation. ``op(h)`` with ``h`` [all nodes, slice] gives every pair's aggregated message [pairs, slice]: only
+    the pairs that exist, so a type with many relations costs its edges, not rows x relations. The backward
+    multiplies by the transpose (precomputed; relations are directed); both run in blocks of ``chunk_rows`` rows.
+    """
+
+    def __init__(self, rels: list[tuple[int, RelationData, np.ndarray]], num_dst: int, offsets: dict[str, int],
+                 num_nodes: int, chunk_rows: int, device: torch.device) -> None:
+        k = max(len(rels), 1)
+        keys, cols, vals = [], [], []
+        for j, (_, r, scale) in enumerate(rels):
+            deg = np.diff(np.asarray(r.indptr, np.int64))
+            keys.append(np.repeat(np.arange(num_dst, dtype=np.int64), deg) * k + j)
+            cols.append(np.asarray(r.indices, np.int64) + offsets[r.src])
+            vals.append(np.repeat(scale, deg).astype(np.float32))
+        key = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        order = np.argsort(key, kind="stable")
+        key, col = key[order], (np.concatenate(cols) if cols else key)[order]
+        val = (np.concatenate(vals) if vals else np.zeros(0, np.float32))[order]
+        pair_key, start = np.unique(key, return_index=True)
+        indptr = np.append(start, len(key)).astype(np.int64)
+        self.num_pairs, self.num_edges = len(pair_key), len(key)
+        self.pair_dst = torch.from_numpy(pair_key // k)  #: destination row (local to the type) of each pair
+        rel_ids = np.array([i for i, _, _ in rels] or [0], np.int64)
+        self.pair_rel = torch.from_numpy(rel_ids[pair_key % k])  #: relation index of each pair
+        self.forward_blocks = _blocks(indptr, col, val, num_nodes, chunk_rows, device)
+        t_order = np.argsort(col, kind="stable")
+        t_indptr = np.zeros(num_nodes + 1, np.int64)
+        np.cumsum(np.bincount(col, minlength=num_nodes), out=t_indptr[1:])
+        rows = np.repeat(np.arange(self.num_pairs, dtype=np.int64), np.diff(indptr))
+        self.backward_blocks = _blocks(t_indptr, rows[t_order], val[t_order], self.num_pairs, chunk_rows, device)
+        self.pair_dst, self.pair_rel = self.pair_dst.to(device), self.pair_rel.to(device)
 
     @staticmethod
     def _product(blocks: list[torch.Tensor], h: torch.Tensor) -> torch.Tensor:
@@ -65,22 +84,35 @@ class RelationOperator:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return _RelationSpMM.apply(h, self)
+        return _TypedSpMM.apply(h, self)
+
+    def pair_bounds(self, row_bounds: list[int]) -> list[int]:
+        """Pairs owned by each rank: those whose destination row it owns."""
+        return torch.searchsorted(self.pair_dst.cpu(), torch.tensor(row_bounds)).tolist()
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for b in self.forward_blocks + self.backward_blocks
                    for t in (b.crow_indices(), b.col_indices(), b.values()))
 
 
-class _RelationSpMM(torch.autograd.Function):
+class _TypedSpMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, op: RelationOperator) -> torch.Tensor:
+    def forward(ctx, h: torch.Tensor, op: TypedOperator) -> torch.Tensor:
         ctx.op = op
         return op._product(op.forward_blocks, h)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return ctx.op._product(ctx.op.backward_blocks, grad.contiguous()), None
+
+
+class RangePartition(Partition):
+    """A partition of rows into given contiguous ranges (a type's pairs, by who owns their destination)."""
+
+    def __init__(self, bounds: list[int], world: int, rank: int) -> None:
+        super().__init__(bounds[-1], world, rank)
+        self.row_bounds = list(bounds)
+        self.padded_rows = max(max(b - a for a, b in zip(bounds[:-1], bounds[1:])), 1)
 
 
 def row_scales(data: HeteroGraphData, norm: str) -> list[np.ndarray]:
@@ -115,20 +147,34 @@ class HeteroContext:
             c = Comm(Partition(n, comm.world, comm.rank), comm.device, comm.group)
             c.stats = comm.stats
             self.comms[t] = c
-        scales = row_scales(data, norm)
-        self.ops = [RelationOperator(r, data.counts[r.src], s, chunk_rows, comm.device)
-                    for r, s in zip(data.relations, scales)]
+        self.num_relations = len(data.relations)
+        self.relations = [(r.src, r.dst) for r in data.relations]
         #: destination type -> indices of the relations into it
-        self.into = {t: [i for i, op in enumerate(self.ops) if op.dst == t] for t in self.types}
-        chunks = max((len(op.forward_blocks) for op in self.ops), default=1)
+        self.into = {t: [i for i, r in enumerate(data.relations) if r.dst == t] for t in self.types}
+        self.offsets = dict(zip(self.types, np.cumsum([0] + [data.counts[t] for t in self.types]).tolist()))
+        scales = row_scales(data, norm)
+        self.ops = {t: TypedOperator([(i, data.relations[i], scales[i]) for i in self.into[t]], data.counts[t],
+                                     self.offsets, data.num_nodes, chunk_rows, comm.device) for t in self.types}
+        self.pair_comms = {}
+        for t, op in self.ops.items():
+            c = Comm(RangePartition(op.pair_bounds(self.comms[t].part.row_bounds), comm.world, comm.rank), comm.device,
+                     comm.group)
+            c.stats = comm.stats
+            self.pair_comms[t] = c
+        chunks = max((len(op.forward_blocks) for op in self.ops.values()), default=1)
         self.plan = SimpleNamespace(num_chunks=chunks)
         self.memory, self.clock = PhaseMemory(comm.device), OverlapClock()
         self.overlapped, self.offload, self.nn_device = False, "none", comm.device
-        self.topology = SimpleNamespace(nbytes=lambda: sum(op.nbytes() for op in self.ops))
+        self.topology = SimpleNamespace(nbytes=lambda: sum(op.nbytes() for op in self.ops.values()))
 
     @property
     def device(self) -> torch.device:
         return self.comm.device
+
+    def own_pairs(self, node_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(destination row local to this rank's rows, relation) of the pairs this rank owns."""
+        op, (p0, p1) = self.ops[node_type], self.pair_comms[node_type].part.rows()
+        return op.pair_dst[p0:p1] - self.row_offset(node_type), op.pair_rel[p0:p1]
 
     def row_offset(self, node_type: str) -> int:
         return self.comms[node_type].part.rows()[0]

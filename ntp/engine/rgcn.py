@@ -6,7 +6,7 @@ A layer computes, for every node v of type t:
 
 Tensor parallel, aggregate first (as PyG's ``RGCNConv``): each rank aggregates its column slice of every relation's
 sources (``A_r @ H_s``, no communication; ntp.engine.relations), the messages of all relations into type t go to the
-row layout in ONE all-to-all (``gather_stacked``), and the transforms ``W_r`` and the root ``W_0`` run on the rank's
+row layout in ONE all-to-all (only the (node, relation) pairs that have edges: ntp.engine.relations.TypedOperator), and the transforms ``W_r`` and the root ``W_0`` run on the rank's
 own rows. The layer's output is split back to the column layout for the next layer (one all-to-all per type).
 Relation weights: full ``[R, in, out]``, a basis decomposition ``W_r = sum_b a_rb V_b`` or block-diagonal ``W_r``.
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ntp.config import TrainConfig
-from ntp.engine.collectives import gather, gather_stacked, split
+from ntp.engine.collectives import gather, split
 from ntp.engine.layers import keep_mask
 from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.relations import HeteroContext
@@ -73,12 +73,20 @@ class RelationWeights(nn.Module):
             return torch.einsum("kb,bio->kio", self.comp[rels], self.bases)
         return self.weight[rels]
 
-    def forward(self, m: torch.Tensor, rels: list[int]) -> torch.Tensor:
-        if self.decomposition == "block":
-            nb = self.blocks.shape[1]
-            x = m.reshape(m.shape[0], len(rels), nb, -1)
-            return torch.einsum("nkbi,kbio->nbo", x, self.blocks[rels]).reshape(m.shape[0], self.out_dim)
-        return torch.einsum("nki,kio->no", m, self.matrices(rels))
+    def forward(self, m: torch.Tensor, pair_rel: torch.Tensor, rels: list[int]) -> torch.Tensor:
+        """``m[p] @ W_{pair_rel[p]}`` for every message row p (relations ``rels`` occur)."""
+        out = m.new_zeros(m.shape[0], self.out_dim)
+        weights = None if self.decomposition == "block" else self.matrices(rels)
+        for j, r in enumerate(rels):
+            sel = (pair_rel == r).nonzero()[:, 0]  # may be empty: the output still depends on m (every rank
+            if self.decomposition == "block":
+                nb = self.blocks.shape[1]
+                y = torch.einsum("nbi,bio->nbo", m[sel].reshape(len(sel), nb, self.in_dim // nb), self.blocks[r])
+                y = y.reshape(len(sel), self.out_dim)
+            else:
+                y = m[sel] @ weights[j]  # must call the gather's backward, or its peers wait for it)
+            out = out.index_copy(0, sel, y)
+        return out
 
 
 class HeteroInput(nn.Module):
@@ -117,12 +125,13 @@ class RGCNLayer(nn.Module):
 
     def forward(self, rows: dict, cols: dict, hc: HeteroContext, dst_types: list[str]) -> dict:
         out = {}
+        everything = torch.cat([cols[t] for t in hc.types])  # the sources of every type, global ids
         for t in dst_types:
             y = self.root(rows[t])
-            rels = hc.into[t]
-            if rels:
-                msgs = torch.stack([hc.ops[i](cols[hc.ops[i].src]) for i in rels], dim=1)  # [n_t, k, slice]
-                y = y + self.rel(gather_stacked(msgs, hc.comms[t], self.in_dim), rels)
+            if hc.into[t]:
+                msgs = gather(hc.ops[t](everything), hc.pair_comms[t], self.in_dim)  # this rank's pairs, all columns
+                dst, rel = hc.own_pairs(t)
+                y = y.index_add(0, dst, self.rel(msgs, rel, hc.into[t]))
             out[t] = y
         return out
 
@@ -137,7 +146,7 @@ class CoupledRGCN(nn.Module):
         self.target, self.dropout = target, cfg.dropout
         self.input = HeteroInput(hc, feature_dims, cfg.hidden, cfg.seed)
         dims = [cfg.hidden] * cfg.nn_layers + [out_dim]
-        self.layers = nn.ModuleList(RGCNLayer(len(hc.ops), a, b, cfg.decomposition, cfg.num_bases)
+        self.layers = nn.ModuleList(RGCNLayer(hc.num_relations, a, b, cfg.decomposition, cfg.num_bases)
                                     for a, b in zip(dims[:-1], dims[1:]))
 
     def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
@@ -173,7 +182,7 @@ class DecoupledRGCN(nn.Module):
         self.embeddings = nn.ModuleDict({t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed * 1_009 + i)
                                          for i, t in enumerate(hc.types) if not feature_dims[t]})
         # mixing weights: one per type (its own state) then one per relation, each 1 / (1 + relations into the type)
-        init = [1.0 / (1 + len(hc.into[t])) for t in hc.types] + [1.0 / (1 + len(hc.into[op.dst])) for op in hc.ops]
+        init = [1.0 / (1 + len(hc.into[t])) for t in hc.types] + [1.0 / (1 + len(hc.into[d])) for _, d in hc.relations]
         self.mix = nn.Parameter(torch.tensor(init))
 
     def _nn(self, t: str, x: torch.Tensor, hc: HeteroContext) -> torch.Tensor:
@@ -190,8 +199,15 @@ class DecoupledRGCN(nn.Module):
              for t in hc.types}
         n_types = len(hc.types)
         for _ in range(self.steps):
-            h = {t: sum((self.mix[n_types + i] * hc.ops[i](h[hc.ops[i].src]) for i in hc.into[t]),
-                        self.mix[j] * h[t]) for j, t in enumerate(hc.types)}
+            everything = torch.cat([h[t] for t in hc.types])
+            new = {}
+            for j, t in enumerate(hc.types):
+                new[t] = self.mix[j] * h[t]
+                if hc.into[t]:
+                    op = hc.ops[t]
+                    msgs = op(everything) * self.mix[n_types + op.pair_rel].unsqueeze(1)
+                    new[t] = new[t].index_add(0, op.pair_dst, msgs)
+            h = new
         return gather(h[self.target], hc.comms[self.target], self.out_dim)
 
     def sliced(self) -> list[nn.Parameter]:

@@ -39,7 +39,7 @@ def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int) -> None:
     from torch_geometric.nn import RGCNConv
 
     data, hc, offsets, x = _setup("mean")
-    layer = RGCNLayer(len(hc.ops), IN, OUT, decomposition, num_bases).double()
+    layer = RGCNLayer(hc.num_relations, IN, OUT, decomposition, num_bases).double()
     dst_local = [np.repeat(np.arange(len(r.indptr) - 1), np.diff(r.indptr)) for r in data.relations]
     edge_index = torch.from_numpy(np.stack([
         np.concatenate([np.asarray(r.indices, np.int64) + offsets[r.src] for r in data.relations]),
@@ -68,7 +68,7 @@ def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int) -> None:
 @pytest.mark.parametrize("norm", ["total", "sum"])
 def test_layer_equals_dense_math(norm: str) -> None:
     data, hc, offsets, x = _setup(norm)
-    layer = RGCNLayer(len(hc.ops), IN, OUT, "none", 0).double()
+    layer = RGCNLayer(hc.num_relations, IN, OUT, "none", 0).double()
     n = data.num_nodes
     adj = torch.zeros(len(data.relations), n, n, dtype=torch.float64)  # adj[r, v, u]: edges u -> v of relation r
     for i, r in enumerate(data.relations):
