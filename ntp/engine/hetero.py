@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from ntp.config import TrainConfig
-from ntp.engine.collectives import Comm, all_gather_rows, all_reduce_gradients, check_same_on_all_ranks
+from ntp.engine.collectives import Comm, all_gather_rows, all_reduce_gradients, check_same_on_all_ranks, gather
 from ntp.engine.dist import DistEnv
 from ntp.engine.hetero_data import HeteroGraphData
+from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.metrics import ALLREDUCE
 from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
@@ -27,15 +28,14 @@ from ntp.errors import ConfigError
 SPLITS = ("train", "valid", "test")
 
 
-class _EmbeddingView:
-    """What SlicedEmbedding.snapshot needs of a context: one node type's gather and communicator."""
+class _TableView:
+    """What SlicedEmbedding.snapshot needs of a context: a gather and a communicator over the table's rows."""
 
-    def __init__(self, hc: HeteroContext, node_type: str) -> None:
-        self.comm, self.device = hc.comms[node_type], hc.device
+    def __init__(self, comm: Comm, rows: int) -> None:
+        self.comm = Comm(Partition(rows, comm.world, comm.rank), comm.device, comm.group)
+        self.comm.stats, self.device = comm.stats, comm.device
 
     def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
-        from ntp.engine.collectives import gather
-
         return gather(h, self.comm, width)
 
 
@@ -97,9 +97,9 @@ class HeteroTask:
     @staticmethod
     def snapshot(job: Any) -> None:
         """Gather every embedding table whole (the state dict saves it; every rank must call this)."""
-        embeddings = getattr(job.model, "embeddings", None) or getattr(job.model.input, "embeddings", {})
-        for t, emb in embeddings.items():
-            emb.snapshot(_EmbeddingView(job.ctx, t))
+        for table in job.model.modules():
+            if isinstance(table, SlicedEmbedding):
+                table.snapshot(_TableView(job.comm, table.num_nodes))
 
     @torch.no_grad()
     def evaluate(self, job: Any) -> dict[str, float]:

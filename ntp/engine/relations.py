@@ -52,13 +52,15 @@ class TypedOperator:
     """
 
     def __init__(self, rels: list[tuple[int, RelationData, np.ndarray]], num_dst: int, offsets: dict[str, int],
-                 num_nodes: int, chunk_rows: int, device: torch.device) -> None:
+                 num_nodes: int, chunk_rows: int, device: torch.device, stride: int = 0) -> None:
+        """``stride`` > 0: relation i's sources are rows ``i * stride + global id`` of a stack of per-relation tables
+        (``num_nodes`` columns in all)."""
         k = max(len(rels), 1)
         keys, cols, vals = [], [], []
         for j, (_, r, scale) in enumerate(rels):
             deg = np.diff(np.asarray(r.indptr, np.int64))
             keys.append(np.repeat(np.arange(num_dst, dtype=np.int64), deg) * k + j)
-            cols.append(np.asarray(r.indices, np.int64) + offsets[r.src])
+            cols.append(np.asarray(r.indices, np.int64) + offsets[r.src] + rels[j][0] * stride)
             vals.append(np.repeat(scale, deg).astype(np.float32))
         key = np.concatenate(keys) if keys else np.zeros(0, np.int64)
         order = np.argsort(key, kind="stable")
@@ -153,8 +155,10 @@ class HeteroContext:
         self.into = {t: [i for i, r in enumerate(data.relations) if r.dst == t] for t in self.types}
         self.offsets = dict(zip(self.types, np.cumsum([0] + [data.counts[t] for t in self.types]).tolist()))
         scales = row_scales(data, norm)
-        self.ops = {t: TypedOperator([(i, data.relations[i], scales[i]) for i in self.into[t]], data.counts[t],
-                                     self.offsets, data.num_nodes, chunk_rows, comm.device) for t in self.types}
+        self._rels = {t: [(i, data.relations[i], scales[i]) for i in self.into[t]] for t in self.types}
+        self._chunk_rows, self._relation_ops = chunk_rows, None
+        self.ops = {t: TypedOperator(self._rels[t], data.counts[t], self.offsets, data.num_nodes, chunk_rows,
+                                     comm.device) for t in self.types}
         self.pair_comms = {}
         for t, op in self.ops.items():
             c = Comm(RangePartition(op.pair_bounds(self.comms[t].part.row_bounds), comm.world, comm.rank), comm.device,
@@ -170,6 +174,14 @@ class HeteroContext:
     @property
     def device(self) -> torch.device:
         return self.comm.device
+
+    def relation_ops(self) -> dict[str, TypedOperator]:
+        """Per type, the typed CSR over a stack of one table per relation (R-GCN's one-hot input layer)."""
+        if self._relation_ops is None:
+            n = sum(self.counts.values())
+            self._relation_ops = {t: TypedOperator(self._rels[t], self.counts[t], self.offsets, n * self.num_relations,
+                                                   self._chunk_rows, self.device, stride=n) for t in self.types}
+        return self._relation_ops
 
     def own_pairs(self, node_type: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(destination row local to this rank's rows, relation) of the pairs this rank owns."""

@@ -30,6 +30,7 @@ from ntp.config import TrainConfig
 from ntp.engine.collectives import gather, split
 from ntp.engine.layers import keep_mask
 from ntp.engine.link_model import SlicedEmbedding
+from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
 
 
@@ -113,7 +114,7 @@ class HeteroInput(nn.Module):
         return rows, cols
 
     def sliced(self) -> list[nn.Parameter]:
-        return [e.weight for e in self.embeddings.values()]
+        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
 
 
 class RGCNLayer(nn.Module):
@@ -136,6 +137,55 @@ class RGCNLayer(nn.Module):
         return out
 
 
+class FeaturelessLayer(nn.Module):
+    """R-GCN's first layer when no node type has features (entity classification, as AIFB): the input is one-hot, so
+    ``W_r`` is a table of rows and the layer needs no communication at all. Tables live in the column layout
+    (each rank holds every row of its column slice): a root table ``W_0`` and, per basis b, ``V_b`` over all nodes
+    (global ids); ``W_r = sum_b a_rb V_b`` (basis), or one table per relation (none: ``a`` is the identity). Each
+    pair (v, r) of the typed CSR gets ``sum_b a_rb (A_r V_b)[v]``; the output stays in the column layout."""
+
+    def __init__(self, hc: HeteroContext, out_dim: int, decomposition: str, num_bases: int, seed: int) -> None:
+        super().__init__()
+        n, part = sum(hc.counts.values()), Partition(sum(hc.counts.values()), hc.comm.world, hc.comm.rank)
+        self.width, self.c0, self.c1 = out_dim, *part.cols(out_dim)
+        self.root = SlicedEmbedding(n, out_dim, part, seed * 1_009)
+        if decomposition == "basis":
+            self.bases = nn.ModuleList(SlicedEmbedding(n, out_dim, part, seed * 1_009 + 1 + b) for b in range(num_bases))
+            self.comp = nn.Parameter(torch.empty(hc.num_relations, num_bases))
+            nn.init.xavier_uniform_(self.comp)
+        else:  # the relations' tables stacked: row r * n + u is W_r[u]
+            stacked = Partition(n * hc.num_relations, hc.comm.world, hc.comm.rank)
+            self.tables = SlicedEmbedding(n * hc.num_relations, out_dim, stacked, seed * 1_009 + 1)
+            self.comp = None
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def forward(self, hc: HeteroContext) -> dict:
+        out = {}
+        for t in hc.types:
+            o = hc.offsets[t]
+            y = self.root.weight[o:o + hc.counts[t]] + self.bias[self.c0:self.c1]
+            if hc.into[t]:
+                op = hc.ops[t]
+                if self.comp is None:  # each pair reads its own relation's table
+                    msgs = hc.relation_ops()[t](self.tables.weight)
+                else:
+                    per = torch.stack([op(v.weight) for v in self.bases])  # [B, pairs, slice]
+                    msgs = torch.einsum("bpc,pb->pc", per, self.comp[op.pair_rel])
+                y = y.index_add(0, op.pair_dst, msgs)
+            out[t] = y
+        return out
+
+
+def column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int, width: int,
+                   cols: tuple[int, int]) -> torch.Tensor:
+    """:func:`hetero_dropout`'s mask, applied to a column slice (all rows of the type)."""
+    if p == 0.0:
+        return h
+    stream = ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
+    mask = keep_mask((0, h.shape[0]), width, p, stream, h.device)[:, cols[0]:cols[1]]
+    return h * mask.to(h.dtype) / (1.0 - p)
+
+
 class CoupledRGCN(nn.Module):
     """``nn_layers`` R-GCN layers (width ``hidden``), ReLU and dropout between them; logits of the target type."""
 
@@ -144,13 +194,32 @@ class CoupledRGCN(nn.Module):
         super().__init__()
         torch.manual_seed(cfg.seed)
         self.target, self.dropout = target, cfg.dropout
-        self.input = HeteroInput(hc, feature_dims, cfg.hidden, cfg.seed)
         dims = [cfg.hidden] * cfg.nn_layers + [out_dim]
+        #: no type has features: R-GCN's one-hot first layer (tables), else per-type inputs then R-GCN layers
+        self.featureless = not any(feature_dims.values()) and cfg.decomposition != "block"
+        if self.featureless:
+            self.first = FeaturelessLayer(hc, dims[1], cfg.decomposition, cfg.num_bases, cfg.seed)
+            dims = dims[1:]
+        else:
+            self.input = HeteroInput(hc, feature_dims, cfg.hidden, cfg.seed)
         self.layers = nn.ModuleList(RGCNLayer(hc.num_relations, a, b, cfg.decomposition, cfg.num_bases)
                                     for a, b in zip(dims[:-1], dims[1:]))
 
+    def _first(self, hc: HeteroContext) -> tuple[dict, dict]:
+        width = self.first.width
+        cols = self.first(hc)
+        if not self.layers:
+            return {}, cols
+        cols = {t: F.relu(h) for t, h in cols.items()}
+        if self.training:
+            cols = {t: column_dropout(h, self.dropout, hc, t, 0, width, (self.first.c0, self.first.c1))
+                    for t, h in cols.items()}
+        return {t: gather(h, hc.comms[t], width) for t, h in cols.items()}, cols
+
     def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
-        rows, cols = self.input(x, hc)
+        rows, cols = self._first(hc) if self.featureless else self.input(x, hc)
+        if not self.layers:
+            return gather(cols[self.target], hc.comms[self.target], self.first.width)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             out = layer(rows, cols, hc, [self.target] if i == last else hc.types)
@@ -158,12 +227,12 @@ class CoupledRGCN(nn.Module):
                 return out[self.target]
             rows = {t: F.relu(h) for t, h in out.items()}
             if self.training:
-                rows = {t: hetero_dropout(h, self.dropout, hc, t, i) for t, h in rows.items()}
+                rows = {t: hetero_dropout(h, self.dropout, hc, t, i + self.featureless) for t, h in rows.items()}
             cols = {t: split(h, hc.comms[t]) for t, h in rows.items()}
         raise AssertionError("unreachable")
 
     def sliced(self) -> list[nn.Parameter]:
-        return self.input.sliced()
+        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
 
 
 class DecoupledRGCN(nn.Module):
@@ -211,7 +280,7 @@ class DecoupledRGCN(nn.Module):
         return gather(h[self.target], hc.comms[self.target], self.out_dim)
 
     def sliced(self) -> list[nn.Parameter]:
-        return [e.weight for e in self.embeddings.values()]
+        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
 
 
 def build_rgcn(cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,

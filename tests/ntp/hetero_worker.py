@@ -59,6 +59,13 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, env) -> dict:
             "state": {k: v.clone() for k, v in job.model.state_dict().items()}}
 
 
+def featureless(graph: dict) -> dict:
+    """The same graph with no features at all (R-GCN's one-hot input layer)."""
+    return dict(graph, features={})
+
+
 def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
+    """Every config on this rank; a config with ``featureless=True`` runs on the graph without features."""
     with distributed(60, "cpu") as env:
-        return [trace(TrainConfig(model="rgcn", **c), graph, epochs, env) for c in configs]
+        return [trace(TrainConfig(model="rgcn", **{k: v for k, v in c.items() if k != "featureless"}),
+                      featureless(graph) if c.get("featureless") else graph, epochs, env) for c in configs]

@@ -1,5 +1,7 @@
 """R-GCN tensor parallel == one process (world sizes 1-4): losses over epochs, every gradient (embedding tables: each
-rank's column slice of the single-process gradient), the target type's predictions, the saved embeddings."""
+rank's column slice of the single-process gradient), the target type's predictions, the saved embeddings. Coupled
+(full, basis, block-diagonal weights; mean, total and plain-sum normalisation; chunked), decoupled, and with no
+features at all (R-GCN's one-hot first layer)."""
 from __future__ import annotations
 
 import pytest
@@ -18,6 +20,8 @@ CONFIGS = [
     dict(BASE, arch="decoupled"),
     dict(BASE, arch="coupled", chunk_rows=4),
     dict(BASE, arch="decoupled", prop_steps=1),
+    dict(BASE, arch="coupled", featureless=True),  # the one-hot first layer: a stacked table per relation
+    dict(BASE, arch="coupled", featureless=True, decomposition="basis", num_bases=2, nn_layers=1),
 ]
 GRAPH = hetero_graph(seed=1)
 
