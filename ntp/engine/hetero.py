@@ -79,6 +79,9 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
 class HeteroTask:
     """R-GCN's epoch and evaluation (ntp.engine.loop dispatches here)."""
 
+    def __init__(self) -> None:
+        self.best_valid = float("-inf")
+
     def train_epoch(self, job: Any, epoch: int) -> float:
         model, hc = job.model, job.ctx
         model.train()
@@ -91,7 +94,6 @@ class HeteroTask:
         sliced = {id(p) for p in model.sliced()}
         all_reduce_gradients([p for p in model.parameters() if id(p) not in sliced], job.comm)
         job.optimizer.step()
-        self.snapshot(job)
         return float(job.comm.all_reduce(loss.detach().reshape(1).clone(), ALLREDUCE)[0])
 
     @staticmethod
@@ -109,7 +111,13 @@ class HeteroTask:
         counts = torch.tensor([[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],
                               dtype=torch.float64, device=pred.device)
         counts = job.comm.all_reduce(counts)
-        return {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
+        out = {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
+        # the loop keeps the state of a better validation epoch (and checkpoints): gather the tables whole for it,
+        # only then (it moves every table)
+        if job.cfg.checkpoint_dir or out["valid"] > self.best_valid:
+            self.snapshot(job)
+        self.best_valid = max(self.best_valid, out["valid"]) if out["valid"] == out["valid"] else self.best_valid
+        return out
 
 
 @torch.no_grad()

@@ -39,7 +39,8 @@ def evaluate_model(model_path: str | Path, store_path: str | Path, any_store: bo
     except RuntimeError as exc:
         raise ModelFileError(f"model {path} does not fit store {store_path} ({job.data.feature_dim} features, "
                              f"{job.data.out_dim} outputs): evaluate it on the store it was trained on") from exc
-    return {**evaluate_splits(job), "metric": job.data.metric, "task_type": job.data.task_type}
+    target = {"target_type": job.data.target} if getattr(job.data, "hetero", False) else {}
+    return {**evaluate_splits(job), "metric": job.data.metric, "task_type": job.data.task_type, **target}
 
 
 def _check_store(path: Path, saved: str | None, store_path: str | Path, any_store: bool) -> None:

@@ -122,6 +122,7 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
             break
     final = FinalRecord(best_epoch=job.best.epoch, best_valid_metric=_finite(job.best.valid), test_metric=job.best.test,
                         metric=job.data.metric, task_type=job.data.task_type, world_size=env.world,
+                        target_type=getattr(job.data, "target", ""),
                         epochs_run=len(job.history), store_fingerprint=job.data.fingerprint, config=cfg.to_dict())
     if env.is_main and cfg.model_out:
         save_model(job, cfg.model_out)

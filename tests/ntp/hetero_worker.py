@@ -7,6 +7,7 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import distributed
+from ntp.engine.hetero import HeteroTask
 from ntp.engine.hetero_data import hetero_from_arrays
 from ntp.engine.loop import train_step
 from ntp.engine.setup import setup
@@ -53,6 +54,7 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, env) -> dict:
     job.model.eval()
     with torch.no_grad():
         logits = job.model(job.x, job.ctx)
+    HeteroTask.snapshot(job)  # the whole tables for the state dict (the loop does it when validation improves)
     sliced = [n for n, p in job.model.named_parameters() if any(p is q for q in job.model.sliced())]
     return {"losses": losses, "grads": grads, "logits": logits, "sliced": sliced,
             "bytes": dict(job.comm.stats.bytes_sent), "calls": dict(job.comm.stats.calls),
