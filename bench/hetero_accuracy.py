@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from common import DATASETS, base_parser, report
 
-AIFB = dict(arch="coupled", hidden=16, nn_layers=1, dropout=0.0, lr=0.01, weight_decay=0.0, epochs=50)
-IMDB = dict(arch="coupled", hidden=64, nn_layers=1, dropout=0.5, lr=0.005, weight_decay=5e-4, epochs=100)
+AIFB = dict(arch="coupled", hidden=16, nn_layers=2, dropout=0.0, lr=0.01, weight_decay=0.0, epochs=50)
+IMDB = dict(arch="coupled", hidden=64, nn_layers=2, dropout=0.5, lr=0.005, weight_decay=5e-4, epochs=100)
 
 
 def store(name: str):
