@@ -85,3 +85,24 @@ def test_layer_equals_dense_math(norm: str) -> None:
     ours.backward(grad)
     dense.backward(grad)
     torch.testing.assert_close(x1.grad, x2.grad)  # the transpose, not A, in the backward: relations are directed
+
+
+def test_wrong_model_or_options_say_the_fix() -> None:
+    from ntp.config import TrainConfig
+    from ntp.engine.dist import DistEnv
+    from ntp.engine.setup import setup
+    from ntp.errors import ConfigError
+    from tests.ntp.graphs import loader, random_graph
+    from tests.ntp.hetero_worker import hetero_loader
+
+    env = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
+    with pytest.raises(ConfigError, match="heterogeneous .*use --model rgcn"):
+        setup(TrainConfig(model="gcn", mode="single"), env, hetero_loader(hetero_graph()))
+    with pytest.raises(ConfigError, match="--model rgcn needs a heterogeneous store"):
+        setup(TrainConfig(model="rgcn", mode="single"), env, loader(random_graph()))
+    with pytest.raises(ConfigError, match="--decomposition basis needs --num-bases"):
+        TrainConfig(model="rgcn", arch="coupled", decomposition="basis")
+    with pytest.raises(ConfigError, match="use --model rgcn --arch coupled"):
+        TrainConfig(model="gcn", decomposition="block", num_bases=2)
+    with pytest.raises(ValueError, match="not divisible by --num-bases 3"):
+        RGCNLayer(2, 8, 6, "block", 3)
