@@ -162,9 +162,9 @@ class TrainConfig:
                               "--model rgcn --arch coupled, or drop them")
         if self.model == "rgcn" and self.mode == "data":
             raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
-        if self.model == "rgcn" and (self.overlap or self.offload != "none"):
-            raise ConfigError("--overlap and --offload apply to homogeneous models; R-GCN's relation-wise "
-                              "aggregation chunks with --chunk-rows: drop them")
+        if self.model == "rgcn" and (self.overlap or self.offload != "none" or self.memory_budget):
+            raise ConfigError("--overlap, --offload and --memory-budget apply to homogeneous models; R-GCN's "
+                              "relation-wise aggregation is chunked with --chunk-rows N: use that instead")
         if self.norm != "none" and self.arch == "coupled":
             raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
                               "layers have none: use --arch decoupled, or drop --norm")
