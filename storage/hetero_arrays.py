@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import zarr
 
-from storage.layout import Layout, create_array
+from storage.layout import Layout
 from storage.schema import StoreError
 from storage.sources.base import HeteroParts
 

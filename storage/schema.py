@@ -149,12 +149,8 @@ def parse_meta(attrs: Mapping[str, Any]) -> StoreMeta:
         layout=_field(attrs, "layout", dict),
         checksums=_field(attrs, "checksums", dict),
         build_key=_field(attrs, "build_key", str),
-        hetero=_hetero(attrs),
+        hetero=check_hetero_meta(attrs.get("hetero", {})),
     )
-
-
-def _hetero(attrs: Mapping[str, Any]) -> dict:
-    return check_hetero_meta(attrs.get("hetero", {}))
 
 
 def check_hetero_meta(hetero: Any) -> dict[str, Any]:
@@ -173,7 +169,6 @@ def check_hetero_meta(hetero: Any) -> dict[str, Any]:
     except (KeyError, TypeError) as e:
         raise ValueError(f"metadata field 'hetero' lacks {e}") from None
     return hetero
-
 
 
 FINGERPRINT_FIELDS = ("num_nodes", "num_edges", "feature_dim", "num_classes", "task_type", "feature_dtype",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
