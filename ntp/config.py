@@ -98,6 +98,9 @@ class TrainConfig:
     decomposition: Decomposition = opt("none", "R-GCN (coupled): relation weights as they are (none), a combination "
                                                "of --num-bases shared bases (basis) or --num-bases diagonal blocks "
                                                "(block: widths divisible by it).")
+    sparse_embeddings: bool = opt(False, "R-GCN: update embedding tables row-wise (lazy Adam: a row without a "
+                                         "gradient keeps its value and moments, as DGL's SparseAdam); no weight decay "
+                                         "on them.")
     num_bases: int = opt(0, "R-GCN: bases (basis) or blocks (block) of the relation weights (0: none).")
     collective_timeout_s: float = opt(300.0, "Timeout of every collective, in seconds; a rank that waits longer "
                                              "fails the job.")
@@ -160,6 +163,8 @@ class TrainConfig:
         if (self.decomposition != "none" or self.num_bases) and (self.model != "rgcn" or self.arch != "coupled"):
             raise ConfigError("--decomposition/--num-bases shape the relation weights of coupled R-GCN layers: use "
                               "--model rgcn --arch coupled, or drop them")
+        if self.sparse_embeddings and self.model != "rgcn":
+            raise ConfigError("--sparse-embeddings updates R-GCN's embedding tables: use --model rgcn, or drop it")
         if self.model == "rgcn" and self.mode == "data":
             raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
         if self.model == "rgcn" and (self.overlap or self.offload != "none" or self.memory_budget):

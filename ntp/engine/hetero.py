@@ -23,6 +23,7 @@ from ntp.engine.metrics import ALLREDUCE
 from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
 from ntp.engine.rgcn import build_rgcn
+from ntp.engine.rowwise_adam import RowwiseAdam
 from ntp.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
@@ -57,8 +58,7 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     comm = Comm(target_part, env.device, group=None)
     hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
     model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
-    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = _optimizer(cfg, model)
     y = torch.from_numpy(np.asarray(data.labels, np.int64))
     r0, r1 = target_part.rows()
     local = {}
@@ -74,6 +74,19 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     x = {t: torch.from_numpy(f).to(env.device) for t, f in data.features.items()}
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=hc, model=model, optimizer=optimizer, x=x,
                 y=y[r0:r1].to(env.device), local_split=local, global_train_count=count, task=HeteroTask())
+
+
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Adam/AdamW; with --sparse-embeddings, row-wise (lazy) updates of the embedding tables."""
+    if not cfg.sparse_embeddings:
+        opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer != "adam":
+        raise ConfigError("--sparse-embeddings updates with a row-wise Adam: use --optimizer adam")
+    sliced = {id(p) for p in model.sliced()}
+    return RowwiseAdam([{"params": [p for p in model.parameters() if id(p) not in sliced]},
+                        {"params": model.sliced(), "rowwise": True, "weight_decay": 0.0}],
+                       lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 class HeteroTask:

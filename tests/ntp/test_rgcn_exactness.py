@@ -20,7 +20,7 @@ CONFIGS = [
     dict(BASE, arch="decoupled"),
     dict(BASE, arch="coupled", chunk_rows=4),
     dict(BASE, arch="decoupled", prop_steps=1),
-    dict(BASE, arch="coupled", featureless=True),  # the one-hot first layer: a stacked table per relation
+    dict(BASE, arch="coupled", featureless=True, sparse_embeddings=True),  # one-hot first layer: stacked tables
     dict(BASE, arch="coupled", featureless=True, decomposition="basis", num_bases=2, nn_layers=1),
 ]
 GRAPH = hetero_graph(seed=1)

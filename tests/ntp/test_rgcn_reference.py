@@ -108,3 +108,31 @@ def test_wrong_model_or_options_say_the_fix() -> None:
         TrainConfig(model="rgcn", memory_budget="1GB")
     with pytest.raises(ValueError, match="not divisible by --num-bases 3"):
         RGCNLayer(2, 8, 6, "block", 3)
+
+
+def test_rowwise_adam_updates_only_rows_with_a_gradient_and_is_adam_there() -> None:
+    from ntp.engine.rowwise_adam import RowwiseAdam
+
+    torch.manual_seed(0)
+    table, dense = torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(4))
+    ref_table, ref_dense = torch.nn.Parameter(table.detach().clone()), torch.nn.Parameter(dense.detach().clone())
+    opt = RowwiseAdam([{"params": [dense]}, {"params": [table], "rowwise": True, "weight_decay": 0.0}], lr=0.1,
+                      weight_decay=0.01)
+    ref = torch.optim.Adam([{"params": [ref_dense]}, {"params": [ref_table], "weight_decay": 0.0}], lr=0.1,
+                           weight_decay=0.01)
+    for step in range(3):
+        g = torch.randn(5, 3)
+        g[1] = 0  # row 1 never gets a gradient; row 3 only from step 1 on
+        if step == 0:
+            g[3] = 0
+        before = table.detach().clone()
+        table.grad, ref_table.grad = g.clone(), g.clone()
+        dense.grad = ref_dense.grad = torch.randn(4)
+        opt.step()
+        ref.step()
+        torch.testing.assert_close(table[1], before[1], rtol=0, atol=0)
+        torch.testing.assert_close(dense, ref_dense)  # ordinary Adam with weight decay
+        if step == 0:
+            torch.testing.assert_close(table[3], before[3], rtol=0, atol=0)
+        else:  # rows with a gradient every step are exactly Adam's
+            torch.testing.assert_close(table[[0, 2, 4]], ref_table[[0, 2, 4]])
