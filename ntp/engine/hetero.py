@@ -58,7 +58,7 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     comm = Comm(target_part, env.device, group=None)
     hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
     model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
-    optimizer = _optimizer(cfg, model)
+    optimizer = _optimizer(cfg, model, comm)
     y = torch.from_numpy(np.asarray(data.labels, np.int64))
     r0, r1 = target_part.rows()
     local = {}
@@ -76,8 +76,9 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
                 y=y[r0:r1].to(env.device), local_split=local, global_train_count=count, task=HeteroTask())
 
 
-def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """Adam/AdamW; with --sparse-embeddings, row-wise (lazy) updates of the embedding tables."""
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module, comm: Comm) -> torch.optim.Optimizer:
+    """Adam/AdamW; with --sparse-embeddings, row-wise (lazy) updates of the embedding tables (a row is touched when
+    any rank's slice of it has a gradient)."""
     if not cfg.sparse_embeddings:
         opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
         return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -86,7 +87,8 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimize
     sliced = {id(p) for p in model.sliced()}
     return RowwiseAdam([{"params": [p for p in model.parameters() if id(p) not in sliced]},
                         {"params": model.sliced(), "rowwise": True, "weight_decay": 0.0}],
-                       lr=cfg.lr, weight_decay=cfg.weight_decay)
+                       lr=cfg.lr, weight_decay=cfg.weight_decay,
+                       touched=lambda mask: comm.all_reduce(mask.to(torch.int32), ALLREDUCE) > 0)
 
 
 class HeteroTask:

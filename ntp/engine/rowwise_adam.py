@@ -1,7 +1,8 @@
 """Adam whose updates of embedding tables are row-wise (lazy): a row that got no gradient this step keeps its value
 and its moments, as DGL's ``SparseAdam`` on ``NodeEmbedding`` and torch's ``SparseAdam`` do. Other parameters get
-ordinary Adam (with L2 weight decay). Rows are those of the tensor: for a column slice, all rows of this rank's
-columns, so every rank updates the same rows of its own columns and the result does not depend on the world size."""
+ordinary Adam (with L2 weight decay). For a column slice (all rows of this rank's columns) a row counts as touched
+when its gradient is not zero in any column of any rank: ``touched`` combines the ranks' row masks (an all-reduce),
+so every rank updates the same rows of its own columns and the result does not depend on the world size."""
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,9 @@ class RowwiseAdam(torch.optim.Optimizer):
     """Parameter groups with ``rowwise=True`` are updated row by row where their gradient is not zero."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, touched=lambda mask: mask) -> None:  # noqa: ANN001
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rowwise=False))
+        self.touched = touched
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 (torch's signature)
@@ -26,7 +28,7 @@ class RowwiseAdam(torch.optim.Optimizer):
                     state["step"] = torch.zeros(p.shape[:1] if group["rowwise"] else (), dtype=torch.float64)
                     state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
                 if group["rowwise"]:
-                    rows = grad.reshape(grad.shape[0], -1).ne(0).any(dim=1).nonzero()[:, 0]
+                    rows = self.touched(grad.reshape(grad.shape[0], -1).ne(0).any(dim=1)).nonzero()[:, 0]
                     self._update(p, grad, state, rows, group, beta1, beta2)
                 else:
                     if group["weight_decay"]:
