@@ -37,6 +37,7 @@ def _cols(total: int, world: int, rank: int) -> slice:
     return slice(start, start + base + (1 if rank < extra else 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_rgcn_tensor_parallel_equals_single(world: int, reference: list[dict]) -> None:
     per_rank = run_on_ranks(trace_all, world, [dict(c, mode="tp") for c in CONFIGS], GRAPH, EPOCHS)
