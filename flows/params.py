@@ -43,6 +43,8 @@ class DatasetOptions(BaseModel):
     link_split: str | None = Field(None, description="Link prediction for any homogeneous graph: 'VAL,TEST' fractions "
                                    "of a seeded random edge split with negatives (e.g. '0.05,0.1').")
     link_metric: str = Field("hits@20", description="Metric of a link_split store: hits@K or rocauc.")
+    add_reverse: bool = Field(False, description="Heterogeneous graphs (OGB's ogbn-mag layout): add the reverse "
+                              "rev_REL of every relation, as R-GCN uses.")
 
     def prepare_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``storage.prepare`` (everything but the name)."""

@@ -18,7 +18,7 @@ import yaml
 
 from ntp.errors import ConfigError
 
-Model = Literal["gcn", "sgc", "appnp", "sage", "gin", "gat"]
+Model = Literal["gcn", "sgc", "appnp", "sage", "gin", "gat", "rgcn"]
 Arch = Literal["decoupled", "coupled"]
 Mode = Literal["single", "tp", "data"]
 Optimizer = Literal["adam", "adamw"]
@@ -27,6 +27,8 @@ Offload = Literal["none", "topology", "all"]
 NNDevice = Literal["auto", "device", "cpu"]
 Decoder = Literal["mlp", "dot"]
 Precision = Literal["fp32", "bf16"]
+RelNorm = Literal["mean", "total", "sum"]
+Decomposition = Literal["none", "basis", "block"]
 
 #: Models whose propagation has no weights between steps: they only exist decoupled.
 DECOUPLED_ONLY = ("sgc", "appnp")
@@ -55,7 +57,7 @@ class TrainConfig:
     """Everything that defines a training run."""
 
     store: str = opt("", "Path of the graph store (from `ntp data prepare`).")
-    model: Model = opt("gcn", "gcn, sgc, appnp, sage, gin or gat.")
+    model: Model = opt("gcn", "gcn, sgc, appnp, sage, gin or gat; rgcn for heterogeneous stores (and only there).")
     arch: Arch = opt("decoupled", "decoupled: NN stage then propagation (4 all-to-all per epoch); coupled: classic GNN layers.")
     mode: Mode | None = opt(None, "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned "
                                   "data parallel. Empty: single for one process, tp for several.")
@@ -100,6 +102,15 @@ class TrainConfig:
                                  "pairs; every step reruns the encoder on the whole graph (as OGB's full-graph examples).")
     clip_grad: float = opt(0.0, "Clip the gradient norms of the node embeddings, the encoder and the decoder, each to "
                                 "this value (0: off; OGB's link-prediction examples use 1.0).")
+    rel_norm: RelNorm = opt("mean", "R-GCN: how each relation's messages are normalised: mean (1/|N_r(v)|, PyG's "
+                                    "RGCNConv), total (1/sum over relations of |N_r(v)|) or sum (none).")
+    decomposition: Decomposition = opt("none", "R-GCN (coupled): relation weights as they are (none), a combination "
+                                               "of --num-bases shared bases (basis) or --num-bases diagonal blocks "
+                                               "(block: widths divisible by it).")
+    sparse_embeddings: bool = opt(False, "R-GCN: update embedding tables row-wise (lazy Adam: a row without a "
+                                         "gradient keeps its value and moments, as DGL's SparseAdam); no weight decay "
+                                         "on them.")
+    num_bases: int = opt(0, "R-GCN: bases (basis) or blocks (block) of the relation weights (0: none).")
     collective_timeout_s: float = opt(300.0, "Timeout of every collective, in seconds; a rank that waits longer "
                                              "fails the job.")
     threads: int = opt(0, "Intra-op threads per rank (0: cores / ranks on this node).")
@@ -117,7 +128,7 @@ class TrainConfig:
                 raise ConfigError(f"--{flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
         _positive(self, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads", "decoder_layers",
                   "link_batch")
-        _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads")
+        _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads", "num_bases")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1); e.g. --dropout 0.5")
         if not 0.0 <= self.alpha <= 1.0:
@@ -156,6 +167,18 @@ class TrainConfig:
         if self.overlap and self.model == "gat":
             raise ConfigError("--overlap pipelines fixed propagation operators; attention (--model gat) computes its "
                               "edge weights every step and is not overlapped: drop --overlap")
+        if self.decomposition != "none" and self.num_bases < 1:
+            raise ConfigError(f"--decomposition {self.decomposition} needs --num-bases N >= 1 (e.g. --num-bases 30)")
+        if (self.decomposition != "none" or self.num_bases) and (self.model != "rgcn" or self.arch != "coupled"):
+            raise ConfigError("--decomposition/--num-bases shape the relation weights of coupled R-GCN layers: use "
+                              "--model rgcn --arch coupled, or drop them")
+        if self.sparse_embeddings and self.model != "rgcn":
+            raise ConfigError("--sparse-embeddings updates R-GCN's embedding tables: use --model rgcn, or drop it")
+        if self.model == "rgcn" and self.mode == "data":
+            raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
+        if self.model == "rgcn" and (self.overlap or self.offload != "none" or self.memory_budget):
+            raise ConfigError("--overlap, --offload and --memory-budget apply to homogeneous models; R-GCN's "
+                              "relation-wise aggregation is chunked with --chunk-rows N: use that instead")
         if self.norm != "none" and self.arch == "coupled":
             raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
                               "layers have none: use --arch decoupled, or drop --norm")
@@ -229,7 +252,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 _LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm, "Offload": Offload,
-             "NNDevice": NNDevice, "Decoder": Decoder, "Precision": Precision}
+             "NNDevice": NNDevice, "Decoder": Decoder, "Precision": Precision, "RelNorm": RelNorm,
+             "Decomposition": Decomposition}
 
 
 def literal_choices(type_name: str) -> tuple[str, ...]:

@@ -72,6 +72,7 @@ class FinalRecord:
     metric: str
     world_size: int
     task_type: str = ""  #: multiclass, binary, multilabel or link ("" in files written before it was recorded)
+    target_type: str = ""  #: heterogeneous graphs: the node type the metric is about ("": homogeneous)
     epochs_run: int = 0  #: 0 in files written before it was recorded
     store_fingerprint: str = ""
     config: dict[str, Any] = field(default_factory=dict)

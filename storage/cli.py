@@ -19,6 +19,7 @@ examples:
   ntp data prepare mygraph --edges e.parquet --node-features x.npy --labels y.npy --splits splits/
   ntp data prepare ogbl-ddi --from-dir ../shared/datasets/ogb-link/ogbl-ddi    link prediction (OGB layout)
   ntp data prepare cora --from-dir ../shared/datasets/ogb-layout/cora --link-split 0.05,0.1
+  ntp data prepare aifb --from-dir ../shared/datasets/ogb-hetero/aifb --add-reverse   heterogeneous (ogbn-mag layout)
 
 The same inputs and options always map to the same store, which is built once. The store's
 path is printed as the last line of standard output; progress goes to standard error.
@@ -43,6 +44,8 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--self-loops", action="store_true", help="give every vertex exactly one self-loop")
     g.add_argument("--dedup", action="store_true", help="remove repeated edges")
     g.add_argument("--drop-self-loops", action="store_true", help="remove all self-loops")
+    g.add_argument("--add-reverse", action="store_true", help="heterogeneous graphs: add the reverse rev_REL (dst "
+                   "-> src) of every relation, as R-GCN and the ogbn-mag baselines use (PyG's ToUndirected)")
     g.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="float32",
                    help="storage type of node features (read back as float32; default float32)")
     s = p.add_argument_group("synthetic graphs")
@@ -77,7 +80,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         drop_self_loops=args.drop_self_loops, feature_dtype=args.feature_dtype, nodes=args.nodes,
         avg_degree=args.avg_degree, features=args.features, classes=args.classes, seed=args.seed,
         edges=args.edges, node_features=args.node_features, labels=args.labels, splits=args.splits,
-        force=args.force, link_split=args.link_split, link_metric=args.link_metric,
+        force=args.force, link_split=args.link_split, link_metric=args.link_metric, add_reverse=args.add_reverse,
     )
     print(path, flush=True)
     return 0
@@ -112,7 +115,20 @@ def _run_info(args: argparse.Namespace) -> int:
             pos, neg = store.link_split(name)
             print(f"{'link ' + name:17} {len(pos)} positive edges, " +
                   (f"{len(neg)} negatives {list(neg.shape)}" if neg is not None else "negatives sampled in training"))
+    if store.meta.hetero:
+        _print_hetero(store.meta.hetero)
     return 0
+
+
+def _print_hetero(hetero: dict) -> None:
+    """Node types (count, features) and relations (edges), as PyG's HeteroData prints them."""
+    for t in hetero["node_types"]:
+        target = "  (target: labels and splits)" if t["name"] == hetero["target"] else ""
+        features = f"{t['feature_dim']} features" if t["feature_dim"] else "no features (learned embeddings)"
+        print(f"{'node type':17} {t['name']}: {t['count']} nodes, {features}, global ids from {t['offset']}{target}")
+    for r in hetero["relations"]:
+        rev = f"  (reverse of {r['reverse_of']})" if r["reverse_of"] else ""
+        print(f"{'relation':17} ({r['src']}, {r['name']}, {r['dst']}): {r['num_edges']} edges{rev}")
 
 
 def add_data_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

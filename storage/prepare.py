@@ -20,6 +20,7 @@ from storage.schema import FEATURE_DTYPES, StoreError
 from storage.sources.base import GraphSource
 from storage.sources.download import fetch_ogb
 from storage.sources.edgelist import edgelist_source
+from storage.sources.ogb_hetero import is_hetero_folder, ogb_hetero_source
 from storage.sources.ogb_layout import ogb_layout_source
 from storage.sources.ogb_meta import ogb_info, ogb_table
 from storage.sources.synthetic import SyntheticSpec, synthetic_source
@@ -59,7 +60,8 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
             classes: int | None = None, seed: int = 0, edges: PathLike = None,
             node_features: PathLike = None, labels: PathLike = None, splits: PathLike = None,
             progress: Callable[[str], None] | None = None, force: bool = False,
-            layout: Layout | None = None, link_split: str | None = None, link_metric: str = "hits@20") -> Path:
+            layout: Layout | None = None, link_split: str | None = None, link_metric: str = "hits@20",
+            add_reverse: bool = False) -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
     name: an OGB node-property dataset (downloaded, or read from `from_dir`), "synthetic",
@@ -120,22 +122,24 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
                     "files": tree_identity(from_dir, ("raw", "split"), digests)}
         digests.save()
         argv += ["--from-dir", str(from_dir)]
-        make_source = lambda: ogb_layout_source(from_dir, name, info)
+        make_source = lambda: _folder_source(from_dir, name, info, add_reverse)
     elif info is not None:
-        if info.is_hetero:
-            raise StoreError(f"{name} is a heterogeneous graph: not supported yet. "
-                             "Fix: choose a homogeneous dataset such as ogbn-arxiv")
         identity = {"kind": "ogb", "name": name, "release": info.version}
         argv += ["--data-dir", str(data_dir)] + (["--mirror", mirror] if mirror else [])
-        make_source = lambda: ogb_layout_source(fetch_ogb(info, raw_dir(data_dir), mirror, progress), name, info)
+        make_source = lambda: _folder_source(fetch_ogb(info, raw_dir(data_dir), mirror, progress), name, info,
+                                             add_reverse)
     else:
         known = ", ".join(sorted(ogb_table()))
         raise StoreError(f"unknown dataset {name!r} (OGB lists: {known}). Fix: pass --from-dir DIR for an "
                          "OGB-layout folder, --edges FILE for your own graph, or use 'synthetic'")
 
-    inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic")
+    hetero = bool(info and info.is_hetero) or (from_dir is not None and is_hetero_folder(from_dir))
+    if add_reverse and not hetero:
+        raise StoreError(f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
+                         "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)")
+    inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic" and not hetero)
     prep = Preprocessing(symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops)
-    options = {**prep.to_dict(), "feature_dtype": feature_dtype}
+    options = {**prep.to_dict(), "feature_dtype": feature_dtype, **({"add_reverse": True} if add_reverse else {})}
     if link_split is not None:
         ratios, inner = parse_ratios(link_split), make_source
         options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}
@@ -144,7 +148,7 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
         make_source = lambda: _link_split_of(inner(), ratios, seed, link_metric, prep.symmetrize)
     digest = options_digest(identity, options)
     target = _path(out) or default_store_path(data_dir, name, digest)
-    for flag, on in (("--symmetrize", symmetrize), ("--self-loops", self_loops), ("--dedup", dedup),
+    for flag, on in (("--add-reverse", add_reverse), ("--symmetrize", symmetrize), ("--self-loops", self_loops), ("--dedup", dedup),
                      ("--drop-self-loops", drop_self_loops)):
         argv += [flag] if on else []
     if feature_dtype != "float32":
@@ -152,6 +156,16 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
     argv += ["--out", str(target), "--force"]
     return build(make_source, target, prep=prep, feature_dtype=feature_dtype, build_key=digest,
                  rebuild_command=shlex.join(argv), progress=progress, force=force, layout=layout)
+
+
+def _folder_source(root: Path, name: str, info: Any, add_reverse: bool) -> GraphSource:
+    """An OGB folder's source: the heterogeneous layout (raw/num-node-dict.csv.gz) or a homogeneous one."""
+    if is_hetero_folder(root):
+        return ogb_hetero_source(root, name, info, add_reverse)
+    if info is not None and info.is_hetero:
+        raise StoreError(f"{root}: {name} is heterogeneous but raw/num-node-dict.csv.gz is missing. Fix: download "
+                         "the dataset again (OGB ships it with raw/num-node-dict.csv.gz and raw/relations/)")
+    return ogb_layout_source(root, name, info)
 
 
 def _link_split_of(source: GraphSource, ratios: tuple[float, float], seed: int, metric: str,

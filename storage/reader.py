@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from storage import schema as S
+from storage import hetero_arrays, schema as S
 from storage.layout import expected_chunk_files
 from storage.location import Location, location_of
 from storage.schema import StoreError, StoreMeta, parse_meta, store_problem
@@ -99,6 +99,8 @@ def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
         arrays[S.WEIGHTS] = ((e,), "float32")
     if S.T_INDICES in meta.checksums:
         arrays[S.T_INDICES] = ((e,), meta.index_dtype)
+    if meta.hetero:
+        arrays.update(hetero_arrays.expected_arrays(meta.hetero, meta.index_dtype, feat))
     if meta.task_type == "link":  # edge splits instead of labels and node splits
         arrays.update({name: (None, "int64") for name in meta.checksums if name.startswith(S.LINK_PREFIX)})
         return arrays
@@ -211,6 +213,29 @@ class GraphStore:
                              f"splits {self.meta.split_names})")
         neg = S.link_array(name, "neg")
         return self._read(S.link_array(name, "pos")), self._read(neg) if neg in self.meta.checksums else None
+
+    def relation_csr(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr over the destination type's rows, source ids local to the source type) of one relation of a
+        heterogeneous store (key ``src___rel___dst``, or the relation's name when unambiguous)."""
+        if not self.meta.hetero:
+            raise StoreError(f"store {self.location} is homogeneous: it has no relation {key!r}. Fix: build it from "
+                             "an OGB heterogeneous folder (raw/num-node-dict.csv.gz, raw/relations/...)")
+        rel = hetero_arrays.relation_index(self.meta.hetero, key)
+        ptr_name, idx_name = hetero_arrays.relation_arrays(rel["key"])
+        return self._read(ptr_name), self._read(idx_name)
+
+    def type_features(self, node_type: str, rows: slice | None = None, cols: slice | None = None) -> np.ndarray:
+        """Features [rows, cols] of one node type (local ids) as float32; [n, 0] for a featureless type."""
+        types = {t["name"]: t for t in self.meta.hetero.get("node_types", [])}
+        if node_type not in types:
+            raise StoreError(f"store {self.location} has no node type {node_type!r}. Fix: use one of {sorted(types)}")
+        t = types[node_type]
+        if not t["feature_dim"]:
+            return np.zeros((t["count"], 0), np.float32)[_check_slice(rows, "rows")]
+        data = self._read(hetero_arrays.feature_array(node_type), (_check_slice(rows, "rows"), _check_slice(cols, "cols")))
+        if self.meta.feature_dtype == "bfloat16":
+            return (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return data.astype(np.float32, copy=False)
 
     # Validation ---------------------------------------------------------------------------
     def check_structure(self) -> None:

@@ -78,6 +78,7 @@ class StoreMeta:
     layout: dict = field(default_factory=dict)
     checksums: dict = field(default_factory=dict)
     build_key: str = ""
+    hetero: dict = field(default_factory=dict)  #: node types and relations (storage.hetero_arrays); {}: homogeneous
 
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:
@@ -151,7 +152,26 @@ def parse_meta(attrs: Mapping[str, Any]) -> StoreMeta:
         layout=_field(attrs, "layout", dict),
         checksums=_field(attrs, "checksums", dict),
         build_key=_field(attrs, "build_key", str),
+        hetero=check_hetero_meta(attrs.get("hetero", {})),
     )
+
+
+def check_hetero_meta(hetero: Any) -> dict[str, Any]:
+    """The metadata's ``hetero`` entry, or ValueError naming what is wrong (an edited zarr.json)."""
+    if not isinstance(hetero, dict):
+        raise ValueError("metadata field 'hetero' must be an object")
+    if not hetero:
+        return hetero
+    try:
+        types = {t["name"]: t for t in hetero["node_types"]}
+        if hetero["target"] not in types:
+            raise ValueError(f"hetero target type {hetero['target']!r} is not one of the node types {sorted(types)}")
+        for r in hetero["relations"]:
+            if r["src"] not in types or r["dst"] not in types:
+                raise ValueError(f"hetero relation {r['key']!r} names a node type that is not listed")
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"metadata field 'hetero' lacks {e}") from None
+    return hetero
 
 
 FINGERPRINT_FIELDS = ("num_nodes", "num_edges", "feature_dim", "num_classes", "task_type", "feature_dtype",
@@ -161,6 +181,8 @@ FINGERPRINT_FIELDS = ("num_nodes", "num_edges", "feature_dim", "num_classes", "t
 def fingerprint(fields: Mapping[str, Any]) -> str:
     """16 hex chars of a hash of the content-defining metadata (an edit of any of them changes it)."""
     content = {k: fields[k] for k in FINGERPRINT_FIELDS}
+    if fields.get("hetero"):  # homogeneous stores keep the fingerprint they always had
+        content["hetero"] = fields["hetero"]
     blob = json.dumps(content, sort_keys=True, default=list)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

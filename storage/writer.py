@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import zarr
 
 from storage import schema as S
 from storage.csr import CsrArrays, CsrBuilder, Preprocessing, transpose_indices
+from storage.hetero_arrays import hetero_meta, write_hetero
 from storage.labels import checked_labels
 from storage.layout import Layout, create_array
 from storage.schema import StoreError, StoreMeta
@@ -121,6 +123,9 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
 
     progress(f"{source.name}: writing features ({n:,} x {source.feature_dim}, {feature_dtype})")
     sums[S.FEATURES] = _write_features(group, source, feature_dtype, layout)
+    if source.hetero is not None:
+        sums.update(write_hetero(group, source.hetero, layout, index_dtype, write_array,
+                                 partial(_write_feature_array, feature_dtype=feature_dtype, layout=layout), progress))
     if source.task_type == "link":
         split_names, num_classes = _write_link_splits(group, source, layout, sums), 0
     else:
@@ -134,7 +139,7 @@ def write_store(source: GraphSource, tmp: Path, *, prep: Preprocessing, feature_
         source=source.info, feature_dtype=feature_dtype, has_edge_weights=source.weighted,
         split_names=tuple(split_names), index_dtype=index_dtype,
         rebuild_command=rebuild_command, layout=layout.to_dict(), checksums=sums,
-        build_key=build_key,
+        build_key=build_key, hetero=hetero_meta(source.hetero) if source.hetero is not None else {},
     )
     meta = StoreMeta(fingerprint=S.fingerprint(meta_fields), schema_version=S.SCHEMA_VERSION, **meta_fields)
     group.attrs.update(meta.to_dict())  # written last: a store without it never opens
@@ -198,11 +203,17 @@ def _write_topology(group: zarr.Group, csr: CsrArrays, n: int, layout: Layout,
 
 def _write_features(group: zarr.Group, source: GraphSource, feature_dtype: str,
                     layout: Layout) -> str:
+    return _write_feature_array(group, S.FEATURES, source.num_nodes, source.feature_dim, source.feature_blocks,
+                                feature_dtype=feature_dtype, layout=layout)
+
+
+def _write_feature_array(group: zarr.Group, name: str, rows: int, dim: int,
+                         blocks: Callable[[], Iterable[np.ndarray]], *, feature_dtype: str, layout: Layout) -> str:
     dtype = storage_dtype(feature_dtype)
-    chunks = layout.feature_chunks(source.num_nodes, source.feature_dim, np.dtype(dtype).itemsize)
-    arr = create_array(group, S.FEATURES, (source.num_nodes, source.feature_dim), dtype, chunks)
+    chunks = layout.feature_chunks(rows, dim, np.dtype(dtype).itemsize)
+    arr = create_array(group, name, (rows, dim), dtype, chunks)
     convert = to_bfloat16_bits if feature_dtype == "bfloat16" else None
     w = SequentialWriter(arr, convert)
-    for block in source.feature_blocks():
+    for block in blocks():
         w.append(block)
     return w.close()

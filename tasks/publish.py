@@ -22,7 +22,9 @@ def results_markdown(*, dataset: str, config: Mapping[str, Any], summary: Mappin
     """The artifact's text: a header, the results table and the MLflow run link."""
     rows = [
         ("dataset", dataset),
-        ("task", evaluation.get("task_type")),
+        ("task", evaluation.get("task_type") + (f" of node type {evaluation['target_type']}"
+                                                if evaluation.get("target_type") else "")
+         if evaluation.get("task_type") else None),
         ("model / arch / mode", f"{config.get('model')} / {config.get('arch')} / {config.get('mode')}"),
         ("world size", world_size),
         ("epochs run", int(summary["epochs_run"]) if "epochs_run" in summary else None),

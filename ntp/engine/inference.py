@@ -93,4 +93,5 @@ def evaluate_model(model_path: str | Path, store_path: str | Path, any_store: bo
     """Metrics of a saved model on train/valid/test in this process: {"train", "valid", "test", "metric",
     "task_type"}. The store must be the one it was trained on (same fingerprint) unless ``any_store``."""
     job = single_process_job(model_path, store_path, any_store)
-    return {**evaluate_splits(job), "metric": job.data.metric, "task_type": job.data.task_type}
+    target = {"target_type": job.data.target} if getattr(job.data, "hetero", False) else {}
+    return {**evaluate_splits(job), "metric": job.data.metric, "task_type": job.data.task_type, **target}

@@ -37,6 +37,8 @@ def train_step(job: Job, epoch: int) -> float:
     """Forward, backward and update; returns the global mean loss over all training vertices of all ranks."""
     if job.link is not None:  # link prediction: an epoch of edge mini-batches (ntp.engine.link)
         return job.link.train_epoch(job, epoch)
+    if job.task is not None:  # a task with its own epoch (heterogeneous graphs: ntp.engine.hetero)
+        return job.task.train_epoch(job, epoch)
     job.model.train()
     job.ctx.step = epoch
     job.optimizer.zero_grad(set_to_none=True)
@@ -51,8 +53,8 @@ def train_step(job: Job, epoch: int) -> float:
 
 @torch.no_grad()
 def evaluate_splits(job: Job) -> dict[str, float]:
-    if job.link is not None:
-        return job.link.evaluate(job)
+    if job.link is not None or job.task is not None:
+        return (job.link or job.task).evaluate(job)
     job.model.eval()
     return split_metrics(job, job.model(job.x, job.ctx))
 
@@ -124,6 +126,7 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
             break
     final = FinalRecord(best_epoch=job.best.epoch, best_valid_metric=_finite(job.best.valid), test_metric=job.best.test,
                         metric=job.data.metric, task_type=job.data.task_type, world_size=env.world,
+                        target_type=getattr(job.data, "target", ""),
                         epochs_run=len(job.history), store_fingerprint=job.data.fingerprint, config=cfg.to_dict())
     if env.is_main and cfg.model_out:
         save_model(job, cfg.model_out)

@@ -57,6 +57,7 @@ class Job:
     global_train_count: int
     best: Best = field(default_factory=Best)
     link: Any = None  #: link prediction's edges, epoch and evaluation (ntp.engine.link.LinkTask); None: node task
+    task: Any = None  #: another task's own epoch and evaluation (heterogeneous: ntp.engine.hetero.HeteroTask)
     history: list[EpochRecord] = field(default_factory=list)  # epoch records (rank 0 writes them)
 
 
@@ -70,6 +71,14 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths
         check_output_paths(cfg)
     data = load(cfg, env.world, env.rank) if load else _load_from_store(cfg, env)
+    if getattr(data, "hetero", False):  # node types and relations: R-GCN (ntp.engine.hetero)
+        from ntp.engine.hetero import setup_hetero
+
+        return Job(**setup_hetero(cfg, env, data))
+    if cfg.model == "rgcn":
+        raise ConfigError(f"--model rgcn needs a heterogeneous store (node types and relations); {data.name!r} is "
+                          "homogeneous: choose gcn, sage, gin, gat, sgc or appnp, or build the store from an OGB "
+                          "heterogeneous folder")
     if data.task_type == "link":  # edge mini-batches, a decoder and ranking metrics (ntp.engine.link)
         from ntp.engine.link import setup_link
 
@@ -133,6 +142,10 @@ def _load_from_store(cfg: TrainConfig, env: DistEnv) -> GraphData:
 
     store = open_store(cfg.store)
     meta = store.meta
+    if meta.hetero:
+        from ntp.engine.hetero_data import load_hetero
+
+        return load_hetero(store, env.world, env.rank)
     share = partial(on_node, local_rank=env.local_rank, local_world=env.local_world, key=job_key(meta.fingerprint),
                     required_bytes=topology_bytes(meta.num_nodes, meta.num_edges))
     return load_rank_data(store, env.world, env.rank, share)

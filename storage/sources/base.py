@@ -40,3 +40,34 @@ class GraphSource:
     expected_edges: int | None = None  # raw edge count the source promises (verified)
     info: dict[str, Any] = field(default_factory=dict)  # recorded as meta.source
     link_splits: Callable[[], dict[str, tuple[np.ndarray, "np.ndarray | None"]]] | None = None
+    hetero: "HeteroParts | None" = None  #: node types and relations of a heterogeneous graph (storage.hetero_arrays)
+
+
+@dataclass
+class Relation:
+    """One relation ``src --name--> dst`` of a heterogeneous graph: its edges in the types' local ids."""
+
+    src: str
+    name: str
+    dst: str
+    src_ids: np.ndarray
+    dst_ids: np.ndarray
+    reverse_of: str | None = None  #: the relation this one reverses (``--add-reverse``)
+
+    @property
+    def key(self) -> str:
+        """OGB's folder name ``src___name___dst``."""
+        return f"{self.src}___{self.name}___{self.dst}"
+
+
+@dataclass
+class HeteroParts:
+    """What a heterogeneous source adds: node types (global ids are the types' ranges, in this order), the labeled
+    target type, the relations, and per-type features (a type without ``feature_blocks`` is featureless)."""
+
+    node_types: list[str]
+    counts: dict[str, int]
+    target: str
+    relations: list[Relation]
+    feature_dims: dict[str, int]
+    feature_blocks: dict[str, Callable[[], Iterator[np.ndarray]]]

@@ -38,7 +38,8 @@ def test_pipeline_schema_is_a_typed_form() -> None:
     schema = PipelineParams.model_json_schema()
     defs = schema["$defs"]
     assert schema["required"] == ["dataset"]
-    assert defs["TrainingOptions"]["properties"]["model"]["enum"] == ["gcn", "sgc", "appnp", "sage", "gin", "gat"]
+    assert defs["TrainingOptions"]["properties"]["model"]["enum"] == ["gcn", "sgc", "appnp", "sage", "gin", "gat",
+                                                                         "rgcn"]
     assert defs["TrainingOptions"]["properties"]["epochs"]["default"] == 100
     assert all(p.get("description") for d in defs.values() for p in d["properties"].values())
     with pytest.raises(ValueError):

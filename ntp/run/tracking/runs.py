@@ -251,7 +251,8 @@ def start_training_run(
     close_orphaned_runs(c, exp_id)
     commit = git_commit()
     run_tags = {TAG_KIND: "train", TAG_FLOW_RUN: flow_run_id, TAG_GIT: commit, "mlflow.source.git.commit": commit,
-                "mlflow.source.name": "ntp", "ntp.task_type": meta.get("task_type"), **launcher_tags(), **(tags or {})}
+                "mlflow.source.name": "ntp", "ntp.task_type": meta.get("task_type"),
+                "ntp.target_type": (meta.get("hetero") or {}).get("target"), **launcher_tags(), **(tags or {})}
     run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in run_tags.items() if v is not None})
     tr = TrainingRun(run.info.run_id, exp_id, c, uri, _as_int(meta.get("num_edges")))
     monitor = None
@@ -259,6 +260,9 @@ def start_training_run(
         params = {**dict(config), "world_size": world_size, "store_fingerprint": meta.get("fingerprint")}
         params.update({f"data.{k}": v for k, v in meta.items()
                        if isinstance(v, (int, float, str, bool)) and k not in ("fingerprint",)})
+        if meta.get("hetero"):  # a heterogeneous store: its shape (the type and relation lists are in the config)
+            params.update({"data.node_types": len(meta["hetero"]["node_types"]),
+                           "data.relations": len(meta["hetero"]["relations"])})
         tr.log_params(params)
         tr.log_config({**dict(config), "world_size": world_size})
         if store_path is not None:
@@ -303,7 +307,7 @@ def log_evaluation(run_id: str | None, metrics: Mapping[str, Any], *, model_path
     items = [Metric(f"{prefix}/{k}", float(v), ts, 0) for k, v in metrics.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool)]
     c.log_batch(run_id, metrics=items)
-    for key in ("metric", "task_type"):
+    for key in ("metric", "task_type", "target_type"):
         if metrics.get(key):
             c.set_tag(run_id, f"{prefix}.{key}", str(metrics[key]))
     if finish:

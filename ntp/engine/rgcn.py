@@ -1,0 +1,289 @@
+"""R-GCN (Schlichtkrull et al. 2018), tensor parallel, on heterogeneous graphs.
+
+A layer computes, for every node v of type t:
+
+    h'_v = W_0 h_v + b + sum_{r into t} (1 / c_{v,r}) sum_{u in N_r(v)} W_r h_u
+
+Tensor parallel, aggregate first (as PyG's ``RGCNConv``): each rank aggregates its column slice of every relation's
+sources (``A_r @ H_s``, no communication; ntp.engine.relations), the messages of all relations into type t go to the
+row layout in ONE all-to-all (only the (node, relation) pairs that have edges: ntp.engine.relations.TypedOperator), and the transforms ``W_r`` and the root ``W_0`` run on the rank's
+own rows. The layer's output is split back to the column layout for the next layer (one all-to-all per type).
+Relation weights: full ``[R, in, out]``, a basis decomposition ``W_r = sum_b a_rb V_b`` or block-diagonal ``W_r``.
+
+Input: a type with features goes through its own Linear (row layout, then split); a featureless type has a learnable
+embedding table that lives in the column layout (each rank holds all rows of its column slice: its own columns and
+their optimiser state) and is gathered only for the root term.
+
+Decoupled form: the NN stage (a per-type MLP, or the embedding) on the rows, one split, then ``--prop-steps`` of
+relation-wise propagation ``H_t <- w_t H_t + sum_{r into t} w_r A_r H_s`` with learnable scalars (on the column slices,
+no communication), and one gather of the target type's rows: 2 all-to-alls forward whatever the depth.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ntp.config import TrainConfig
+from ntp.engine.collectives import gather, split
+from ntp.engine.layers import keep_mask
+from ntp.engine.link_model import SlicedEmbedding
+from ntp.engine.partition import Partition
+from ntp.engine.relations import HeteroContext
+
+
+def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int) -> torch.Tensor:
+    """Dropout on a type's rows whose mask depends on (seed, step, layer, type, global row, column) only."""
+    if p == 0.0:
+        return x
+    stream = ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
+    r0 = hc.row_offset(node_type)
+    return x * keep_mask((r0, r0 + x.shape[0]), x.shape[1], p, stream, x.device).to(x.dtype) / (1.0 - p)
+
+
+class RelationWeights(nn.Module):
+    """``W_r`` for R relations: ``forward(m, rels)`` = sum_i m[:, i] @ W_{rels[i]} for messages m [N, k, in]."""
+
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str = "none",
+                 num_bases: int = 0) -> None:
+        super().__init__()
+        self.decomposition, self.in_dim, self.out_dim = decomposition, in_dim, out_dim
+        if decomposition == "basis":
+            self.bases = nn.Parameter(torch.empty(num_bases, in_dim, out_dim))
+            self.comp = nn.Parameter(torch.empty(num_relations, num_bases))
+            bound = math.sqrt(6.0 / (in_dim + out_dim))
+            nn.init.uniform_(self.bases, -bound, bound)
+            nn.init.xavier_uniform_(self.comp)
+        elif decomposition == "block":
+            if in_dim % num_bases or out_dim % num_bases:
+                raise ValueError(f"block-diagonal relation weights: widths {in_dim} -> {out_dim} are not divisible "
+                                 f"by --num-bases {num_bases}; choose a divisor of both")
+            self.blocks = nn.Parameter(torch.empty(num_relations, num_bases, in_dim // num_bases, out_dim // num_bases))
+            bound = math.sqrt(6.0 / (in_dim // num_bases + out_dim // num_bases))
+            nn.init.uniform_(self.blocks, -bound, bound)
+        else:
+            self.weight = nn.Parameter(torch.empty(num_relations, in_dim, out_dim))
+            bound = math.sqrt(6.0 / (in_dim + out_dim))
+            nn.init.uniform_(self.weight, -bound, bound)
+
+    def matrices(self, rels: list[int]) -> torch.Tensor:
+        """[k, in, out] (full and basis forms)."""
+        if self.decomposition == "basis":
+            return torch.einsum("kb,bio->kio", self.comp[rels], self.bases)
+        return self.weight[rels]
+
+    def forward(self, m: torch.Tensor, pair_rel: torch.Tensor, rels: list[int]) -> torch.Tensor:
+        """``m[p] @ W_{pair_rel[p]}`` for every message row p (relations ``rels`` occur)."""
+        out = m.new_zeros(m.shape[0], self.out_dim)
+        weights = None if self.decomposition == "block" else self.matrices(rels)
+        for j, r in enumerate(rels):
+            sel = (pair_rel == r).nonzero()[:, 0]  # may be empty: the output still depends on m (every rank
+            if self.decomposition == "block":
+                nb = self.blocks.shape[1]
+                y = torch.einsum("nbi,bio->nbo", m[sel].reshape(len(sel), nb, self.in_dim // nb), self.blocks[r])
+                y = y.reshape(len(sel), self.out_dim)
+            else:
+                y = m[sel] @ weights[j]  # must call the gather's backward, or its peers wait for it)
+            out = out.index_copy(0, sel, y)
+        return out
+
+
+class HeteroInput(nn.Module):
+    """Per type: a Linear of its features (row layout) or a column-sliced embedding table (featureless)."""
+
+    def __init__(self, hc: HeteroContext, feature_dims: dict[str, int], width: int, seed: int) -> None:
+        super().__init__()
+        self.width = width
+        self.linears = nn.ModuleDict({t: nn.Linear(d, width) for t, d in feature_dims.items() if d})
+        self.embeddings = nn.ModuleDict({
+            t: SlicedEmbedding(hc.counts[t], width, hc.comms[t].part, seed * 1_009 + i)
+            for i, t in enumerate(hc.types) if not feature_dims[t]})
+
+    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> tuple[dict, dict]:
+        """(rows, cols) of every type: the row layout and the column layout of the input."""
+        rows, cols = {}, {}
+        for t in hc.types:
+            if t in self.linears:
+                rows[t] = self.linears[t](x[t])
+                cols[t] = split(rows[t], hc.comms[t])
+            else:
+                cols[t] = self.embeddings[t].weight
+                rows[t] = gather(cols[t], hc.comms[t], self.width)
+        return rows, cols
+
+    def sliced(self) -> list[nn.Parameter]:
+        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
+
+
+class RGCNLayer(nn.Module):
+    def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str, num_bases: int) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+        self.root = nn.Linear(in_dim, out_dim)
+        self.rel = RelationWeights(num_relations, in_dim, out_dim, decomposition, num_bases)
+
+    def forward(self, rows: dict, cols: dict, hc: HeteroContext, dst_types: list[str]) -> dict:
+        out = {}
+        everything = torch.cat([cols[t] for t in hc.types])  # the sources of every type, global ids
+        for t in dst_types:
+            y = self.root(rows[t])
+            if hc.into[t]:
+                msgs = gather(hc.ops[t](everything), hc.pair_comms[t], self.in_dim)  # this rank's pairs, all columns
+                dst, rel = hc.own_pairs(t)
+                y = y.index_add(0, dst, self.rel(msgs, rel, hc.into[t]))
+            out[t] = y
+        return out
+
+
+class FeaturelessLayer(nn.Module):
+    """R-GCN's first layer when no node type has features (entity classification, as AIFB): the input is one-hot, so
+    ``W_r`` is a table of rows and the layer needs no communication at all. Tables live in the column layout
+    (each rank holds every row of its column slice): a root table ``W_0`` and, per basis b, ``V_b`` over all nodes
+    (global ids); ``W_r = sum_b a_rb V_b`` (basis), or one table per relation (none: ``a`` is the identity). Each
+    pair (v, r) of the typed CSR gets ``sum_b a_rb (A_r V_b)[v]``; the output stays in the column layout."""
+
+    def __init__(self, hc: HeteroContext, out_dim: int, decomposition: str, num_bases: int, seed: int) -> None:
+        super().__init__()
+        n, part = sum(hc.counts.values()), Partition(sum(hc.counts.values()), hc.comm.world, hc.comm.rank)
+        self.width, self.c0, self.c1 = out_dim, *part.cols(out_dim)
+        self.root = SlicedEmbedding(n, out_dim, part, seed * 1_009)
+        if decomposition == "basis":
+            self.bases = nn.ModuleList(SlicedEmbedding(n, out_dim, part, seed * 1_009 + 1 + b) for b in range(num_bases))
+            self.comp = nn.Parameter(torch.empty(hc.num_relations, num_bases))
+            nn.init.xavier_uniform_(self.comp)
+        else:  # the relations' tables stacked: row r * n + u is W_r[u]
+            stacked = Partition(n * hc.num_relations, hc.comm.world, hc.comm.rank)
+            self.tables = SlicedEmbedding(n * hc.num_relations, out_dim, stacked, seed * 1_009 + 1)
+            self.comp = None
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def forward(self, hc: HeteroContext) -> dict:
+        out = {}
+        for t in hc.types:
+            o = hc.offsets[t]
+            y = self.root.weight[o:o + hc.counts[t]] + self.bias[self.c0:self.c1]
+            if hc.into[t]:
+                op = hc.ops[t]
+                if self.comp is None:  # each pair reads its own relation's table
+                    msgs = hc.relation_ops()[t](self.tables.weight)
+                else:
+                    per = torch.stack([op(v.weight) for v in self.bases])  # [B, pairs, slice]
+                    msgs = torch.einsum("bpc,pb->pc", per, self.comp[op.pair_rel])
+                y = y.index_add(0, op.pair_dst, msgs)
+            out[t] = y
+        return out
+
+
+def column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int, width: int,
+                   cols: tuple[int, int]) -> torch.Tensor:
+    """:func:`hetero_dropout`'s mask, applied to a column slice (all rows of the type)."""
+    if p == 0.0:
+        return h
+    stream = ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
+    mask = keep_mask((0, h.shape[0]), width, p, stream, h.device)[:, cols[0]:cols[1]]
+    return h * mask.to(h.dtype) / (1.0 - p)
+
+
+class CoupledRGCN(nn.Module):
+    """``nn_layers`` R-GCN layers (width ``hidden``), ReLU and dropout between them; logits of the target type."""
+
+    def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
+                 out_dim: int) -> None:
+        super().__init__()
+        torch.manual_seed(cfg.seed)
+        self.target, self.dropout = target, cfg.dropout
+        dims = [cfg.hidden] * cfg.nn_layers + [out_dim]
+        #: no type has features: R-GCN's one-hot first layer (tables), else per-type inputs then R-GCN layers
+        self.featureless = not any(feature_dims.values()) and cfg.decomposition != "block"
+        if self.featureless:
+            self.first = FeaturelessLayer(hc, dims[1], cfg.decomposition, cfg.num_bases, cfg.seed)
+            dims = dims[1:]
+        else:
+            self.input = HeteroInput(hc, feature_dims, cfg.hidden, cfg.seed)
+        self.layers = nn.ModuleList(RGCNLayer(hc.num_relations, a, b, cfg.decomposition, cfg.num_bases)
+                                    for a, b in zip(dims[:-1], dims[1:]))
+
+    def _first(self, hc: HeteroContext) -> tuple[dict, dict]:
+        width = self.first.width
+        cols = self.first(hc)
+        if not self.layers:
+            return {}, cols
+        cols = {t: F.relu(h) for t, h in cols.items()}
+        if self.training:
+            cols = {t: column_dropout(h, self.dropout, hc, t, 0, width, (self.first.c0, self.first.c1))
+                    for t, h in cols.items()}
+        return {t: gather(h, hc.comms[t], width) for t, h in cols.items()}, cols
+
+    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+        rows, cols = self._first(hc) if self.featureless else self.input(x, hc)
+        if not self.layers:
+            return gather(cols[self.target], hc.comms[self.target], self.first.width)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            out = layer(rows, cols, hc, [self.target] if i == last else hc.types)
+            if i == last:
+                return out[self.target]
+            rows = {t: F.relu(h) for t, h in out.items()}
+            if self.training:
+                rows = {t: hetero_dropout(h, self.dropout, hc, t, i + self.featureless) for t, h in rows.items()}
+            cols = {t: split(h, hc.comms[t]) for t, h in rows.items()}
+        raise AssertionError("unreachable")
+
+    def sliced(self) -> list[nn.Parameter]:
+        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
+
+
+class DecoupledRGCN(nn.Module):
+    """NN stage per type (MLP of its features to the class width, or an embedding), then relation-wise propagation."""
+
+    def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
+                 out_dim: int) -> None:
+        super().__init__()
+        torch.manual_seed(cfg.seed)
+        self.target, self.dropout, self.steps, self.out_dim = target, cfg.dropout, cfg.prop_steps, out_dim
+        self.mlps = nn.ModuleDict()
+        for t, d in feature_dims.items():
+            if d:
+                dims = [d] + [cfg.hidden] * (cfg.nn_layers - 1) + [out_dim]
+                self.mlps[t] = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.embeddings = nn.ModuleDict({t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed * 1_009 + i)
+                                         for i, t in enumerate(hc.types) if not feature_dims[t]})
+        # mixing weights: one per type (its own state) then one per relation, each 1 / (1 + relations into the type)
+        init = [1.0 / (1 + len(hc.into[t])) for t in hc.types] + [1.0 / (1 + len(hc.into[d])) for _, d in hc.relations]
+        self.mix = nn.Parameter(torch.tensor(init))
+
+    def _nn(self, t: str, x: torch.Tensor, hc: HeteroContext) -> torch.Tensor:
+        lins = self.mlps[t]
+        for i, lin in enumerate(lins):
+            if self.training:
+                x = hetero_dropout(x, self.dropout, hc, t, i)
+            x = lin(x)
+            x = F.relu(x) if i < len(lins) - 1 else x
+        return x
+
+    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+        h = {t: (split(self._nn(t, x[t], hc), hc.comms[t]) if t in self.mlps else self.embeddings[t].weight)
+             for t in hc.types}
+        n_types = len(hc.types)
+        for _ in range(self.steps):
+            everything = torch.cat([h[t] for t in hc.types])
+            new = {}
+            for j, t in enumerate(hc.types):
+                new[t] = self.mix[j] * h[t]
+                if hc.into[t]:
+                    op = hc.ops[t]
+                    msgs = op(everything) * self.mix[n_types + op.pair_rel].unsqueeze(1)
+                    new[t] = new[t].index_add(0, op.pair_dst, msgs)
+            h = new
+        return gather(h[self.target], hc.comms[self.target], self.out_dim)
+
+    def sliced(self) -> list[nn.Parameter]:
+        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
+
+
+def build_rgcn(cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
+               out_dim: int) -> nn.Module:
+    cls = CoupledRGCN if cfg.arch == "coupled" else DecoupledRGCN
+    return cls(cfg, hc, feature_dims, target, out_dim)
