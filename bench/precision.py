@@ -52,7 +52,8 @@ def main() -> None:
             pair = []
             for precision in ("fp32", "bf16"):
                 runs = [run_job(store, args.nproc, args.epochs, mode="tp", device=args.device, seed=seed,
-                                precision=precision, eval_every=1, **MODELS[model]) for seed in range(args.seeds)]
+                                precision=precision, eval_every=1, threads=args.threads or 0, **MODELS[model])
+                        for seed in range(args.seeds)]
                 pair.append(row(graph, model, precision, runs))
                 print(f"{graph} {model} {precision}: {pair[-1]['test_acc_mean']:.2f} +- {pair[-1]['test_acc_std']:.2f}",
                       file=sys.stderr, flush=True)
