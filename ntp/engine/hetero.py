@@ -44,6 +44,9 @@ def check_hetero_config(cfg: TrainConfig, data: HeteroGraphData) -> None:
     if cfg.model != "rgcn":
         raise ConfigError(f"store {data.name!r} is heterogeneous ({len(data.counts)} node types, {len(data.relations)} "
                           f"relations): --model {cfg.model} handles one node and one edge type; use --model rgcn")
+    if cfg.precision != "fp32":
+        raise ConfigError(f"--precision {cfg.precision} is not implemented for R-GCN (heterogeneous stores) yet: "
+                          "use --precision fp32")
     if cfg.resume and cfg.checkpoint_dir and any(not d for d in data.feature_dims.values()):
         raise ConfigError("--resume with learned embeddings (featureless node types) is not supported: each rank's "
                           "optimiser state of its embedding slice is not checkpointed; start afresh")
