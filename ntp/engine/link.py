@@ -27,12 +27,10 @@ from ntp.engine.dist import DistEnv
 from ntp.engine.link_data import LinkGraphData, read_link_splits, with_link_splits
 from ntp.engine.link_eval import link_metric
 from ntp.engine.link_model import LinkModel
-from ntp.engine.link_pairs import pair_comm, score_pairs, train_pairs
+from ntp.engine.link_pairs import score_pairs, train_pairs
 from ntp.engine.partition import Partition
 from ntp.errors import ConfigError
 
-#: Pairs per batch of ntp.engine.predict's scores (it scores each batch as one chunk: LinkModel.score).
-EVAL_PAIRS = 1 << 18
 #: Redraws of negatives that hit an edge before the rest are kept as they are (only a nearly complete graph needs more).
 MAX_REDRAWS = 100
 
@@ -118,12 +116,6 @@ class LinkTask:
         self.eval_sets = {"valid": (self.pos["valid"], self.neg["valid"]), "test": (self.pos["test"], self.neg["test"])}
         if metric != "mrr":
             self.eval_sets = {"train": (train[pick.sort().values], self.neg["valid"]), **self.eval_sets}
-
-    _pair_comm = staticmethod(pair_comm)  # (ntp.engine.predict's name for it)
-
-    def _scores(self, job: Any, h_cols: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-        """Scores of all ``pairs`` on every rank (tests/ntp/test_predict.py's name for score_pairs)."""
-        return score_pairs(job.model, h_cols, pairs, job.comm)
 
     def train_epoch(self, job: Any, epoch: int) -> float:
         """One epoch of mini-batch steps; returns the mean loss over the epoch's positive edges (all ranks)."""

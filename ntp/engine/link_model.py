@@ -181,11 +181,6 @@ class LinkModel(nn.Module):
         """Parameters every rank holds whole (their gradients are summed over ranks): all but the embeddings."""
         return list(self.encoder.parameters()) + list(self.decoder.parameters())
 
-    def score(self, h_cols: torch.Tensor, pairs: torch.Tensor, pc: Comm, stream: int = 0) -> torch.Tensor:
-        """Scores of this rank's share ``pc.part.rows()`` of ``pairs`` [P, 2] as one chunk (ntp.engine.predict calls
-        it; ntp.engine.link_pairs is the chunked path)."""
-        return self.decode(h_cols.index_select(0, pairs[:, 0]) * h_cols.index_select(0, pairs[:, 1]), pc, 0, stream)
-
     def decode(self, prod: torch.Tensor, pc: Comm, first: int = 0, stream: int = 0) -> torch.Tensor:
         """Scores (logits) of this rank's share ``pc.part.rows()`` of a chunk of pairs, from their products
         ``h_u * h_v`` on this rank's column slice [pairs, columns]; ``first``: the chunk's first pair in its batch

@@ -65,16 +65,32 @@ def train_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tenso
     return total, h_grad
 
 
-@torch.no_grad()
-def score_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """Scores (logits) of all ``pairs`` [P, 2] on every rank (each rank scores its share of a chunk, then one
-    all-gather), in host memory. Every rank must call it with the same pairs."""
-    parts = []
+def _own_chunk_scores(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, comm: Comm):
+    """``(first pair, pair communicator, scores of this rank's share)`` of every chunk of ``pairs``."""
     step = pair_chunk(h_cols.device)
     for first in range(0, len(pairs), step):
         chunk = pairs[first : first + step].to(h_cols.device)
         pc = pair_comm(len(chunk), comm)
-        own = model.decode(torch.mul(*_ends(h_cols, chunk)), pc, first)
-        parts.append(pc.all_gather_rows(own.reshape(-1, 1).contiguous(), LINK)[:, 0].cpu())
+        yield first, pc, model.decode(torch.mul(*_ends(h_cols, chunk)), pc, first)
+
+
+@torch.no_grad()
+def score_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """Scores (logits) of all ``pairs`` [P, 2] on every rank (each rank scores its share of a chunk, then one
+    all-gather), in host memory. Every rank must call it with the same pairs."""
+    parts = [pc.all_gather_rows(own.reshape(-1, 1).contiguous(), LINK)[:, 0].cpu()
+             for _, pc, own in _own_chunk_scores(model, h_cols, pairs, comm)]
     return torch.cat(parts) if parts else torch.zeros(0)
 
+
+@torch.no_grad()
+def own_pair_scores(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor,
+                    comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pair numbers, scores)`` of this rank's share of every chunk of ``pairs``, in host memory, gathered nowhere:
+    what each rank writes of a scores export. Every rank must call it with the same pairs."""
+    index, scores = [], []
+    for first, pc, own in _own_chunk_scores(model, h_cols, pairs, comm):
+        index.append(torch.arange(*pc.part.rows()) + first)
+        scores.append(own.float().cpu())
+    return (torch.cat(index) if index else torch.zeros(0, dtype=torch.int64),
+            torch.cat(scores) if scores else torch.zeros(0))

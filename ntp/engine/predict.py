@@ -159,18 +159,11 @@ def _prediction_columns(job: Job, logits: torch.Tensor) -> dict[str, np.ndarray]
 
 def _write_scores(job: Job, request: Request) -> dict:
     """A link model's scores (the decoder's logit and its sigmoid) of this rank's share of each batch of pairs."""
-    from ntp.engine.link import EVAL_PAIRS, LinkTask
+    from ntp.engine.link_pairs import own_pair_scores
 
     pairs = torch.from_numpy(exports.read_pairs(request.pairs))
     h_cols = job.ctx.to_graph(job.model(job.x, job.ctx)).to(job.comm.device)
-    index, scores = [], []
-    for start in range(0, len(pairs), EVAL_PAIRS):
-        chunk = pairs[start : start + EVAL_PAIRS].to(job.comm.device)
-        pc = LinkTask._pair_comm(len(chunk), job.comm)
-        scores.append(job.model.score(h_cols, chunk, pc).float().cpu())
-        index.append(torch.arange(*pc.part.rows()) + start)
-    idx = torch.cat(index) if index else torch.zeros(0, dtype=torch.int64)
-    score = torch.cat(scores) if scores else torch.zeros(0)
+    idx, score = own_pair_scores(job.model, h_cols, pairs, job.comm)
     columns = {"pair": idx.numpy(), "src": pairs[idx, 0].numpy(), "dst": pairs[idx, 1].numpy(),
                "score": score.numpy(), "prob": torch.sigmoid(score).numpy()}
     path = exports.write_parquet_part(request.out, job.env.rank, columns, request.row_group)

@@ -12,6 +12,7 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
+from ntp.engine.link_pairs import score_pairs
 from ntp.engine.loop import fit
 from ntp.engine.setup import setup
 from ntp.records import read_results
@@ -114,7 +115,7 @@ def test_link_scores_of_given_pairs_match_the_model_for_1_and_2_ranks(link_store
     job = single_process_job(model, link_store)
     with torch.no_grad():  # the scores the training's evaluation computes for the same pairs
         h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
-        expected = job.link._scores(job, h_cols, torch.from_numpy(pairs)).numpy()
+        expected = score_pairs(job.model, h_cols, torch.from_numpy(pairs), job.comm).numpy()
     np.testing.assert_allclose(one["score"], expected, atol=1e-5)
     np.testing.assert_allclose(two["score"], expected, atol=1e-5)
     np.testing.assert_allclose(two["prob"], 1 / (1 + np.exp(-expected)), atol=1e-6)
