@@ -104,9 +104,11 @@ def test_count_mismatch_is_reported(shared_datasets, tmp_path):
         p.name.startswith("cora") for p in (tmp_path / "stores").iterdir())
 
 
-def test_heterogeneous_not_supported(tmp_path):
-    with pytest.raises(StoreError, match="not supported yet"):
-        prepare("ogbn-mag", data_dir=tmp_path, progress=quiet)
+def test_heterogeneous_dataset_downloads_its_own_zip(http_root, tmp_path):
+    """ogbn-mag goes through the same download as the homogeneous datasets, under OGB's file name for it."""
+    _, url = http_root
+    with pytest.raises(StoreError, match=r"cannot download .*/mag.zip.*--from-dir"):
+        prepare("ogbn-mag", mirror=url, data_dir=tmp_path, progress=quiet)
 
 
 def stalling_server(stop: threading.Event) -> socket.socket:
