@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Callable
 
 from ntp.config import INFERENCE_OPTIONS
@@ -84,21 +83,12 @@ def _run_predict(args: argparse.Namespace) -> int:
 def run_command(body: Callable[[], dict]) -> int:
     """Print ``body()`` as JSON. Exit codes: 0 done, 1 the job failed, 2 bad input (nothing ran), 130/143
     interrupted."""
-    from ntp.errors import Terminated, WorkerFailed, is_input_error
-    from ntp.run.processes import sigterm_raises
+    from ntp.errors import Terminated
+    from ntp.run.processes import exit_code, sigterm_raises
 
     try:
         with sigterm_raises():
             print(json.dumps(body()))
-    except WorkerFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, Terminated) as exc:
-        print(f"stopped: {exc or 'interrupted (Ctrl-C)'}; the job's processes are gone", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
-    except Exception as exc:
-        if not is_input_error(exc):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt, Terminated) as exc:
+        return exit_code(exc)
     return 0

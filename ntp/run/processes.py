@@ -13,13 +13,14 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ntp.errors import Terminated
+from ntp.errors import Terminated, WorkerFailed, is_input_error
 
 _PR_SET_PDEATHSIG = 1
 
@@ -92,3 +93,17 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def exit_code(exc: BaseException, stopped_note: str = "") -> int:
+    """The exit code of a command that ``exc`` ended, its message printed: 1 the job failed, 2 bad input (nothing
+    ran), 130/143 interrupted (Ctrl-C/SIGTERM; ``stopped_note`` says what else was closed). Anything else is a bug:
+    it is raised again."""
+    if isinstance(exc, (KeyboardInterrupt, Terminated)):
+        reason = str(exc) or "interrupted (Ctrl-C)"
+        print(f"stopped: {reason}; the job's processes are gone{stopped_note}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    if isinstance(exc, WorkerFailed) or is_input_error(exc):
+        print(f"error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, WorkerFailed) else 2
+    raise exc

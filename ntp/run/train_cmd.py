@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shlex
-import sys
 from dataclasses import fields
 
 from ntp.run.flags import add_config_arguments, add_launch_arguments, spec_from_args
@@ -39,27 +38,16 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
 
 def run_train(args: argparse.Namespace) -> int:
     """Exit codes: 0 trained, 1 the job failed, 2 bad input (nothing ran), 130/143 interrupted (Ctrl-C/SIGTERM)."""
-    from ntp.errors import Terminated, WorkerFailed, is_input_error
-    from ntp.run.processes import sigterm_raises
+    from ntp.errors import Terminated
+    from ntp.run.processes import exit_code, sigterm_raises
 
     try:
         if args.dry_run:
             return dry_run(args)
         with sigterm_raises():
             result = _train(args)
-    except WorkerFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except (KeyboardInterrupt, Terminated) as exc:
-        reason = str(exc) or "interrupted (Ctrl-C)"
-        run = "" if args.no_track else " and its MLflow run is KILLED"
-        print(f"stopped: {reason}; the job's processes are gone{run}", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
-    except Exception as exc:
-        if not is_input_error(exc):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt, Terminated) as exc:
+        return exit_code(exc, "" if args.no_track else " and its MLflow run is KILLED")
     _print_outcome(result)
     return 0
 
