@@ -9,8 +9,10 @@ author, institution, field without; 4 relations plus their reverses; ``--mag-sca
 before reverses).
 
 Each (system, graph) runs in its own process (one CPU process, ``--threads`` threads); the table gives the median
-epoch time over ``--repeats`` epochs after a warm-up one, and the process's peak RSS (VmHWM). DGL's RelGraphConv needs
-its own environment (torch 2.2, bench/common.dgl_python): not measured here.
+epoch time over ``--repeats`` epochs after a warm-up one, and the process's peak RSS (VmHWM). DGL's RelGraphConv runs
+in its own environment (torch 2.2, dgl 2.1: bench/common.dgl_python, built by ``--with-dgl``; bench/dgl_rgcn_worker.py)
+with edges sorted by relation (its fast path) and a per-relation mean as edge norms. It takes float inputs only, so
+it has no row for AIFB's one-hot first layer.
 
   python bench/hetero_speed.py                         AIFB, IMDB, mag-shaped at 1 %
   python bench/hetero_speed.py --mag-scale 1.0         ogbn-mag scale (several GB per process)
@@ -120,11 +122,42 @@ def pyg_epoch(g: dict, hidden: int, layers: int, fast: bool):
     return epoch
 
 
+def dgl_row(g: dict, hidden: int, layers: int, repeats: int, threads: int) -> dict:
+    """DGL's RelGraphConv on ``g`` in the DGL environment (the graph travels as an .npz file)."""
+    import tempfile
+
+    from common import dgl_python, run_dgl
+
+    py, why = dgl_python(build=False)
+    if py is None:
+        return {"note": why}
+    if not g["features"]:
+        return {"note": "one-hot input (no features): RelGraphConv takes float features only"}
+    types, keys = list(g["counts"]), list(g["edges"])
+    offsets = dict(zip(types, np.cumsum([0] + [g["counts"][t] for t in types]).tolist()))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "graph.npz"
+        np.savez(path, types=np.array(types), counts=np.array([g["counts"][t] for t in types]),
+                 src=np.concatenate([g["edges"][k][0] + offsets[k[0]] for k in keys]),
+                 dst=np.concatenate([g["edges"][k][1] + offsets[k[2]] for k in keys]),
+                 etype=np.concatenate([np.full(g["edges"][k].shape[1], i) for i, k in enumerate(keys)]),
+                 num_rels=len(keys), classes=int(np.max(g["labels"])) + 1, target=g["target"],
+                 labels=np.asarray(g["labels"]), train=np.asarray(g["splits"]["train"]),
+                 **{f"x_{t}": x for t, x in g["features"].items()})
+        out = run_dgl(py, "dgl_rgcn_worker.py", {"npz": str(path), "hidden": hidden, "layers": layers,
+                                                 "repeats": repeats, "threads": threads})
+    return out or {"note": "DGL run failed (its error is printed above)"}
+
+
 def measure(system: str, name: str, scale: float, hidden: int, layers: int, repeats: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     g = graph(name, scale)
     edges = sum(e.shape[1] for e in g["edges"].values())
+    row = {"graph": name, "system": system, "nodes": sum(g["counts"].values()), "edges": edges,
+           "relations": len(g["edges"])}
+    if system == "dgl":
+        return {**row, **dgl_row(g, hidden, layers, repeats, threads)}
     fn = ntp_epoch(g, hidden, layers) if system == "ntp" else pyg_epoch(g, hidden, layers, system == "pyg-fast")
     setup_s = time.perf_counter() - t0
     fn()
@@ -134,12 +167,11 @@ def measure(system: str, name: str, scale: float, hidden: int, layers: int, repe
         fn()
         times.append(time.perf_counter() - t)
     peak = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM"))) * 1024
-    return {"graph": name, "system": system, "nodes": sum(g["counts"].values()), "edges": edges,
-            "relations": len(g["edges"]), "epoch_s": float(np.median(times)), "setup_s": setup_s,
-            "peak_rss_mb": peak / 2**20}
+    return {**row, "epoch_s": float(np.median(times)), "setup_s": setup_s, "peak_rss_mb": peak / 2**20}
 
 
-SYSTEMS = {"ntp": "ntp R-GCN (typed CSR)", "pyg": "PyG RGCNConv", "pyg-fast": "PyG FastRGCNConv"}
+SYSTEMS = {"ntp": "ntp R-GCN (typed CSR)", "pyg": "PyG RGCNConv", "pyg-fast": "PyG FastRGCNConv",
+           "dgl": "DGL RelGraphConv"}
 
 
 def main() -> None:
@@ -149,15 +181,21 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per (system, graph) process")
+    p.add_argument("--with-dgl", action="store_true", help="build DGL's environment if it is missing")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--one", nargs=2, metavar=("SYSTEM", "GRAPH"), help=argparse_hide())
     args = p.parse_args()
     threads, repeats = args.threads or torch.get_num_threads(), args.repeats or (2 if args.quick else 5)
     if args.one:
         print(json.dumps(measure(*args.one, args.mag_scale, args.hidden, args.layers, repeats, threads)))
         return
+    if args.with_dgl:
+        from common import dgl_python
+
+        print("DGL:", dgl_python(build=True)[1], flush=True)
     rows = []
     for name in args.graphs:
-        for system in SYSTEMS:
+        for system in args.systems:
             cmd = [sys.executable, str(Path(__file__)), "--one", system, name, "--mag-scale", str(args.mag_scale),
                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--repeats", str(repeats),
                    "--threads", str(threads)]
