@@ -19,6 +19,7 @@ from ntp.engine.checkpoint import checkpoint_due
 from ntp.engine.collectives import Comm, all_gather_rows, all_reduce_gradients, check_same_on_all_ranks, gather
 from ntp.engine.dist import DistEnv
 from ntp.engine.hetero_data import HeteroGraphData
+from ntp.engine.hetero_memory import plan_operators
 from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.metrics import ALLREDUCE
 from ntp.engine.partition import Partition
@@ -57,7 +58,10 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
                             (data.signature(), cfg.to_json()))
     target_part = Partition(data.counts[data.target], env.world, env.rank)
     comm = Comm(target_part, env.device, group=None)
-    hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
+    plans = None
+    if cfg.memory_budget_bytes and not cfg.chunk_rows:  # an explicit --chunk-rows wins, as for homogeneous models
+        plans = plan_operators(cfg, data.relations, data.counts, data.feature_dims, data.num_classes, env.world)
+    hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans)
     model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
     optimizer = _optimizer(cfg, model, comm)
     for table in _tables(model):  # checkpoints hold each whole table and its state: any world size resumes them

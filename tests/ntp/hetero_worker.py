@@ -90,3 +90,16 @@ def fit_runs(configs: list[dict], graph: dict) -> list[dict]:
                         "best": (final.best_epoch, final.test_metric),
                         "state": {k: v.clone() for k, v in job.model.state_dict().items()}})
     return out
+
+
+def hetero_budget(chunk_bytes: int, cfg: dict, graph: dict, world: int) -> str:
+    """A ``--memory-budget`` that leaves ``chunk_bytes`` to the aggregation chunks of R-GCN once what stays resident
+    on a rank is counted, as the ranks count it (ntp.engine.hetero_memory)."""
+    from ntp.engine.hetero_memory import operator_degrees, resident_parts
+
+    c = TrainConfig(model="rgcn", **{k: v for k, v in cfg.items() if k != "featureless"})
+    data = hetero_loader(featureless(graph) if cfg.get("featureless") else graph)(c, 1, 0)
+    one_hot = c.arch == "coupled" and not any(data.feature_dims.values()) and c.decomposition != "block"
+    degrees = operator_degrees(data.relations, data.counts, one_hot)
+    parts = resident_parts(c, data.relations, data.counts, data.feature_dims, data.num_classes, world, degrees)
+    return f"{sum(parts.values()) + chunk_bytes}B"
