@@ -97,3 +97,21 @@ def test_budgeted_training_equals_unbudgeted(world: int) -> None:
             torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=1e-5,
                                        atol=1e-6, msg=lambda m: f"losses with a budget: {c}\n{m}")
             torch.testing.assert_close(ours["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_preflight_refuses_an_impossible_budget_and_plans_a_feasible_one(tmp_path) -> None:
+    """Before any rank starts: the launcher reads the store's relations (not its features) and computes the plan
+    the ranks will."""
+    from ntp.run.preflight import check_launch
+    from ntp.spec import resolve
+    from storage import prepare
+    from tests.storage.test_store_hetero import quiet, tiny_folder
+
+    store = prepare("tiny", from_dir=tiny_folder(tmp_path / "t"), out=tmp_path / "s", add_reverse=True, **quiet)
+    cfg = TrainConfig(store=str(store), model="rgcn", arch="coupled", hidden=8, memory_budget="2KB")
+    with pytest.raises(MemoryPlanError, match=r"memory budget 1.95KB cannot hold this rank: .*raise --memory-budget"):
+        check_launch(resolve(cfg, nproc=2, device="cpu"))
+    minimum = re.search(r"at least ([0-9.]+KB)", str(pytest.raises(MemoryPlanError, check_launch, resolve(
+        cfg.replace(memory_budget="3KB"), nproc=2, device="cpu")).value)).group(1)
+    plan = check_launch(resolve(cfg.replace(memory_budget=minimum), nproc=2, device="cpu"))
+    assert plan is not None and "R-GCN" in plan.reason
