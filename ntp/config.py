@@ -176,9 +176,9 @@ class TrainConfig:
             raise ConfigError("--sparse-embeddings updates R-GCN's embedding tables: use --model rgcn, or drop it")
         if self.model == "rgcn" and self.mode == "data":
             raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
-        if self.model == "rgcn" and (self.overlap or self.offload != "none" or self.memory_budget):
-            raise ConfigError("--overlap, --offload and --memory-budget apply to homogeneous models; R-GCN's "
-                              "relation-wise aggregation is chunked with --chunk-rows N: use that instead")
+        if self.model == "rgcn" and (self.overlap or self.offload != "none"):
+            raise ConfigError("--overlap and --offload apply to homogeneous models; R-GCN's relation-wise aggregation "
+                              "is bounded with --memory-budget SIZE (or --chunk-rows N): drop them and use that")
         if self.norm != "none" and self.arch == "coupled":
             raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
                               "layers have none: use --arch decoupled, or drop --norm")

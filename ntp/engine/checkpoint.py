@@ -44,6 +44,11 @@ def save_checkpoint(directory: str | Path, epoch: int, state: dict[str, Any], ke
     return path
 
 
+def checkpoint_due(cfg: TrainConfig, epoch: int) -> bool:
+    """Whether the loop writes a checkpoint after ``epoch`` (tasks gather sliced state for it beforehand)."""
+    return bool(cfg.checkpoint_dir) and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch == cfg.epochs - 1)
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
     found = sorted(_checkpoints(directory))
     return found[-1] if found else None

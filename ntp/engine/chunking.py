@@ -38,6 +38,9 @@ EDGE_BYTES = 4 + 4 + 8
 ROW_BYTES = 8
 #: Share of free device memory the default CUDA budget may use.
 DEVICE_MARGIN = 0.8
+#: How else an impossible budget can be met (homogeneous models).
+DEFAULT_WAYS_OUT = ("keep less resident (--offload topology, --offload all, --nn-device cpu), or use more ranks "
+                    "(narrower column slices)")
 #: The chunks' working set on CPU when no budget is given.
 CPU_CHUNK_BYTES = 256 << 20
 
@@ -101,7 +104,7 @@ def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:
         raise MemoryPlanError(
             f"memory budget {format_bytes(budget)} cannot hold the aggregation of vertex {worst} alone "
             f"({format_bytes(int(costs[worst]))} for its edges and {width}-wide rows); raise --memory-budget "
-            f"to at least {format_bytes(int(costs[worst]))} or use more ranks (narrower column slices)")
+            f"to at least {budget_text(int(costs[worst]))} or use more ranks (narrower column slices)")
     cum = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(costs, out=cum[1:])
     if cum[-1] <= budget:
@@ -134,12 +137,13 @@ def default_device_budget(device: torch.device, resident_bytes: int) -> int:
 
 def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, memory_budget: int = 0,
               width: int = 1, device: torch.device | None = None, resident: dict[str, int] | None = None,
-              element_bytes: int = 4) -> ChunkPlan:
+              element_bytes: int = 4, ways_out: str = "") -> ChunkPlan:
     """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default.
 
     ``resident``: what stays in the rank's memory besides the chunks (topology, embeddings, NN stage), by name. A
     budget bounds all of it: the chunks get what the resident parts leave, and a budget they do not leave room in
-    is a :class:`MemoryPlanError` that names every part. ``element_bytes``: of one activation element."""
+    is a :class:`MemoryPlanError` that names every part. ``element_bytes``: of one activation element; ``ways_out``:
+    the error's remedies besides a larger budget (default: the homogeneous models' offload options, more ranks)."""
     num_nodes = len(in_deg)
     if chunk_rows:
         return uniform_plan(num_nodes, chunk_rows)
@@ -158,8 +162,7 @@ def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, m
         raise MemoryPlanError(
             f"memory budget {format_bytes(memory_budget)} cannot hold this rank: {parts or 'nothing'} stay resident "
             f"and the largest chunk (one vertex) needs {format_bytes(int(costs.max()))} more; raise --memory-budget "
-            f"to at least {format_bytes(need)}, or keep less resident (--offload topology, --offload all, "
-            "--nn-device cpu), or use more ranks (narrower column slices)") from None
+            f"to at least {budget_text(need)}, or {ways_out or DEFAULT_WAYS_OUT}") from None
     return ChunkPlan(plan.bounds, f"{plan.reason} ({format_bytes(kept)} resident besides)" if kept else plan.reason)
 
 
@@ -322,4 +325,16 @@ def format_bytes(n: int) -> str:
     for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if n >= size:
             return f"{n / size:.3g}{unit}"
+    return f"{n}B"
+
+
+def budget_text(n: int) -> str:
+    """``n`` bytes as a --memory-budget value that holds them: 3 significant digits rounded up, in the decimal units
+    the option reads (format_bytes rounds, in binary units, and may read back as less)."""
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= size:
+            exp = len(str(n // size)) - 1  # digits before the point, less one
+            step = size * 10**exp // 100  # the third significant digit, in bytes
+            up = -(-n // step) * step
+            return f"{up / size:.{max(2 - exp, 0)}f}{unit}"
     return f"{n}B"

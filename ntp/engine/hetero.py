@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from ntp.config import TrainConfig
+from ntp.engine.checkpoint import checkpoint_due
 from ntp.engine.collectives import Comm, all_gather_rows, all_reduce_gradients, check_same_on_all_ranks, gather
 from ntp.engine.dist import DistEnv
 from ntp.engine.hetero_data import HeteroGraphData
+from ntp.engine.hetero_memory import plan_operators
 from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.metrics import ALLREDUCE
 from ntp.engine.partition import Partition
@@ -47,9 +49,6 @@ def check_hetero_config(cfg: TrainConfig, data: HeteroGraphData) -> None:
     if cfg.precision != "fp32":
         raise ConfigError(f"--precision {cfg.precision} is not implemented for R-GCN (heterogeneous stores) yet: "
                           "use --precision fp32")
-    if cfg.resume and cfg.checkpoint_dir and any(not d for d in data.feature_dims.values()):
-        raise ConfigError("--resume with learned embeddings (featureless node types) is not supported: each rank's "
-                          "optimiser state of its embedding slice is not checkpointed; start afresh")
 
 
 def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[str, Any]:
@@ -59,9 +58,14 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
                             (data.signature(), cfg.to_json()))
     target_part = Partition(data.counts[data.target], env.world, env.rank)
     comm = Comm(target_part, env.device, group=None)
-    hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed)
+    plans = None
+    if cfg.memory_budget_bytes and not cfg.chunk_rows:  # an explicit --chunk-rows wins, as for homogeneous models
+        plans = plan_operators(cfg, data.relations, data.counts, data.feature_dims, data.num_classes, env.world)
+    hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans)
     model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
     optimizer = _optimizer(cfg, model, comm)
+    for table in _tables(model):  # checkpoints hold each whole table and its state: any world size resumes them
+        table.track_optimizer(optimizer)
     y = torch.from_numpy(np.asarray(data.labels, np.int64))
     r0, r1 = target_part.rows()
     local = {}
@@ -77,6 +81,10 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     x = {t: torch.from_numpy(f).to(env.device) for t, f in data.features.items()}
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=hc, model=model, optimizer=optimizer, x=x,
                 y=y[r0:r1].to(env.device), local_split=local, global_train_count=count, task=HeteroTask())
+
+
+def _tables(model: torch.nn.Module) -> list[SlicedEmbedding]:
+    return [m for m in model.modules() if isinstance(m, SlicedEmbedding)]
 
 
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module, comm: Comm) -> torch.optim.Optimizer:
@@ -99,6 +107,7 @@ class HeteroTask:
 
     def __init__(self) -> None:
         self.best_valid = float("-inf")
+        self.gathered = False  #: the tables' snapshot is of the current parameters
 
     def train_epoch(self, job: Any, epoch: int) -> float:
         model, hc = job.model, job.ctx
@@ -112,14 +121,18 @@ class HeteroTask:
         sliced = {id(p) for p in model.sliced()}
         all_reduce_gradients([p for p in model.parameters() if id(p) not in sliced], job.comm)
         job.optimizer.step()
+        self.gathered = False
+        if checkpoint_due(job.cfg, epoch):  # the loop saves the whole tables and their optimiser state next
+            self.snapshot(job, with_optimizer=True)
+            self.gathered = True
         return float(job.comm.all_reduce(loss.detach().reshape(1).clone(), ALLREDUCE)[0])
 
     @staticmethod
-    def snapshot(job: Any) -> None:
-        """Gather every embedding table whole (the state dict saves it; every rank must call this)."""
-        for table in job.model.modules():
-            if isinstance(table, SlicedEmbedding):
-                table.snapshot(_TableView(job.comm, table.num_nodes))
+    def snapshot(job: Any, with_optimizer: bool = False) -> None:
+        """Gather every embedding table whole, and its optimiser state for checkpoints (the state dicts save them;
+        every rank must call this)."""
+        for table in _tables(job.model):
+            table.snapshot(_TableView(job.comm, table.num_nodes), with_optimizer=with_optimizer)
 
     @torch.no_grad()
     def evaluate(self, job: Any) -> dict[str, float]:
@@ -130,10 +143,11 @@ class HeteroTask:
                               dtype=torch.float64, device=pred.device)
         counts = job.comm.all_reduce(counts)
         out = {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
-        # the loop keeps the state of a better validation epoch (and checkpoints): gather the tables whole for it,
-        # only then (it moves every table)
-        if job.cfg.checkpoint_dir or out["valid"] > self.best_valid:
+        # the loop keeps the state of a better validation epoch: gather the tables whole for it, only then (it
+        # moves every table); an epoch that checkpoints gathered them already
+        if out["valid"] > self.best_valid and not self.gathered:
             self.snapshot(job)
+            self.gathered = True
         self.best_valid = max(self.best_valid, out["valid"]) if out["valid"] == out["valid"] else self.best_valid
         return out
 

@@ -69,7 +69,7 @@ def load_hetero(store, world: int, rank: int) -> HeteroGraphData:
     meta, h = store.meta, store.meta.hetero
     types = {t["name"]: t for t in h["node_types"]}
     counts = {name: t["count"] for name, t in types.items()}
-    relations = [RelationData(r["key"], r["src"], r["dst"], *store.relation_csr(r["key"])) for r in h["relations"]]
+    relations = load_relations(store)
     features = {}
     for name, t in types.items():
         if t["feature_dim"]:
@@ -83,6 +83,12 @@ def load_hetero(store, world: int, rank: int) -> HeteroGraphData:
                            feature_dims={n: t["feature_dim"] for n, t in types.items()}, target=h["target"],
                            labels=labels, splits=splits, num_classes=meta.num_classes, metric=meta.metric,
                            name=meta.name, ogb_name=meta.ogb_name, fingerprint=meta.fingerprint, meta=meta.to_dict())
+
+
+def load_relations(store) -> list[RelationData]:
+    """Every relation's CSR of an open heterogeneous store (the topology alone: what the memory plan reads)."""
+    return [RelationData(r["key"], r["src"], r["dst"], *store.relation_csr(r["key"]))
+            for r in store.meta.hetero["relations"]]
 
 
 def hetero_from_arrays(counts: dict[str, int], edges: dict[tuple[str, str, str], np.ndarray],

@@ -120,7 +120,7 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
         job.history.append(rec)
         for sink in sinks:
             sink.write(rec)
-        if cfg.checkpoint_dir and env.is_main and ((epoch + 1) % cfg.checkpoint_every == 0 or epoch == cfg.epochs - 1):
+        if env.is_main and checkpoint.checkpoint_due(cfg, epoch):
             checkpoint.save_checkpoint(cfg.checkpoint_dir, epoch, _state(job))
         if cfg.patience and stale >= cfg.patience:
             break
@@ -190,6 +190,8 @@ def _maybe_resume(job: Job) -> int:
 def _restore(job: Job, path: Path, state: dict) -> None:
     from ntp.records import from_dict
 
+    # the groups' options as built today win over the saved ones (lr, decay, a row-wise group's own settings)
+    today = [{k: v for k, v in group.items() if k != "params"} for group in job.optimizer.param_groups]
     try:
         job.model.load_state_dict(state["model"])
         job.optimizer.load_state_dict(state["optimizer"])
@@ -198,8 +200,8 @@ def _restore(job: Job, path: Path, state: dict) -> None:
         raise CheckpointError(f"the weights of checkpoint {path} do not fit this model ({detail}); "
                               "--resume-anyway cannot change its shape (--model, --arch, --hidden, --nn-layers, "
                               "--heads, --norm): keep them, or start afresh in another --checkpoint-dir") from exc
-    for group in job.optimizer.param_groups:
-        group.update(job.optimizer.defaults)  # the saved lr/decay would win over today's config
+    for group, options in zip(job.optimizer.param_groups, today):
+        group.update(options)
     job.best = Best(**state["best"])
     job.history[:] = [from_dict(r) for r in state["history"]]
 

@@ -29,10 +29,11 @@ NORMS = ("mean", "total", "sum")
 
 
 def _blocks(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, num_cols: int, chunk_rows: int,
-            device: torch.device) -> list[torch.Tensor]:
-    """Row blocks of a CSR as torch sparse CSR tensors on ``device``."""
+            device: torch.device, bounds: list[int] | None = None) -> list[torch.Tensor]:
+    """Row blocks of a CSR as torch sparse CSR tensors on ``device``: ``bounds`` (a memory plan's), else uniform
+    blocks of ``chunk_rows``."""
     out = []
-    bounds = uniform_bounds(len(indptr) - 1, chunk_rows)
+    bounds = bounds or uniform_bounds(len(indptr) - 1, chunk_rows)
     for r0, r1 in zip(bounds[:-1], bounds[1:]):
         e0, e1 = int(indptr[r0]), int(indptr[r1])
         out.append(torch.sparse_csr_tensor(torch.from_numpy(indptr[r0:r1 + 1] - e0),
@@ -52,9 +53,12 @@ class TypedOperator:
     """
 
     def __init__(self, rels: list[tuple[int, RelationData, np.ndarray]], num_dst: int, offsets: dict[str, int],
-                 num_nodes: int, chunk_rows: int, device: torch.device, stride: int = 0) -> None:
+                 num_nodes: int, chunk_rows: int, device: torch.device, stride: int = 0,
+                 bounds: tuple[list[int], list[int]] | None = None) -> None:
         """``stride`` > 0: relation i's sources are rows ``i * stride + global id`` of a stack of per-relation tables
-        (``num_nodes`` columns in all)."""
+        (``num_nodes`` columns in all); ``bounds``: the row blocks of the forward and the backward (a memory plan,
+        ntp.engine.hetero_memory), instead of uniform blocks of ``chunk_rows``."""
+        fwd_bounds, bwd_bounds = bounds or (None, None)
         k = max(len(rels), 1)
         keys, cols, vals = [], [], []
         for j, (_, r, scale) in enumerate(rels):
@@ -72,12 +76,13 @@ class TypedOperator:
         self.pair_dst = torch.from_numpy(pair_key // k)  #: destination row (local to the type) of each pair
         rel_ids = np.array([i for i, _, _ in rels] or [0], np.int64)
         self.pair_rel = torch.from_numpy(rel_ids[pair_key % k])  #: relation index of each pair
-        self.forward_blocks = _blocks(indptr, col, val, num_nodes, chunk_rows, device)
+        self.forward_blocks = _blocks(indptr, col, val, num_nodes, chunk_rows, device, fwd_bounds)
         t_order = np.argsort(col, kind="stable")
         t_indptr = np.zeros(num_nodes + 1, np.int64)
         np.cumsum(np.bincount(col, minlength=num_nodes), out=t_indptr[1:])
         rows = np.repeat(np.arange(self.num_pairs, dtype=np.int64), np.diff(indptr))
-        self.backward_blocks = _blocks(t_indptr, rows[t_order], val[t_order], self.num_pairs, chunk_rows, device)
+        self.backward_blocks = _blocks(t_indptr, rows[t_order], val[t_order], self.num_pairs, chunk_rows, device,
+                                       bwd_bounds)
         self.pair_dst, self.pair_rel = self.pair_dst.to(device), self.pair_rel.to(device)
 
     @staticmethod
@@ -140,8 +145,12 @@ class HeteroContext:
     ranks, one traffic account), the relation operators, the dropout step. It carries the fields the loop's
     per-worker records read (as ``GraphContext`` does)."""
 
-    def __init__(self, data: HeteroGraphData, comm: Comm, *, norm: str, chunk_rows: int, seed: int) -> None:
+    def __init__(self, data: HeteroGraphData, comm: Comm, *, norm: str, chunk_rows: int, seed: int,
+                 plans: dict | None = None) -> None:
+        """``plans``: every typed operator's row blocks (ntp.engine.hetero_memory.plan_operators), else uniform
+        blocks of ``chunk_rows``."""
         self.comm, self.seed, self.step = comm, seed, 0
+        self._plans = plans or {}
         self.types = list(data.counts)
         self.counts = dict(data.counts)
         self.comms = {}
@@ -158,7 +167,7 @@ class HeteroContext:
         self._rels = {t: [(i, data.relations[i], scales[i]) for i in self.into[t]] for t in self.types}
         self._chunk_rows, self._relation_ops = chunk_rows, None
         self.ops = {t: TypedOperator(self._rels[t], data.counts[t], self.offsets, data.num_nodes, chunk_rows,
-                                     comm.device) for t in self.types}
+                                     comm.device, bounds=self._bounds("", t)) for t in self.types}
         self.pair_comms = {}
         for t, op in self.ops.items():
             c = Comm(RangePartition(op.pair_bounds(self.comms[t].part.row_bounds), comm.world, comm.rank), comm.device,
@@ -166,6 +175,7 @@ class HeteroContext:
             c.stats = comm.stats
             self.pair_comms[t] = c
         chunks = max((len(op.forward_blocks) for op in self.ops.values()), default=1)
+        chunks = max([chunks] + [p.num_chunks for p in self._plans.values()])
         self.plan = SimpleNamespace(num_chunks=chunks)
         self.memory, self.clock = PhaseMemory(comm.device), OverlapClock()
         self.overlapped, self.offload, self.nn_device = False, "none", comm.device
@@ -180,8 +190,15 @@ class HeteroContext:
         if self._relation_ops is None:
             n = sum(self.counts.values())
             self._relation_ops = {t: TypedOperator(self._rels[t], self.counts[t], self.offsets, n * self.num_relations,
-                                                   self._chunk_rows, self.device, stride=n) for t in self.types}
+                                                   self._chunk_rows, self.device, stride=n,
+                                                   bounds=self._bounds("one-hot ", t)) for t in self.types}
         return self._relation_ops
+
+    def _bounds(self, prefix: str, node_type: str) -> tuple[list[int], list[int]] | None:
+        key = (prefix + "forward", node_type)
+        if key not in self._plans:
+            return None
+        return self._plans[key].bounds, self._plans[prefix + "backward", node_type].bounds
 
     def own_pairs(self, node_type: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(destination row local to this rank's rows, relation) of the pairs this rank owns."""

@@ -287,3 +287,30 @@ def build_rgcn(cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int]
                out_dim: int) -> nn.Module:
     cls = CoupledRGCN if cfg.arch == "coupled" else DecoupledRGCN
     return cls(cfg, hc, feature_dims, target, out_dim)
+
+
+def parameter_sizes(cfg: TrainConfig, counts: dict[str, int], feature_dims: dict[str, int], num_relations: int,
+                    out_dim: int) -> tuple[list[tuple[int, int]], int]:
+    """What :func:`build_rgcn` holds, without building it (the memory plan): the embedding tables' whole shapes
+    ``(rows, width)`` (sliced over ranks by columns) and the number of replicated parameters."""
+    n, r, b = sum(counts.values()), num_relations, cfg.num_bases
+    if cfg.arch == "decoupled":
+        tables = [(counts[t], out_dim) for t, d in feature_dims.items() if not d]
+        mlps = sum(_mlp_params([d] + [cfg.hidden] * (cfg.nn_layers - 1) + [out_dim]) for d in feature_dims.values() if d)
+        return tables, mlps + len(counts) + r
+    dims = [cfg.hidden] * cfg.nn_layers + [out_dim]
+    if not any(feature_dims.values()) and cfg.decomposition != "block":  # FeaturelessLayer
+        w = dims[1]
+        tables = [(n, w)] + ([(n, w)] * b if cfg.decomposition == "basis" else [(n * r, w)])
+        replicated, dims = w + (r * b if cfg.decomposition == "basis" else 0), dims[1:]
+    else:  # HeteroInput
+        tables = [(counts[t], cfg.hidden) for t, d in feature_dims.items() if not d]
+        replicated = sum(_mlp_params([d, cfg.hidden]) for d in feature_dims.values() if d)
+    for a, c in zip(dims[:-1], dims[1:]):
+        relation = {"basis": b * a * c + r * b, "block": r * a * c // max(b, 1)}.get(cfg.decomposition, r * a * c)
+        replicated += a * c + c + relation
+    return tables, replicated
+
+
+def _mlp_params(dims: list[int]) -> int:
+    return sum(a * c + c for a, c in zip(dims[:-1], dims[1:]))

@@ -53,6 +53,8 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
         return uniform_plan(meta.num_nodes, cfg.chunk_rows)
     if not cfg.memory_budget_bytes or spec.mode == "data":
         return None
+    if meta.hetero:
+        return _hetero_plan(spec, store)
     out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), spec.world_size)
     params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
@@ -63,3 +65,14 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
                                    device_type=spec.device)
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
                      width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision))
+
+
+def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:
+    """R-GCN's plan every rank will compute (ntp.engine.hetero_memory), from the store's relations and types."""
+    from ntp.engine.hetero_data import load_relations
+    from ntp.engine.hetero_memory import plan_operators, summary
+
+    types = store.meta.hetero["node_types"]
+    plans = plan_operators(spec.config, load_relations(store), {t["name"]: t["count"] for t in types},
+                           {t["name"]: t["feature_dim"] for t in types}, store.meta.num_classes, spec.world_size)
+    return summary(plans)

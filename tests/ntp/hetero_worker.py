@@ -71,3 +71,35 @@ def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
     with distributed(60, "cpu") as env:
         return [trace(TrainConfig(model="rgcn", **{k: v for k, v in c.items() if k != "featureless"}),
                       featureless(graph) if c.get("featureless") else graph, epochs, env) for c in configs]
+
+
+def fit_runs(configs: list[dict], graph: dict) -> list[dict]:
+    """Train each config with ntp.engine.loop.fit (checkpoints and --resume as a job does them); a config with
+    ``featureless=True`` runs on the graph without features. Every epoch's loss, the final record and the state dict
+    (whole embedding tables)."""
+    from ntp.engine.loop import fit
+
+    out = []
+    with distributed(60, "cpu") as env:
+        for c in configs:
+            cfg = TrainConfig(model="rgcn", **{k: v for k, v in c.items() if k != "featureless"})
+            job = setup(cfg, env, hetero_loader(featureless(graph) if c.get("featureless") else graph))
+            final = fit(job, sinks=[])
+            HeteroTask.snapshot(job)
+            out.append({"losses": [r.loss for r in job.history], "valid": [r.valid_metric for r in job.history],
+                        "best": (final.best_epoch, final.test_metric),
+                        "state": {k: v.clone() for k, v in job.model.state_dict().items()}})
+    return out
+
+
+def hetero_budget(chunk_bytes: int, cfg: dict, graph: dict, world: int) -> str:
+    """A ``--memory-budget`` that leaves ``chunk_bytes`` to the aggregation chunks of R-GCN once what stays resident
+    on a rank is counted, as the ranks count it (ntp.engine.hetero_memory)."""
+    from ntp.engine.hetero_memory import operator_degrees, resident_parts
+
+    c = TrainConfig(model="rgcn", **{k: v for k, v in cfg.items() if k != "featureless"})
+    data = hetero_loader(featureless(graph) if cfg.get("featureless") else graph)(c, 1, 0)
+    one_hot = c.arch == "coupled" and not any(data.feature_dims.values()) and c.decomposition != "block"
+    degrees = operator_degrees(data.relations, data.counts, one_hot)
+    parts = resident_parts(c, data.relations, data.counts, data.feature_dims, data.num_classes, world, degrees)
+    return f"{sum(parts.values()) + chunk_bytes}B"
