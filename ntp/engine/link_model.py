@@ -44,11 +44,11 @@ class SlicedEmbedding(nn.Module):
     :meth:`track_optimizer`): :meth:`snapshot` (a collective) gathers them on every rank. Loading whole matrices keeps
     this rank's columns, so a checkpoint written with any number of ranks resumes with any other."""
 
-    def __init__(self, num_nodes: int, width: int, part: Partition, seed: int) -> None:
+    def __init__(self, num_nodes: int, width: int, part: Partition, seed: int, fan_rows: int | None = None) -> None:
         super().__init__()
         self.num_nodes, self.width, self.world = num_nodes, width, part.world
         self.c0, self.c1 = part.cols(width)
-        bound = math.sqrt(6.0 / (num_nodes + width))
+        bound = math.sqrt(6.0 / ((fan_rows or num_nodes) + width))  # fan_rows: stacked tables scale as one table
         weight = torch.empty(num_nodes, self.c1 - self.c0)
         gen = torch.Generator()
         for t0 in range(0, num_nodes, INIT_TILE_ROWS):

@@ -75,19 +75,25 @@ class RelationWeights(nn.Module):
         return self.weight[rels]
 
     def forward(self, m: torch.Tensor, pair_rel: torch.Tensor, rels: list[int]) -> torch.Tensor:
-        """``m[p] @ W_{pair_rel[p]}`` for every message row p (relations ``rels`` occur)."""
-        out = m.new_zeros(m.shape[0], self.out_dim)
+        """``m[p] @ W_{pair_rel[p]}`` for every message row p (``rels``: the relations that may occur, ascending).
+
+        The rows are sorted by relation once and each relation's segment is multiplied by its weight: a gather and a
+        scatter of the messages in all, whatever the number of relations (a mask per relation would copy every row
+        once per relation)."""
+        order = torch.argsort(pair_rel, stable=True)
+        sizes = torch.bincount(pair_rel, minlength=max(rels) + 1)[rels].tolist()
         weights = None if self.decomposition == "block" else self.matrices(rels)
-        for j, r in enumerate(rels):
-            sel = (pair_rel == r).nonzero()[:, 0]  # may be empty: the output still depends on m (every rank
+        pieces = []
+        # a segment may be empty; the output still depends on m, so every rank calls the gather's backward
+        for j, (r, seg) in enumerate(zip(rels, m[order].split(sizes))):
             if self.decomposition == "block":
                 nb = self.blocks.shape[1]
-                y = torch.einsum("nbi,bio->nbo", m[sel].reshape(len(sel), nb, self.in_dim // nb), self.blocks[r])
-                y = y.reshape(len(sel), self.out_dim)
+                y = torch.einsum("nbi,bio->nbo", seg.reshape(len(seg), nb, self.in_dim // nb), self.blocks[r])
+                pieces.append(y.reshape(len(seg), self.out_dim))
             else:
-                y = m[sel] @ weights[j]  # must call the gather's backward, or its peers wait for it)
-            out = out.index_copy(0, sel, y)
-        return out
+                pieces.append(seg @ weights[j])
+        y = torch.cat(pieces) if pieces else m.new_zeros(0, self.out_dim)
+        return torch.empty_like(y).index_copy(0, order, y)
 
 
 class HeteroInput(nn.Module):
@@ -155,7 +161,7 @@ class FeaturelessLayer(nn.Module):
             nn.init.xavier_uniform_(self.comp)
         else:  # the relations' tables stacked: row r * n + u is W_r[u]
             stacked = Partition(n * hc.num_relations, hc.comm.world, hc.comm.rank)
-            self.tables = SlicedEmbedding(n * hc.num_relations, out_dim, stacked, seed * 1_009 + 1)
+            self.tables = SlicedEmbedding(n * hc.num_relations, out_dim, stacked, seed * 1_009 + 1, fan_rows=n)
             self.comp = None
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
