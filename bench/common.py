@@ -185,11 +185,13 @@ def dgl_python(build: bool) -> tuple[Path | None, str]:
 
 
 def run_dgl(py: Path, script: str, payload: dict) -> dict | None:
-    """Run ``bench/<script>`` in the DGL environment with a JSON payload; returns its JSON answer (None on failure)."""
+    """Run ``bench/<script>`` in the DGL environment with a JSON payload; returns its JSON answer (on failure None,
+    or with ``payload["errors_to_note"]`` a row whose note is the error's last line)."""
     res = subprocess.run([str(py), str(REPO / "bench" / script), json.dumps(payload)], capture_output=True, text=True)
     if res.returncode != 0:
         print(f"DGL run failed:\n{res.stderr[-2000:]}", file=sys.stderr)
-        return None
+        last = (res.stderr.strip().splitlines() or ["no error output"])[-1]
+        return {"note": f"DGL failed: {last[:160]}"} if payload.get("errors_to_note") else None
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 

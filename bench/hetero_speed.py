@@ -20,6 +20,7 @@ it has no row for AIFB's one-hot first layer.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -145,8 +146,11 @@ def dgl_row(g: dict, hidden: int, layers: int, repeats: int, threads: int) -> di
                  labels=np.asarray(g["labels"]), train=np.asarray(g["splits"]["train"]),
                  **{f"x_{t}": x for t, x in g["features"].items()})
         out = run_dgl(py, "dgl_rgcn_worker.py", {"npz": str(path), "hidden": hidden, "layers": layers,
-                                                 "repeats": repeats, "threads": threads})
-    return out or {"note": "DGL run failed (its error is printed above)"}
+                                                 "repeats": repeats, "threads": threads, "errors_to_note": True})
+    failed = re.search(r"allocate (\d+) bytes", out.get("note", ""))
+    if failed:
+        return {"note": f"out of memory: an allocation of {int(failed[1]) / 2**30:.1f} GiB (per-edge messages) failed"}
+    return out
 
 
 def measure(system: str, name: str, scale: float, hidden: int, layers: int, repeats: int, threads: int) -> dict:
@@ -170,6 +174,17 @@ def measure(system: str, name: str, scale: float, hidden: int, layers: int, repe
     return {**row, "epoch_s": float(np.median(times)), "setup_s": setup_s, "peak_rss_mb": peak / 2**20}
 
 
+def cap_memory() -> int:
+    """Cap this process's address space at what the machine has free (plus what it maps already), so a system that
+    needs more fails with an allocation error instead of waking the OOM killer; returns the cap in bytes."""
+    import resource
+
+    meminfo = lambda f, key: int(next(ln.split()[1] for ln in open(f) if ln.startswith(key))) * 1024  # noqa: E731
+    cap = int(0.9 * meminfo("/proc/meminfo", "MemAvailable")) + meminfo("/proc/self/status", "VmSize")
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    return cap
+
+
 SYSTEMS = {"ntp": "ntp R-GCN (typed CSR)", "pyg": "PyG RGCNConv", "pyg-fast": "PyG FastRGCNConv",
            "dgl": "DGL RelGraphConv"}
 
@@ -187,7 +202,14 @@ def main() -> None:
     args = p.parse_args()
     threads, repeats = args.threads or torch.get_num_threads(), args.repeats or (2 if args.quick else 5)
     if args.one:
-        print(json.dumps(measure(*args.one, args.mag_scale, args.hidden, args.layers, repeats, threads)))
+        cap = cap_memory()
+        try:
+            row = measure(*args.one, args.mag_scale, args.hidden, args.layers, repeats, threads)
+        except (MemoryError, RuntimeError) as exc:
+            if "alloc" not in str(exc) and not isinstance(exc, MemoryError):
+                raise
+            row = {"graph": args.one[1], "system": args.one[0], "note": f"out of memory ({cap / 2**30:.0f} GiB cap)"}
+        print(json.dumps(row))
         return
     if args.with_dgl:
         from common import dgl_python

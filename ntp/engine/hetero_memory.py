@@ -18,7 +18,7 @@ from ntp.engine.chunking import ChunkPlan, make_plan
 from ntp.engine.hetero_data import RelationData
 from ntp.engine.partition import ceil_div
 from ntp.engine.placement import ACTIVATION_COPIES, PARAMETER_COPIES, nn_stage_bytes, propagated_width
-from ntp.engine.rgcn import parameter_sizes
+from ntp.engine.rgcn import parameter_sizes, stacks_relations
 
 #: Bytes per edge of a typed operator's direction: int64 column index and float32 value.
 OPERATOR_EDGE_BYTES = 8 + 4
@@ -68,13 +68,15 @@ def resident_parts(cfg: TrainConfig, relations: list[RelationData], counts: dict
             "embedding tables": 4 * PARAMETER_COPIES * sum(r * ceil_div(w, world) for r, w in tables),
             "gathered tables": 4 * gathered,  # whole tables: state dict, best model, checkpointed Adam moments
             "parameters": 4 * PARAMETER_COPIES * replicated,
-            "activations": _activation_bytes(cfg, counts, feature_dims, degrees, out_dim, world, n, rows)}
+            "activations": _activation_bytes(cfg, counts, feature_dims, degrees, out_dim, world, n, rows,
+                                             {t: sum(r.dst == t for r in relations) for t in counts})}
 
 
 def _activation_bytes(cfg: TrainConfig, counts: dict[str, int], feature_dims: dict[str, int], degrees: dict,
-                      out_dim: int, world: int, n: int, rows: dict[str, int]) -> int:
+                      out_dim: int, world: int, n: int, rows: dict[str, int], rels_into: dict[str, int]) -> int:
     """Per layer: every type's rows (in and out widths) and column slice, every pair's message in the column layout
-    and this rank's pairs in the row layout (in and out widths), and the stacked sources with their gradient."""
+    and this rank's pairs in the row layout, the relation transform's working floats, and the stacked sources with
+    their gradient."""
     pairs = {t: len(d) for (kind, t), d in degrees.items() if kind == "forward"}
     if cfg.arch == "decoupled":
         s = ceil_div(out_dim, world)
@@ -86,10 +88,16 @@ def _activation_bytes(cfg: TrainConfig, counts: dict[str, int], feature_dims: di
     total = 0
     for a, b in zip(dims[:-1], dims[1:]):
         s = ceil_div(a, world)
-        per_type = sum(rows[t] * (a + b) + counts[t] * s + pairs[t] * s * per_pair
-                       + ceil_div(pairs[t], world) * (a + b) for t in counts)
+        per_type = sum(rows[t] * (a + b) + counts[t] * s + pairs[t] * s * per_pair + ceil_div(pairs[t], world) * a
+                       + _transform_floats(rows[t], rels_into[t], pairs[t], ceil_div(pairs[t], world), a, b, counts[t])
+                       for t in counts)
         total += per_type * ACTIVATION_COPIES + 2 * n * s
     return 4 * total
+
+
+def _transform_floats(rows: int, num_rels: int, pairs: int, own_pairs: int, a: int, b: int, count: int) -> int:
+    """The relation transform's working floats: messages laid out per row and relation, or one output per pair."""
+    return rows * num_rels * a if stacks_relations(count, num_rels, pairs, a, b) else own_pairs * b
 
 
 def plan_operators(cfg: TrainConfig, relations: list[RelationData], counts: dict[str, int],

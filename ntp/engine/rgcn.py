@@ -69,10 +69,21 @@ class RelationWeights(nn.Module):
             nn.init.uniform_(self.weight, -bound, bound)
 
     def matrices(self, rels: list[int]) -> torch.Tensor:
-        """[k, in, out] (full and basis forms)."""
+        """[k, in, out] (full and basis forms; block-diagonal ones as full matrices)."""
         if self.decomposition == "basis":
             return torch.einsum("kb,bio->kio", self.comp[rels], self.bases)
+        if self.decomposition == "block":
+            return torch.stack([torch.block_diag(*self.blocks[r]) for r in rels])
         return self.weight[rels]
+
+    def stacked(self, m: torch.Tensor, dst: torch.Tensor, pair_rel: torch.Tensor, rels: list[int],
+                rows: int) -> torch.Tensor:
+        """``sum_p [dst_p = v] m[p] @ W_{pair_rel[p]}`` for every row v: the messages laid out as [rows, relations x
+        in] (a row's pairs are distinct relations) times the stacked weights, one product for all relations."""
+        slot = torch.zeros(max(rels) + 1, dtype=torch.long, device=m.device)
+        slot[rels] = torch.arange(len(rels), device=m.device)
+        flat = m.new_zeros(rows * len(rels), self.in_dim).index_copy(0, dst * len(rels) + slot[pair_rel], m)
+        return flat.view(rows, -1) @ self.matrices(rels).reshape(len(rels) * self.in_dim, self.out_dim)
 
     def forward(self, m: torch.Tensor, pair_rel: torch.Tensor, rels: list[int]) -> torch.Tensor:
         """``m[p] @ W_{pair_rel[p]}`` for every message row p (``rels``: the relations that may occur, ascending).
@@ -82,7 +93,7 @@ class RelationWeights(nn.Module):
         once per relation)."""
         order = torch.argsort(pair_rel, stable=True)
         sizes = torch.bincount(pair_rel, minlength=max(rels) + 1)[rels].tolist()
-        weights = None if self.decomposition == "block" else self.matrices(rels)
+        weights = None if self.decomposition == "block" else self.matrices(rels)  # block: per segment, no full W
         pieces = []
         # a segment may be empty; the output still depends on m, so every rank calls the gather's backward
         for j, (r, seg) in enumerate(zip(rels, m[order].split(sizes))):
@@ -123,6 +134,13 @@ class HeteroInput(nn.Module):
         return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
 
 
+def stacks_relations(rows: int, num_rels: int, pairs: int, in_dim: int, out_dim: int) -> bool:
+    """Whether a layer transforms a type's messages as one [rows, relations x in] product (RelationWeights.stacked)
+    rather than per (node, relation) pair: whichever holds fewer floats (a wide output over few relations stacks; many
+    relations over sparse pairs do not). Decided on the type's global sizes, so every world size takes the same path."""
+    return rows * (num_rels * in_dim + out_dim) <= pairs * (in_dim + out_dim)
+
+
 class RGCNLayer(nn.Module):
     def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str, num_bases: int) -> None:
         super().__init__()
@@ -138,7 +156,11 @@ class RGCNLayer(nn.Module):
             if hc.into[t]:
                 msgs = gather(hc.ops[t](everything), hc.pair_comms[t], self.in_dim)  # this rank's pairs, all columns
                 dst, rel = hc.own_pairs(t)
-                y = y.index_add(0, dst, self.rel(msgs, rel, hc.into[t]))
+                if stacks_relations(hc.counts[t], len(hc.into[t]), hc.ops[t].num_pairs, self.in_dim,
+                                    self.rel.out_dim):
+                    y = y + self.rel.stacked(msgs, dst, rel, hc.into[t], len(y))
+                else:
+                    y = y.index_add(0, dst, self.rel(msgs, rel, hc.into[t]))
             out[t] = y
         return out
 

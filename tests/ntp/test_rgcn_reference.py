@@ -34,10 +34,15 @@ def _ours(layer: RGCNLayer, hc: HeteroContext, offsets: dict, x: torch.Tensor) -
     return torch.cat([out[t] for t in hc.types])
 
 
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked-relations", "per-pair"])
 @pytest.mark.parametrize("decomposition,num_bases", [("none", 0), ("basis", 2), ("block", 2)])
-def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int) -> None:
+def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int, stacked: bool, monkeypatch) -> None:
+    """Both ways of applying the relation weights (ntp.engine.rgcn.stacks_relations picks one by size)."""
     from torch_geometric.nn import RGCNConv
 
+    import ntp.engine.rgcn as rgcn
+
+    monkeypatch.setattr(rgcn, "stacks_relations", lambda *sizes: stacked)
     data, hc, offsets, x = _setup("mean")
     layer = RGCNLayer(hc.num_relations, IN, OUT, decomposition, num_bases).double()
     dst_local = [np.repeat(np.arange(len(r.indptr) - 1), np.diff(r.indptr)) for r in data.relations]
@@ -63,6 +68,12 @@ def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int) -> None:
     theirs.backward(grad)
     torch.testing.assert_close(x1.grad, x2.grad)
     torch.testing.assert_close(layer.root.weight.grad, conv.root.grad.T)
+    if decomposition == "basis":
+        torch.testing.assert_close(layer.rel.bases.grad, conv.weight.grad)
+        torch.testing.assert_close(layer.rel.comp.grad, conv.comp.grad)
+    else:
+        torch.testing.assert_close((layer.rel.blocks if decomposition == "block" else layer.rel.weight).grad,
+                                   conv.weight.grad)
 
 
 @pytest.mark.parametrize("norm", ["total", "sum"])
