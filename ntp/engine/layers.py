@@ -81,8 +81,7 @@ class RowDropout(nn.Module):
         stream = (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
         rows = (ctx.row_offset, ctx.row_offset + x.shape[0])
         mask = keep_mask(rows, x.shape[1], self.p, stream, x.device)
-        # the kept elements' scale folded into the mask: one product forward and one backward (x * m * s takes two)
-        return x * mask.to(device=x.device, dtype=x.dtype).mul_(1.0 / (1.0 - self.p))
+        return x * mask.to(device=x.device, dtype=x.dtype) * (1.0 / (1.0 - self.p))
 
 
 class DistBatchNorm(nn.Module):
