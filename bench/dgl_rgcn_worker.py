@@ -29,7 +29,7 @@ def main() -> None:
     counts = d["counts"].tolist()
     n, num_rels = int(sum(counts)), int(d["num_rels"])
     etype = torch.from_numpy(d["etype"])
-    order = torch.argsort(etype, stable=True)  # DGL's fast path: edges sorted by type (presorted=p.get("presorted", True))
+    order = torch.argsort(etype, stable=True)  # DGL's fast path: edges sorted by type (presorted=True)
     src, dst, etype = torch.from_numpy(d["src"])[order], torch.from_numpy(d["dst"])[order], etype[order]
     g = dgl.graph((src, dst), num_nodes=n)
     norm = mean_norm(dst, etype, num_rels)
@@ -50,7 +50,7 @@ def main() -> None:
         opt.zero_grad()
         h = torch.cat([inputs[t](feats[t]) if t in feats else inputs[t].weight for t in types])
         for i, conv in enumerate(convs):
-            h = conv(g, h, etype, norm, presorted=p.get("presorted", True))
+            h = conv(g, h, etype, norm, presorted=True)
             h = torch.relu(h) if i < len(convs) - 1 else h
         loss = torch.nn.functional.cross_entropy(h[off + train], y)
         loss.backward()
