@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import DATASETS, base_parser, report
+from common import DATASETS, base_parser, report, time_median
 
 MAG = {"paper": 736_389, "author": 1_134_649, "institution": 8_740, "field_of_study": 59_965}
 MAG_EDGES = {("author", "affiliated_with", "institution"): 1_043_998, ("author", "writes", "paper"): 7_145_660,
@@ -164,14 +164,9 @@ def measure(system: str, name: str, scale: float, hidden: int, layers: int, repe
         return {**row, **dgl_row(g, hidden, layers, repeats, threads)}
     fn = ntp_epoch(g, hidden, layers) if system == "ntp" else pyg_epoch(g, hidden, layers, system == "pyg-fast")
     setup_s = time.perf_counter() - t0
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
+    epoch_s, _ = time_median(fn, repeats)
     peak = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM"))) * 1024
-    return {**row, "epoch_s": float(np.median(times)), "setup_s": setup_s, "peak_rss_mb": peak / 2**20}
+    return {**row, "epoch_s": epoch_s, "setup_s": setup_s, "peak_rss_mb": peak / 2**20}
 
 
 def cap_memory() -> int:

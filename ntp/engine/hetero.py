@@ -20,11 +20,10 @@ from ntp.engine.collectives import Comm, all_gather_rows, all_reduce_gradients, 
 from ntp.engine.dist import DistEnv
 from ntp.engine.hetero_data import HeteroGraphData
 from ntp.engine.hetero_memory import plan_operators
-from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.metrics import ALLREDUCE
 from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
-from ntp.engine.rgcn import build_rgcn
+from ntp.engine.rgcn import build_rgcn, embedding_tables
 from ntp.engine.rowwise_adam import RowwiseAdam
 from ntp.errors import ConfigError
 
@@ -64,7 +63,7 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans)
     model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
     optimizer = _optimizer(cfg, model, comm)
-    for table in _tables(model):  # checkpoints hold each whole table and its state: any world size resumes them
+    for table in embedding_tables(model):  # checkpoints hold each whole table and its state: any world size resumes them
         table.track_optimizer(optimizer)
     y = torch.from_numpy(np.asarray(data.labels, np.int64))
     r0, r1 = target_part.rows()
@@ -81,10 +80,6 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     x = {t: torch.from_numpy(f).to(env.device) for t, f in data.features.items()}
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=hc, model=model, optimizer=optimizer, x=x,
                 y=y[r0:r1].to(env.device), local_split=local, global_train_count=count, task=HeteroTask())
-
-
-def _tables(model: torch.nn.Module) -> list[SlicedEmbedding]:
-    return [m for m in model.modules() if isinstance(m, SlicedEmbedding)]
 
 
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module, comm: Comm) -> torch.optim.Optimizer:
@@ -131,7 +126,7 @@ class HeteroTask:
     def snapshot(job: Any, with_optimizer: bool = False) -> None:
         """Gather every embedding table whole, and its optimiser state for checkpoints (the state dicts save them;
         every rank must call this)."""
-        for table in _tables(job.model):
+        for table in embedding_tables(job.model):
             table.snapshot(_TableView(job.comm, table.num_nodes), with_optimizer=with_optimizer)
 
     @torch.no_grad()

@@ -34,17 +34,28 @@ from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
 
 
+def _dropout_stream(hc: HeteroContext, node_type: str, layer: int) -> int:
+    """The mask's stream of (seed, step, layer, type): the row and the column layouts must draw the same one."""
+    return ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
+
+
 def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int) -> torch.Tensor:
     """Dropout on a type's rows whose mask depends on (seed, step, layer, type, global row, column) only."""
     if p == 0.0:
         return x
-    stream = ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
     r0 = hc.row_offset(node_type)
-    return x * keep_mask((r0, r0 + x.shape[0]), x.shape[1], p, stream, x.device).to(x.dtype) / (1.0 - p)
+    mask = keep_mask((r0, r0 + x.shape[0]), x.shape[1], p, _dropout_stream(hc, node_type, layer), x.device)
+    return x * mask.to(x.dtype) / (1.0 - p)
+
+
+def embedding_tables(module: nn.Module) -> list[SlicedEmbedding]:
+    """Every column-sliced table of ``module`` (their slices are each rank's own: no gradient all-reduce)."""
+    return [m for m in module.modules() if isinstance(m, SlicedEmbedding)]
 
 
 class RelationWeights(nn.Module):
-    """``W_r`` for R relations: ``forward(m, rels)`` = sum_i m[:, i] @ W_{rels[i]} for messages m [N, k, in]."""
+    """``W_r`` for R relations (full, basis or block-diagonal), applied per message row (``forward``) or to a
+    destination's messages of all relations at once (``stacked``)."""
 
     def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str = "none",
                  num_bases: int = 0) -> None:
@@ -130,9 +141,6 @@ class HeteroInput(nn.Module):
                 rows[t] = gather(cols[t], hc.comms[t], self.width)
         return rows, cols
 
-    def sliced(self) -> list[nn.Parameter]:
-        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
-
 
 def stacks_relations(rows: int, num_rels: int, pairs: int, in_dim: int, out_dim: int) -> bool:
     """Whether a layer transforms a type's messages as one [rows, relations x in] product (RelationWeights.stacked)
@@ -209,8 +217,7 @@ def column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type: str,
     """:func:`hetero_dropout`'s mask, applied to a column slice (all rows of the type)."""
     if p == 0.0:
         return h
-    stream = ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
-    mask = keep_mask((0, h.shape[0]), width, p, stream, h.device)[:, cols[0]:cols[1]]
+    mask = keep_mask((0, h.shape[0]), width, p, _dropout_stream(hc, node_type, layer), h.device)[:, cols[0]:cols[1]]
     return h * mask.to(h.dtype) / (1.0 - p)
 
 
@@ -260,7 +267,7 @@ class CoupledRGCN(nn.Module):
         raise AssertionError("unreachable")
 
     def sliced(self) -> list[nn.Parameter]:
-        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
+        return [t.weight for t in embedding_tables(self)]
 
 
 class DecoupledRGCN(nn.Module):
@@ -308,7 +315,7 @@ class DecoupledRGCN(nn.Module):
         return gather(h[self.target], hc.comms[self.target], self.out_dim)
 
     def sliced(self) -> list[nn.Parameter]:
-        return [m.weight for m in self.modules() if isinstance(m, SlicedEmbedding)]
+        return [t.weight for t in embedding_tables(self)]
 
 
 def build_rgcn(cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
