@@ -5,12 +5,14 @@ The torchrun job runs in its own session and dies with the launcher (ntp.run.pro
 interrupt or SIGTERM the whole group is stopped, and if the launcher is killed outright the kernel stops torchrun,
 whose workers die with it. No worker outlives the launcher. When a rank fails, torchrun stops the others and the launcher raises
 :class:`WorkerFailed` with that rank's traceback in its message. What torchrun writes (its per-rank error files, torch's
-compile cache) goes to a temporary folder that the launcher removes when the job ends.
+compile cache) goes to a temporary folder that the launcher removes when the job ends; a launcher killed outright
+cannot, so each launcher first removes the folders of launchers that no longer run (their pid is in the name).
 """
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +36,8 @@ from ntp.spec import LaunchSpec
 LineSink = Callable[[str], None]
 #: What a rank's traceback says when a peer, not the rank itself, failed.
 PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "DistBackendError")
+#: A torchrun job's temporary folder: this prefix, the launcher's pid, a dash and a random suffix.
+SCRATCH_PREFIX = "ntp-torchrun-"
 
 
 @dataclass
@@ -99,9 +103,30 @@ def run_torchrun_job(spec: LaunchSpec, program: list[str] | None, *, on_line: Li
                      env: dict[str, str] | None = None) -> None:
     """``program`` (default: training) on every rank of ``spec``'s torchrun job, to completion (WorkerFailed)."""
     network = job_network_env(spec.rdzv_endpoint, spec.interface)
-    with tempfile.TemporaryDirectory(prefix="ntp-torchrun-", ignore_cleanup_errors=True) as tmp:
+    with job_scratch() as tmp:
         _run_torchrun(torchrun_command(spec, log_dir=tmp, program=program), spec.job_timeout_s, on_line,
                       {**_scratch_env(tmp), **network, **(env or {})})
+
+
+def job_scratch() -> tempfile.TemporaryDirectory:
+    """A temporary folder for one torchrun job, named after this launcher's pid, once the folders of launchers that
+    are gone have been removed."""
+    root = Path(tempfile.gettempdir())
+    for folder in root.glob(SCRATCH_PREFIX + "*"):
+        match = re.fullmatch(re.escape(SCRATCH_PREFIX) + r"(\d+)-.*", folder.name)
+        if match and folder.is_dir() and not _running(int(match.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", ignore_cleanup_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _run_in_process(spec: LaunchSpec) -> None:

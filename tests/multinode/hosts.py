@@ -1,15 +1,19 @@
 """Two "hosts" on this machine: Linux network namespaces joined by a veth pair.
 
-The private addresses exist only inside the namespaces this module creates, and everything is deleted at the end.
+The private addresses exist only inside the namespaces this module creates, and everything is deleted at the end
+(the namespaces of a test process that was killed before it could are deleted by the next one: their names carry the
+creating process's pid).
 Needs root (CAP_NET_ADMIN); callers skip with the reason when :func:`two_hosts` cannot create them.
 """
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,8 @@ def _ip(*args: str) -> None:
 @contextmanager
 def two_hosts() -> Iterator[tuple[Host, Host]]:
     """Namespaces ``ntp-a-<pid>`` (10.213.x.1) and ``ntp-b-<pid>`` (10.213.x.2) on one veth link."""
-    tag = os.getpid() % 100_000
+    _delete_orphans()
+    tag = os.getpid()
     subnet = f"10.213.{tag % 250}"
     hosts = (Host(f"ntp-a-{tag}", f"{subnet}.1"), Host(f"ntp-b-{tag}", f"{subnet}.2"))
     veth = (f"nva{tag}", f"nvb{tag}")
@@ -50,11 +55,20 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
 
 
+def _delete_orphans() -> None:
+    """Delete the namespaces of test processes that are gone."""
+    out = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True, timeout=30).stdout
+    for line in out.splitlines():
+        match = re.fullmatch(r"ntp-[ab]-(\d+)", line.split()[0]) if line.strip() else None
+        if match and not Path(f"/proc/{match.group(1)}").exists():
+            subprocess.run(["ip", "netns", "del", match.group(0)], capture_output=True, timeout=30)
+
+
 @contextmanager
 def second_address(host: Host, peer: Host) -> Iterator[str]:
     """Another interface on ``host`` (an empty bridge with its own address) that ``peer`` routes to through ``host``:
     an address of ``host`` that ``peer`` reaches, but not the one a job names. Removed at the end."""
-    tag = os.getpid() % 100_000
+    tag = os.getpid()
     subnet, dev = f"10.214.{tag % 250}", f"ndx{tag}"
     _ip("-n", host.namespace, "link", "add", dev, "type", "bridge")
     try:

@@ -6,12 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from ntp.run import tracking
+from ntp.run.launch import SCRATCH_PREFIX, job_scratch
 from tests.processes import processes_with, wait_for
 
 
@@ -52,6 +54,10 @@ def test_sigkill_to_the_launcher_leaves_no_worker_and_the_next_run_closes_its_ru
     proc.kill()
     proc.wait()
     wait_for(lambda: not processes_with(str(results)), 30, "torchrun and the workers to die with their launcher")
+    scratch = lambda pid: list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{pid}-*"))  # noqa: E731
+    assert len(scratch(proc.pid)) == 1, "a killed launcher cannot remove its job's folder"
+    with job_scratch() as mine:  # the next launch removes it
+        assert not scratch(proc.pid) and Path(mine) in scratch(os.getpid())
     assert _parent_run("sigkill-test").info.status == "RUNNING", "nobody could end it yet"
     with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="sigkill-test",
                                      system_metrics=False) as run:
