@@ -25,7 +25,7 @@ from ntp.engine.context import GraphContext
 from ntp.engine.data import GraphData
 from ntp.engine.dist import DistEnv
 from ntp.engine.link_data import LinkGraphData, read_link_splits, with_link_splits
-from ntp.engine.link_eval import link_metric
+from ntp.engine.link_eval import link_evaluator
 from ntp.engine.link_model import LinkModel
 from ntp.engine.link_pairs import score_pairs, train_pairs
 from ntp.engine.partition import Partition
@@ -105,7 +105,8 @@ class LinkTask:
 
     def __init__(self, splits: dict, metric: str, ogb_name: str | None, num_nodes: int, taken: torch.Tensor,
                  seed: int) -> None:
-        self.metric, self.ogb_name, self.n, self.taken = metric, ogb_name, num_nodes, taken
+        self.metric, self.n, self.taken = metric, num_nodes, taken
+        self.score = link_evaluator(metric, ogb_name)
         as_tensor = lambda a: None if a is None else torch.from_numpy(np.asarray(a, np.int64))  # noqa: E731
         self.pos = {k: as_tensor(p) for k, (p, _) in splits.items()}
         self.neg = {k: as_tensor(q) for k, (_, q) in splits.items()}
@@ -161,7 +162,7 @@ class LinkTask:
                 if id(neg) not in scored:
                     scored[id(neg)] = score_pairs(job.model, h_cols, neg, job.comm)
                 s_neg = scored[id(neg)]
-            out[split] = link_metric(self.metric, s_pos, s_neg, self.ogb_name)
+            out[split] = self.score(s_pos, s_neg)
         return out
 
 

@@ -8,6 +8,10 @@ definitions written out here (tests check that both agree):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -16,13 +20,32 @@ from ntp.engine.evaluation import _ogb_evaluator_class
 
 def link_metric(metric: str, pos: torch.Tensor, neg: torch.Tensor, ogb_name: str | None = None) -> float:
     """``pos`` [E] scores of positive edges; ``neg`` [E_neg] (hits@K, rocauc) or [E, K] (mrr) scores of negatives."""
-    if len(pos) == 0:
-        return float("nan")
-    pos, neg = pos.detach().float().cpu(), neg.detach().float().cpu()
-    if ogb_name is not None:
+    return link_evaluator(metric, ogb_name)(pos, neg)
+
+
+def link_evaluator(metric: str, ogb_name: str | None = None) -> Callable[[torch.Tensor, torch.Tensor], float]:
+    """:func:`link_metric` of ``(pos, neg)`` with OGB's Evaluator built now, once (importing it takes seconds: a
+    training job builds it at setup, not in its first evaluation)."""
+    if ogb_name is None:
+        compute = partial(_metric, metric)
+    else:
         evaluator = _ogb_evaluator_class("linkproppred")(ogb_name)
-        result = evaluator.eval({"y_pred_pos": pos, "y_pred_neg": neg})
-        return float(result["mrr_list"].float().mean()) if metric == "mrr" else float(result[metric])
+        compute = partial(_ogb_metric, evaluator, metric)
+
+    def score(pos: torch.Tensor, neg: torch.Tensor) -> float:
+        if len(pos) == 0:
+            return float("nan")
+        return compute(pos.detach().float().cpu(), neg.detach().float().cpu())
+
+    return score
+
+
+def _ogb_metric(evaluator: Any, metric: str, pos: torch.Tensor, neg: torch.Tensor) -> float:
+    result = evaluator.eval({"y_pred_pos": pos, "y_pred_neg": neg})
+    return float(result["mrr_list"].float().mean()) if metric == "mrr" else float(result[metric])
+
+
+def _metric(metric: str, pos: torch.Tensor, neg: torch.Tensor) -> float:
     if metric.startswith("hits@"):
         k = int(metric.split("@", 1)[1])
         if len(neg) < k:
