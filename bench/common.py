@@ -17,7 +17,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-DATASETS = REPO.parent / "shared" / "datasets"
+#: The real graphs: ../shared/datasets beside the checkout, or NTP_DATASETS (bench/on_device.sh sets it).
+DATASETS = Path(os.environ.get("NTP_DATASETS", REPO.parent / "shared" / "datasets"))
 DGL_VENV = REPO / "bench" / ".dgl-venv"
 DGL_PINS = ["torch==2.2.1", "dgl==2.1.0", "numpy<2", "torchdata==0.7.1", "pandas<2.3", "pyyaml", "pydantic", "packaging"]
 OUT = REPO / "bench" / "out"
