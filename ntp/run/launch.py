@@ -6,13 +6,16 @@ interrupt or SIGTERM the whole group is stopped, and if the launcher is killed o
 whose workers die with it. No worker outlives the launcher. When a rank fails, torchrun stops the others and the launcher raises
 :class:`WorkerFailed` with that rank's traceback in its message. What torchrun writes (its per-rank error files, torch's
 compile cache) goes to a temporary folder that the launcher removes when the job ends; a launcher killed outright
-cannot, so each launcher first removes the folders of launchers that no longer run (their pid is in the name).
+cannot, so each launcher first removes the folders of this host's launchers that no longer run (the host and pid are
+in the name: a temporary directory shared by several hosts keeps the others' folders).
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +39,7 @@ from ntp.spec import LaunchSpec
 LineSink = Callable[[str], None]
 #: What a rank's traceback says when a peer, not the rank itself, failed.
 PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "DistBackendError")
-#: A torchrun job's temporary folder: this prefix, the launcher's pid, a dash and a random suffix.
+#: A torchrun job's temporary folder: this prefix, then ``<host>-<launcher pid>-<random suffix>``.
 SCRATCH_PREFIX = "ntp-torchrun-"
 
 
@@ -109,14 +112,14 @@ def run_torchrun_job(spec: LaunchSpec, program: list[str] | None, *, on_line: Li
 
 
 def job_scratch() -> tempfile.TemporaryDirectory:
-    """A temporary folder for one torchrun job, named after this launcher's pid, once the folders of launchers that
-    are gone have been removed."""
-    root = Path(tempfile.gettempdir())
-    for folder in root.glob(SCRATCH_PREFIX + "*"):
-        match = re.fullmatch(re.escape(SCRATCH_PREFIX) + r"(\d+)-.*", folder.name)
-        if match and folder.is_dir() and not _running(int(match.group(1))):
+    """A temporary folder for one torchrun job, named after this host and launcher, once the folders of this host's
+    launchers that are gone have been removed."""
+    mine = f"{SCRATCH_PREFIX}{socket.gethostname()}-"
+    for folder in Path(tempfile.gettempdir()).glob(glob.escape(mine) + "*"):
+        pid = folder.name[len(mine) :].split("-", 1)[0]
+        if pid.isdigit() and folder.is_dir() and not _running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", ignore_cleanup_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{mine}{os.getpid()}-", ignore_cleanup_errors=True)
 
 
 def _running(pid: int) -> bool:
@@ -125,7 +128,7 @@ def _running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 

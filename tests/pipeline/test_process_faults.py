@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,8 @@ def test_sigkill_to_the_launcher_leaves_no_worker_and_the_next_run_closes_its_ru
     proc.kill()
     proc.wait()
     wait_for(lambda: not processes_with(str(results)), 30, "torchrun and the workers to die with their launcher")
-    scratch = lambda pid: list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{pid}-*"))  # noqa: E731
+    host = socket.gethostname()
+    scratch = lambda pid: list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{host}-{pid}-*"))  # noqa: E731
     assert len(scratch(proc.pid)) == 1, "a killed launcher cannot remove its job's folder"
     with job_scratch() as mine:  # the next launch removes it
         assert not scratch(proc.pid) and Path(mine) in scratch(os.getpid())
@@ -65,6 +67,18 @@ def test_sigkill_to_the_launcher_leaves_no_worker_and_the_next_run_closes_its_ru
     c = tracking.client()
     old = next(r for r in c.search_runs([run.experiment_id]) if r.info.run_id != run.run_id)
     assert old.info.status == "KILLED" and "died without ending the run" in old.data.tags[tracking.TAG_ERROR]
+
+
+def test_the_scratch_sweep_keeps_other_hosts_folders_and_running_launchers(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a temporary directory several hosts might share
+    gone = 4_194_304 + 1  # above any pid_max: no process has it
+    names = {f"{SCRATCH_PREFIX}{socket.gethostname()}-{gone}-a": False, f"{SCRATCH_PREFIX}other-host-{gone}-b": True,
+             f"{SCRATCH_PREFIX}{socket.gethostname()}-{os.getppid()}-c": True}
+    for name in names:
+        (tmp_path / name).mkdir()
+    with job_scratch():
+        assert {name: (tmp_path / name).exists() for name in names} == names
 
 
 @pytest.mark.parametrize("processes", [4])
