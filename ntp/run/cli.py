@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, entry_points, version
@@ -18,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 from ntp.run.compare import add_compare_command
 from ntp.run.evaluate_cmd import add_evaluate_command
 from ntp.run.predict_cmd import add_predict_command
+from ntp.run.scratch import owned_tempdir
 from ntp.run.train_cmd import add_train_command
 
 PLUGIN_GROUP = "ntp.commands"
@@ -89,20 +88,24 @@ def _quiet_libraries(command: str) -> None:
         quiet_library_warnings()
 
 
+#: The folder of torch's compile cache during a command (ntp.run.scratch).
+TORCH_CACHE_PREFIX = "ntp-torch-cache-"
+
+
 @contextmanager
 def _private_torch_cache() -> Iterator[None]:
     """torch makes its compile cache (``$TMPDIR/torchinductor_$USER``) when an optimizer is built; ntp compiles
-    nothing, so the cache goes to a temporary folder removed at the end (unless TORCHINDUCTOR_CACHE_DIR is set)."""
+    nothing, so the cache goes to a temporary folder removed at the end (unless TORCHINDUCTOR_CACHE_DIR is set), or by
+    the next command if this one is killed outright (ntp.run.scratch)."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         yield
         return
-    tmp = tempfile.mkdtemp(prefix="ntp-torch-cache-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
-    try:
-        yield
-    finally:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with owned_tempdir(TORCH_CACHE_PREFIX) as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
 def main(argv: list[str] | None = None) -> int:

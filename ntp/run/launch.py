@@ -5,20 +5,15 @@ The torchrun job runs in its own session and dies with the launcher (ntp.run.pro
 interrupt or SIGTERM the whole group is stopped, and if the launcher is killed outright the kernel stops torchrun,
 whose workers die with it. No worker outlives the launcher. When a rank fails, torchrun stops the others and the launcher raises
 :class:`WorkerFailed` with that rank's traceback in its message. What torchrun writes (its per-rank error files, torch's
-compile cache) goes to a temporary folder that the launcher removes when the job ends; a launcher killed outright
-cannot, so each launcher first removes the folders of this host's launchers that no longer run (the host and pid are
-in the name: a temporary directory shared by several hosts keeps the others' folders).
+compile cache) goes to a temporary folder that the launcher removes when the job ends, or the next launch on this
+host if the launcher was killed outright (ntp.run.scratch).
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -33,13 +28,14 @@ from ntp.run.network import LOOPBACK, is_local_address, job_network_env, local_a
 from ntp.run.preflight import check_launch
 from ntp.run.processes import spawn_group, stop_group
 from ntp.run.rendezvous import C10D, STATIC
+from ntp.run.scratch import owned_tempdir
 from ntp.run.worker import FAILURE_BEGIN, FAILURE_END
 from ntp.spec import LaunchSpec
 
 LineSink = Callable[[str], None]
 #: What a rank's traceback says when a peer, not the rank itself, failed.
 PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "DistBackendError")
-#: A torchrun job's temporary folder: this prefix, then ``<host>-<launcher pid>-<random suffix>``.
+#: A torchrun job's temporary folder (ntp.run.scratch: removed by the next launch if its launcher is killed).
 SCRATCH_PREFIX = "ntp-torchrun-"
 
 
@@ -106,30 +102,9 @@ def run_torchrun_job(spec: LaunchSpec, program: list[str] | None, *, on_line: Li
                      env: dict[str, str] | None = None) -> None:
     """``program`` (default: training) on every rank of ``spec``'s torchrun job, to completion (WorkerFailed)."""
     network = job_network_env(spec.rdzv_endpoint, spec.interface)
-    with job_scratch() as tmp:
+    with owned_tempdir(SCRATCH_PREFIX) as tmp:
         _run_torchrun(torchrun_command(spec, log_dir=tmp, program=program), spec.job_timeout_s, on_line,
                       {**_scratch_env(tmp), **network, **(env or {})})
-
-
-def job_scratch() -> tempfile.TemporaryDirectory:
-    """A temporary folder for one torchrun job, named after this host and launcher, once the folders of this host's
-    launchers that are gone have been removed."""
-    mine = f"{SCRATCH_PREFIX}{socket.gethostname()}-"
-    for folder in Path(tempfile.gettempdir()).glob(glob.escape(mine) + "*"):
-        pid = folder.name[len(mine) :].split("-", 1)[0]
-        if pid.isdigit() and folder.is_dir() and not _running(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-    return tempfile.TemporaryDirectory(prefix=f"{mine}{os.getpid()}-", ignore_cleanup_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
 
 
 def _run_in_process(spec: LaunchSpec) -> None:

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from ntp.run import tracking
-from ntp.run.launch import SCRATCH_PREFIX, job_scratch
+from ntp.run.cli import TORCH_CACHE_PREFIX
+from ntp.run.launch import SCRATCH_PREFIX
+from ntp.run.scratch import owned_tempdir
 from tests.processes import processes_with, wait_for
 
 
@@ -56,10 +58,11 @@ def test_sigkill_to_the_launcher_leaves_no_worker_and_the_next_run_closes_its_ru
     proc.wait()
     wait_for(lambda: not processes_with(str(results)), 30, "torchrun and the workers to die with their launcher")
     host = socket.gethostname()
-    scratch = lambda pid: list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{host}-{pid}-*"))  # noqa: E731
-    assert len(scratch(proc.pid)) == 1, "a killed launcher cannot remove its job's folder"
-    with job_scratch() as mine:  # the next launch removes it
-        assert not scratch(proc.pid) and Path(mine) in scratch(os.getpid())
+    for prefix in (SCRATCH_PREFIX, TORCH_CACHE_PREFIX):  # the job's folder, and the command's compile cache
+        left = lambda pid: list(Path(tempfile.gettempdir()).glob(f"{prefix}{host}-{pid}-*"))  # noqa: E731
+        assert len(left(proc.pid)) == 1, f"a killed launcher cannot remove its {prefix}* folder"
+        with owned_tempdir(prefix) as mine:  # the next launch removes it
+            assert not left(proc.pid) and Path(mine) in left(os.getpid())
     assert _parent_run("sigkill-test").info.status == "RUNNING", "nobody could end it yet"
     with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="sigkill-test",
                                      system_metrics=False) as run:
@@ -77,7 +80,7 @@ def test_the_scratch_sweep_keeps_other_hosts_folders_and_running_launchers(tmp_p
              f"{SCRATCH_PREFIX}{socket.gethostname()}-{os.getppid()}-c": True}
     for name in names:
         (tmp_path / name).mkdir()
-    with job_scratch():
+    with owned_tempdir(SCRATCH_PREFIX):
         assert {name: (tmp_path / name).exists() for name in names} == names
 
 
