@@ -23,7 +23,10 @@ from tests.processes import processes_with, wait_for
 def _start_training(cora_store: str, results: Path, experiment: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ntp.run.cli", "train", "--store", cora_store, "--nproc", "2", "--device", "cpu",
            "--epochs", "100000", "--eval-every", "1000", "--results", str(results), "--experiment", experiment]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # torch sets TORCHINDUCTOR_CACHE_DIR in this process once an earlier test has built an optimiser: without it, the
+    # launcher makes its own compile-cache folder, as a user's does
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     wait_for(lambda: results.is_file() and results.stat().st_size > 0 or proc.poll() is not None, 120, "epochs")
     assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
     assert len(processes_with(str(results))) >= 3, "torchrun and two workers"
