@@ -48,9 +48,18 @@ def init_distributed(timeout_s: float, device: str = "auto") -> DistEnv:
     else:
         rank_device = torch.device("cpu")
     backend = "nccl" if cuda else "gloo"
+    _import_what_the_optimiser_imports()
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=rank_device if cuda else None)
     return DistEnv(rank, world, local_rank, local_world, rank_device, backend)
+
+
+def _import_what_the_optimiser_imports() -> None:
+    """The first torch optimiser imports torch._dynamo, which imports torch.distributed._shard; imported after
+    init_process_group, that module keeps references to the default group, so destroy_process_group leaves gloo's
+    threads running into interpreter exit, where one may free a tensor without the GIL and abort the process
+    ("terminate called without an active exception"). Imported before, it holds none."""
+    import torch._dynamo  # noqa: F401
 
 
 def shutdown(env: DistEnv) -> None:
