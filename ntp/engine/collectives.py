@@ -17,6 +17,10 @@ import torch.distributed as dist
 from ntp.engine.metrics import ALLREDUCE, GATHER, SPLIT, CommStats
 from ntp.engine.partition import Partition
 
+# torch 2.13 renamed these two (the old names warn); older torch (2.11 on the lent GPU machines) has only the old.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 class Comm:
     """Collective primitives bound to one process group, with their time and bytes recorded in ``stats``."""
@@ -90,7 +94,7 @@ class Comm:
         recv = x.new_empty(m * lay.padded_rows, *x.shape[1:])
         nbytes = send.numel() * send.element_size() * (m - 1)
         with self.stats.timed(kind, nbytes, nbytes, self.device):
-            dist.all_gather_into_tensor(recv, send, group=self.group)
+            _all_gather_single(recv, send, group=self.group)
         recv = recv.view(m, lay.padded_rows, *x.shape[1:])
         return torch.cat([recv[r, : lay.num_rows(r)] for r in range(m)], dim=0)
 
@@ -106,7 +110,7 @@ class Comm:
         recv = g.new_empty(lay.padded_rows, *g.shape[1:])
         nbytes = recv.numel() * recv.element_size() * (m - 1)
         with self.stats.timed(kind, nbytes, nbytes, self.device):
-            dist.reduce_scatter_tensor(recv, send.view(m * lay.padded_rows, *g.shape[1:]), group=self.group)
+            _reduce_scatter_single(recv, send.view(m * lay.padded_rows, *g.shape[1:]), group=self.group)
         return recv[: lay.num_rows()]
 
     def all_reduce(self, x: torch.Tensor, kind: str = ALLREDUCE) -> torch.Tensor:

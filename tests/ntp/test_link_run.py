@@ -51,7 +51,9 @@ def test_two_ranks_train_and_one_process_evaluates(link_store: Path, tmp_path: P
     cfg = TrainConfig(store=str(link_store), model="gcn", arch="coupled", hidden=16, epochs=30, lr=0.01, dropout=0.0,
                       weight_decay=0.0, eval_every=5, link_batch=200, results=str(tmp_path / "r.jsonl"),
                       model_out=str(tmp_path / "m.pt"), mode="tp")
-    launch_training(resolve(cfg, nproc=2, device="cpu", job_timeout_s=300), on_line=lambda line: None)
+    lines: list[str] = []
+    launch_training(resolve(cfg, nproc=2, device="cpu", job_timeout_s=300), on_line=lines.append)
+    assert not [line for line in lines if "Warning" in line]
     final = read_results(tmp_path / "r.jsonl").final
     assert final is not None and final.task_type == "link" and final.metric == "hits@20"
     assert final.test_metric is not None and final.test_metric > 0.5, final  # communities are easy to tell apart
