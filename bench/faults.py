@@ -34,6 +34,8 @@ CASES = [
      "tests/storage/test_store_ownership.py::test_cli_refuses_a_foreign_zarr_group"),
     ("medium", "Ctrl-C / SIGTERM to `ntp pipeline` mid-training", "exits < 30 s; no Prefect server, torchrun or "
      "worker left", "tests/pipeline/test_process_faults.py::test_stopping_ntp_pipeline_is_quick"),
+    ("medium", "a job ending on a busy machine", "every rank exits 0; no gloo thread outlives the job",
+     "tests/ntp/test_dist.py::test_leaving_the_job"),
     ("medium", "--resume with a changed option", "refused before any rank starts, each change listed, "
      "--resume-anyway named", "tests/ntp/test_faults.py::test_resume_refuses_a_changed_option"),
     ("medium", "--resume on another store", "refused unless --resume-anyway",
