@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from tests.ntp.spawn import run_on_ranks
 
 
 def _gloo_threads() -> list[str]:
-    names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    names = (Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
     return sorted(n for n in names if "gloo" in n)
 
 
