@@ -66,6 +66,9 @@ class TrainConfig:
     nn_layers: int = opt(2, "Decoupled: Linear layers in the NN stage. Coupled: number of GNN layers.")
     prop_steps: int = opt(2, "Decoupled: propagation steps after the NN stage (independent of nn_layers).")
     dropout: float = opt(0.5, "Dropout probability in the NN stage (masks do not depend on the number of workers).")
+    input_dropout: float | None = opt(None, "Dropout on the first layer's input (the features, or the learned node "
+                                            "embeddings); empty: --dropout, as Kipf's GCN. PyG's GCN/GraphSAGE models "
+                                            "and OGB's link-prediction examples use 0.")
     lr: float = opt(0.01, "Learning rate.")
     weight_decay: float = opt(5e-4, "L2 weight decay (Adam) or decoupled decay (AdamW).")
     optimizer: Optimizer = opt("adam", "adam or adamw.")
@@ -131,6 +134,9 @@ class TrainConfig:
         _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads", "num_bases")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1); e.g. --dropout 0.5")
+        if self.input_dropout is not None and not 0.0 <= self.input_dropout < 1.0:
+            raise ConfigError(f"--input-dropout {self.input_dropout} must be in [0, 1); e.g. --input-dropout 0 "
+                              "(or leave it out: --dropout)")
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"--alpha {self.alpha} must be in [0, 1]; APPNP commonly uses 0.1")
         if self.lr <= 0:
@@ -176,12 +182,20 @@ class TrainConfig:
             raise ConfigError("--sparse-embeddings updates R-GCN's embedding tables: use --model rgcn, or drop it")
         if self.model == "rgcn" and self.mode == "data":
             raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
+        if self.model == "rgcn" and self.input_dropout is not None:
+            raise ConfigError("--input-dropout applies to the homogeneous models; R-GCN's dropout is --dropout: drop "
+                              "--input-dropout")
         if self.model == "rgcn" and (self.overlap or self.offload != "none"):
             raise ConfigError("--overlap and --offload apply to homogeneous models; R-GCN's relation-wise aggregation "
                               "is bounded with --memory-budget SIZE (or --chunk-rows N): drop them and use that")
         if self.norm != "none" and self.arch == "coupled":
             raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
                               "layers have none: use --arch decoupled, or drop --norm")
+
+    @property
+    def first_dropout(self) -> float:
+        """Dropout on the first layer's input: --input-dropout, or --dropout when it is not given."""
+        return self.dropout if self.input_dropout is None else self.input_dropout
 
     @property
     def memory_budget_bytes(self) -> int:

@@ -122,14 +122,17 @@ def make_norm(kind: str, width: int) -> nn.Module | None:
 
 
 class MLP(nn.Module):
-    """dropout -> Linear -> [norm] -> act, repeated; the last Linear has no norm or activation."""
+    """dropout -> Linear -> [norm] -> act, repeated; the last Linear has no norm or activation. The input's dropout
+    is ``input_dropout``, the others' ``dropout``."""
 
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, layers: int, *, dropout: float, norm: str = "none",
-                 activation: bool = True, first_layer_id: int = 0) -> None:
+    def __init__(self, in_dim: int, hidden: int, out_dim: int, layers: int, *, dropout: float,
+                 input_dropout: float, norm: str = "none", activation: bool = True,
+                 first_layer_id: int = 0) -> None:
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         self.linears = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        self.dropouts = nn.ModuleList(RowDropout(dropout, first_layer_id + i) for i in range(layers))
+        rates = [input_dropout] + [dropout] * (layers - 1)
+        self.dropouts = nn.ModuleList(RowDropout(p, first_layer_id + i) for i, p in enumerate(rates))
         self.norms = nn.ModuleList(make_norm(norm, hidden) or nn.Identity() for _ in range(layers - 1))
         self.activation = activation
 

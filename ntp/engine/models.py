@@ -81,7 +81,8 @@ class DecoupledGNN(GraphModel):
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
         self.model, self.steps, self.alpha, self.out_dim = cfg.model, cfg.prop_steps, cfg.alpha, out_dim
-        self.mlp = MLP(in_dim, cfg.hidden, out_dim, cfg.nn_layers, dropout=cfg.dropout, norm=cfg.norm,
+        self.mlp = MLP(in_dim, cfg.hidden, out_dim, cfg.nn_layers, dropout=cfg.dropout,
+                       input_dropout=cfg.first_dropout, norm=cfg.norm,
                        activation=cfg.model != "sgc")
         self.attention = EdgeAttention(cfg.heads, out_dim) if cfg.model == "gat" else None
 
@@ -167,7 +168,8 @@ class GATLayer(nn.Module):
 
 
 class CoupledGNN(GraphModel):
-    """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last)."""
+    """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last); the first layer's input
+    dropout is ``cfg.first_dropout``."""
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -178,7 +180,8 @@ class CoupledGNN(GraphModel):
             last = i == cfg.nn_layers - 1
             layers.append(self._layer(cfg, a, b, last))
         self.layers = nn.ModuleList(layers)
-        self.dropouts = nn.ModuleList(RowDropout(cfg.dropout, i) for i in range(cfg.nn_layers))
+        rates = [cfg.first_dropout] + [cfg.dropout] * (cfg.nn_layers - 1)
+        self.dropouts = nn.ModuleList(RowDropout(p, i) for i, p in enumerate(rates))
 
     @staticmethod
     def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> nn.Module:

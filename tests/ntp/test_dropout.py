@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ntp.config import TrainConfig
 from ntp.engine.layers import hash_keep_mask, philox_keep_mask
+from ntp.engine.dist import DistEnv
 from ntp.engine.partition import Partition
+from ntp.engine.setup import setup
+from tests.ntp.graphs import loader, random_graph
 
 CPU = torch.device("cpu")
+SINGLE = DistEnv(0, 1, 0, 1, CPU, None)
+GRAPH = random_graph(n=40, d=7, classes=3, seed=2)
 GENERATORS = {"philox (CPU)": lambda rows, w, p, s: philox_keep_mask(rows, w, p, s),
               "hash (CUDA; run here on CPU)": lambda rows, w, p, s: hash_keep_mask(rows, w, p, s, CPU)}
 
@@ -35,3 +41,15 @@ def test_keep_rate_and_independence(gen, p: float) -> None:
     neighbours = (mask[:, 1:] == mask[:, :-1]).float().mean().item()
     assert abs(neighbours - ((1 - p) ** 2 + p**2)) < 0.005, "adjacent columns are independent"
 
+
+
+@pytest.mark.parametrize("arch, model", [("coupled", "sage"), ("decoupled", "gcn")])
+def test_input_dropout_is_its_own_rate(arch: str, model: str) -> None:
+    """One layer: its input is all that is dropped. With --input-dropout 0 training computes what evaluation does
+    (PyG's and OGB's models drop only between layers); left out, the input's rate is --dropout's."""
+    for input_dropout, dropped in ((0.0, False), (None, True)):
+        cfg = TrainConfig(model=model, arch=arch, nn_layers=1, hidden=8, dropout=0.5, input_dropout=input_dropout,
+                          mode="single")
+        job = setup(cfg, SINGLE, loader(GRAPH))
+        train, evaluate = job.model.train()(job.x, job.ctx), job.model.eval()(job.x, job.ctx)
+        assert torch.allclose(train, evaluate) != dropped

@@ -15,11 +15,11 @@ BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=2, dropout=0.5, lr=0.02,
             weight_decay=0.0)
 CONFIGS = [  # (config, with node features)
     (dict(BASE, model="gcn", arch="decoupled", decoder="mlp"), False),
-    (dict(BASE, model="gcn", arch="coupled", decoder="dot", clip_grad=0.5), False),
+    (dict(BASE, model="gcn", arch="coupled", decoder="dot", clip_grad=0.5, input_dropout=0.0), False),
     (dict(BASE, model="sage", arch="coupled", decoder="mlp", decoder_layers=3, clip_grad=1.0), True),
     (dict(BASE, model="appnp", arch="decoupled", decoder="dot"), True),
     (dict(BASE, model="gat", arch="coupled", decoder="mlp"), False),
-    (dict(BASE, model="gin", arch="decoupled", decoder="mlp"), False),
+    (dict(BASE, model="gin", arch="decoupled", decoder="mlp", input_dropout=0.2), False),
 ]
 GRAPH = link_graph()
 

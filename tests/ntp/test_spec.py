@@ -52,6 +52,8 @@ def test_contradictory_launches_are_refused_with_the_fix(config: dict, launch: d
     (dict(arch="coupled", norm="batch"), "coupled layers have none"),
     (dict(model="gat", overlap=True), "attention (--model gat)"),
     (dict(mode="data", overlap=True), "--mode data has none"),
+    (dict(model="rgcn", input_dropout=0.0), "drop --input-dropout"),
+    (dict(input_dropout=1.0), "--input-dropout 1.0 must be in [0, 1)"),
 ])
 def test_options_the_model_would_ignore_are_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
