@@ -17,6 +17,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from ntp.run.allocator import TUNABLES as RANK_TUNABLES  # noqa: E402  (after the path)
 #: The real graphs: ../shared/datasets beside the checkout, or NTP_DATASETS (bench/on_device.sh sets it).
 DATASETS = Path(os.environ.get("NTP_DATASETS", REPO.parent / "shared" / "datasets"))
 DGL_VENV = REPO / "bench" / ".dgl-venv"
@@ -254,6 +255,14 @@ def base_parser(doc: str):
     return p
 
 
+def add_single_process_arguments(p) -> None:
+    """--with-dgl and --allocator, which :func:`single_process_settings` reads."""
+    p.add_argument("--with-dgl", action="store_true", help="build the DGL environment if needed and time DGL too")
+    p.add_argument("--allocator", choices=list(ALLOCATORS), default="hugepages",
+                   help="every contender's large blocks in transparent huge pages, as ntp's ranks get them "
+                        "(hugepages), or glibc's defaults (default: hugepages)")
+
+
 def add_graph_arguments(p) -> None:
     """--graphs and --size, which :func:`graph_selection` reads."""
     p.add_argument("--graphs", nargs="+", default=None, help="synthetic, cornell5, tolokers")
@@ -267,10 +276,25 @@ def graph_selection(args, full_size: str) -> tuple[str, list[str]]:
     return size, graphs
 
 
+#: --allocator: glibc's tunables of every contender's process
+ALLOCATORS = {"hugepages": RANK_TUNABLES, "default": "glibc.malloc.hugetlb=0"}
+
+
+def same_allocator(mode: str) -> None:
+    """Every contender allocates the same way: ``hugepages`` as ntp's ranks do (ntp.run.allocator), ``default`` as
+    glibc does. Tunables are read at start-up, so this process (ntp in one process, PyG) restarts itself with them
+    once; DGL's process inherits them."""
+    wanted = ALLOCATORS[mode]
+    if os.environ.get("GLIBC_TUNABLES") != wanted:
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": wanted})
+
+
 def single_process_settings(args) -> tuple[int, int, Path | None, str]:
     """(repeats, threads, DGL's python or None, a note on DGL) for the single-process benchmarks; sets torch's
-    thread count."""
+    thread count and the allocator of every contender (--allocator)."""
     import torch
+
+    same_allocator(args.allocator)
 
     repeats = args.repeats or (3 if args.quick else 5)
     threads = args.threads or torch.get_num_threads()

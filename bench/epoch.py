@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import (add_graph_arguments, base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
-                    time_median)
+from common import (add_graph_arguments, add_single_process_arguments, base_parser, graph_selection, graph_stores,
+                    load_arrays, report, run_dgl, single_process_settings, time_median)
 
 
 def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int) -> float:
@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["gcn", "gat"])
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--with-dgl", action="store_true")
+    add_single_process_arguments(p)
     args = p.parse_args()
     size, graphs = graph_selection(args, full_size="big")
     repeats, threads, dgl_py, dgl_note = single_process_settings(args)
@@ -96,7 +96,7 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
     report("epoch", rows, {"size": size, "hidden": args.hidden, "heads": args.heads, "repeats": repeats,
-                           "threads": threads, "dgl": dgl_note})
+                           "threads": threads, "dgl": dgl_note, "allocator": args.allocator})
 
 
 if __name__ == "__main__":

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import (add_graph_arguments, base_parser, graph_selection, graph_stores, load_arrays, report, run_dgl, single_process_settings,
-                    time_median)
+from common import (add_graph_arguments, add_single_process_arguments, base_parser, graph_selection, graph_stores,
+                    load_arrays, report, run_dgl, single_process_settings, time_median)
 
 
 def main() -> None:
     p = base_parser(__doc__)
     add_graph_arguments(p)
     p.add_argument("--width", type=int, default=64)
-    p.add_argument("--with-dgl", action="store_true", help="build the DGL environment if needed and time DGL too")
+    add_single_process_arguments(p)
     p.add_argument("--no-pyg-scatter", action="store_true", help="skip PyG's (slow) scatter path")
     args = p.parse_args()
     size, graphs = graph_selection(args, full_size="big")
@@ -100,7 +100,7 @@ def main() -> None:
         rows.append(row)
         del op, h, grad, adj_t
     report("kernel", rows, {"size": size, "width": args.width, "repeats": repeats, "threads": threads,
-                            "dgl": dgl_note})
+                            "dgl": dgl_note, "allocator": args.allocator})
 
 
 if __name__ == "__main__":

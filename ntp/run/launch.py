@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ntp.errors import WorkerFailed, is_input_error
+from ntp.run.allocator import allocator_env
 from ntp.run.flags import config_to_argv
 from ntp.run.network import LOOPBACK, is_local_address, job_network_env, local_address, split_endpoint
 from ntp.run.preflight import check_launch
@@ -104,7 +105,7 @@ def run_torchrun_job(spec: LaunchSpec, program: list[str] | None, *, on_line: Li
     network = job_network_env(spec.rdzv_endpoint, spec.interface)
     with owned_tempdir(SCRATCH_PREFIX) as tmp:
         _run_torchrun(torchrun_command(spec, log_dir=tmp, program=program), spec.job_timeout_s, on_line,
-                      {**_scratch_env(tmp), **network, **(env or {})})
+                      {**_scratch_env(tmp), **allocator_env(), **network, **(env or {})})
 
 
 def _run_in_process(spec: LaunchSpec) -> None:
