@@ -1,10 +1,10 @@
 """ogbl-ddi link prediction (Hits@20) against the OGB leaderboard's full-graph baselines, same model sizes.
 
 OGB's examples/linkproppred/ddi/gnn.py: 2 GNN layers of width 256 on learned node embeddings (xavier init), dropout
-0.5 between the layers (none on the embeddings), the LinkPredictor MLP (2 layers, width 256) on h_u * h_v, Adam lr 0.005, batches of 64 * 1024 training edges
-with as many negatives (every step reruns the encoder on the whole graph), gradients clipped to 1.0 per group,
-200 epochs, evaluation every 5, the test Hits@20 at the best validation epoch. Leaderboard: GCN 37.07 +- 5.07,
-GraphSAGE 53.90 +- 4.74 (10 seeds each).
+0.5 between the layers (none on the embeddings), the LinkPredictor MLP (2 layers, width 256) on h_u * h_v, Adam lr
+0.005, batches of 64 * 1024 training edges with as many negatives (every step reruns the encoder on the whole
+graph), gradients clipped to 1.0 per group, 200 epochs, evaluation every 5, the test Hits@20 at the best validation
+epoch. Leaderboard: GCN 37.07 +- 5.07, GraphSAGE 53.90 +- 4.74 (10 seeds each).
 
   python bench/link_ddi.py --epochs 200 --seeds 0 1 2 3 4      the OGB protocol
   python bench/link_ddi.py --quick                              2 epochs of GCN, one seed (a smoke run)
@@ -22,8 +22,9 @@ from pathlib import Path
 from common import DATASETS, base_parser, report
 
 OGB_LEADERBOARD = {"gcn": (37.07, 5.07), "sage": (53.90, 4.74)}  # test Hits@20 (%), mean +- std over 10 seeds
-OGB_EXAMPLE = dict(arch="coupled", hidden=256, nn_layers=2, dropout=0.5, input_dropout=0.0, lr=0.005, weight_decay=0.0,
-                   link_batch=64 * 1024, decoder="mlp", decoder_layers=2, clip_grad=1.0, optimizer="adam")
+OGB_EXAMPLE = dict(arch="coupled", hidden=256, nn_layers=2, dropout=0.5, input_dropout=0.0, lr=0.005,
+                   weight_decay=0.0, link_batch=64 * 1024, decoder="mlp", decoder_layers=2, clip_grad=1.0,
+                   optimizer="adam")
 
 
 def ddi_store() -> Path:

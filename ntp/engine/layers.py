@@ -84,6 +84,11 @@ class RowDropout(nn.Module):
         return x * mask.to(device=x.device, dtype=x.dtype) * (1.0 / (1.0 - self.p))
 
 
+def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:
+    """One :class:`RowDropout` before each of ``layers`` layers: ``input_p`` on the first one's input, ``p`` after."""
+    return nn.ModuleList(RowDropout(rate, i) for i, rate in enumerate([input_p] + [p] * (layers - 1)))
+
+
 class DistBatchNorm(nn.Module):
     """BatchNorm over all vertex rows of all ranks (statistics summed across ranks)."""
 
@@ -126,13 +131,11 @@ class MLP(nn.Module):
     is ``input_dropout``, the others' ``dropout``."""
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, layers: int, *, dropout: float,
-                 input_dropout: float, norm: str = "none", activation: bool = True,
-                 first_layer_id: int = 0) -> None:
+                 input_dropout: float, norm: str = "none", activation: bool = True) -> None:
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         self.linears = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        rates = [input_dropout] + [dropout] * (layers - 1)
-        self.dropouts = nn.ModuleList(RowDropout(p, first_layer_id + i) for i, p in enumerate(rates))
+        self.dropouts = layer_dropouts(input_dropout, dropout, layers)
         self.norms = nn.ModuleList(make_norm(norm, hidden) or nn.Identity() for _ in range(layers - 1))
         self.activation = activation
 

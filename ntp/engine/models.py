@@ -19,7 +19,7 @@ from torch import nn
 from ntp.engine.collectives import all_gather_rows
 from ntp.config import TrainConfig
 from ntp.engine.context import GraphContext
-from ntp.engine.layers import MLP, RowDropout
+from ntp.engine.layers import MLP, layer_dropouts
 from ntp.engine.metrics import ATTENTION
 from ntp.engine.precision import autocast
 
@@ -180,8 +180,7 @@ class CoupledGNN(GraphModel):
             last = i == cfg.nn_layers - 1
             layers.append(self._layer(cfg, a, b, last))
         self.layers = nn.ModuleList(layers)
-        rates = [cfg.first_dropout] + [cfg.dropout] * (cfg.nn_layers - 1)
-        self.dropouts = nn.ModuleList(RowDropout(p, i) for i, p in enumerate(rates))
+        self.dropouts = layer_dropouts(cfg.first_dropout, cfg.dropout, cfg.nn_layers)
 
     @staticmethod
     def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> nn.Module:

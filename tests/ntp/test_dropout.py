@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.layers import hash_keep_mask, philox_keep_mask
 from ntp.engine.dist import DistEnv
+from ntp.engine.layers import hash_keep_mask, philox_keep_mask
 from ntp.engine.partition import Partition
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -40,7 +40,6 @@ def test_keep_rate_and_independence(gen, p: float) -> None:
     assert abs(agree - ((1 - p) ** 2 + p**2)) < 0.005, "another stream (step, layer) is an independent mask"
     neighbours = (mask[:, 1:] == mask[:, :-1]).float().mean().item()
     assert abs(neighbours - ((1 - p) ** 2 + p**2)) < 0.005, "adjacent columns are independent"
-
 
 
 @pytest.mark.parametrize("arch, model", [("coupled", "sage"), ("decoupled", "gcn")])
