@@ -1,8 +1,7 @@
 """Ranks start with glibc asking for transparent huge pages for large blocks (ntp.run.allocator), unless the user
-set GLIBC_TUNABLES: checked in real torchrun ranks, which report the huge pages behind a 64 MiB tensor."""
+set GLIBC_TUNABLES: checked in real torchrun ranks, which write down the huge pages behind a 64 MiB tensor."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,11 @@ from ntp.spec import resolve
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 PROBE = """
-import torch
+import os, sys, torch
 block = torch.ones(64 << 20, dtype=torch.uint8)  # written: every page faulted in
 huge = [line for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages:")][0].split()[1]
-print(f"huge pages kB: {huge}", flush=True)
+with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:  # ranks' printed lines may interleave
+    f.write(huge)
 """
 
 
@@ -25,12 +25,13 @@ def _huge_kb_per_rank(monkeypatch, tmp_path: Path, tunables: str | None) -> list
         monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     else:
         monkeypatch.setenv("GLIBC_TUNABLES", tunables)
-    lines: list[str] = []
-    spec = resolve(TrainConfig(store="unused"), nproc=2, device="cpu", job_timeout_s=120)
+    out = tmp_path / f"huge-{tunables}"
+    out.mkdir()
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    run_torchrun_job(spec, [str(probe)], on_line=lines.append)
-    return [int(m.group(1)) for line in lines if (m := re.search(r"huge pages kB: (\d+)", line))]
+    spec = resolve(TrainConfig(store="unused"), nproc=2, device="cpu", job_timeout_s=120)
+    run_torchrun_job(spec, [str(probe), str(out)], on_line=lambda line: None)
+    return [int(f.read_text()) for f in sorted(out.iterdir())]
 
 
 @pytest.mark.skipif(not THP.exists() or "[madvise]" not in THP.read_text(),
