@@ -199,10 +199,10 @@ def run_dgl(py: Path, script: str, payload: dict) -> dict | None:
 
 # -- output -------------------------------------------------------------------------------------------------------------
 def table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
-    """A markdown table of ``rows``."""
+    """A markdown table of ``rows`` (default columns: every key of any row, in the order they first appear)."""
     if not rows:
         return "(no rows)"
-    columns = list(columns or rows[0].keys())
+    columns = list(columns or dict.fromkeys(k for r in rows for k in r))
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))  # noqa: E731
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]

@@ -3,11 +3,13 @@ memory per edge, start-up time and the budget and offload variants.
 
     python bench/gpu.py                       # on a GPU machine: products-scale (2.4M nodes, 120M edges) and larger
     python bench/gpu.py --device cpu --size small --nproc 2    # anywhere: 200k nodes, 20M edges, 2 CPU ranks
+    python bench/gpu.py --size products --budget 4GB 12GB    # the budget and offload rows once per budget
     python bench/gpu.py --plan                # the papers100M plan from the bytes per edge measured last
 
-Rows: ntp's variants (coupled and decoupled GCN, SAGE, GAT; a memory budget; offloaded topology; offloaded
-topology and embeddings), then PyG's GCNConv (cached) on a sparse ``adj_t`` (its best path at this scale) in a
-separate process on the same device. Columns: epoch seconds (median after a warm-up epoch), peak device memory per
+Rows: ntp's variants (coupled and decoupled GCN, SAGE, GAT; a memory budget, offloaded topology, offloaded
+topology and embeddings: these once per ``--budget``, and a budget the memory plan refuses is a row with its
+message), then PyG's GCNConv (cached) on a sparse ``adj_t`` (its best path at this scale) in a separate process on
+the same device. Columns: epoch seconds (median after a warm-up epoch), peak device memory per
 rank, host memory of the whole node (PSS summed over its ranks: pages the ranks share count once) per edge, the
 topology's bytes per edge (host, and device-resident), and start-up (reading and preparing the topology) against
 PyG's loader on the same store. Printed, saved under bench/out/ and logged to MLflow (experiment "benchmarks").
@@ -44,15 +46,34 @@ PAPERS = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "hidden
 
 
 def ntp_row(store: Path, name: str, fields: dict, args) -> dict:
-    fields = {k: (args.budget if v == "BUDGET" else v) for k, v in fields.items()}
-    res = run_job(store, args.nproc, args.epochs, **{"hidden": args.hidden, "dropout": 0.5, "mode": "tp",
-                                                     "device": args.device, **fields})
+    """One ntp variant; a memory budget the plan refuses is a row too (its message says what would fit)."""
+    from ntp.errors import MemoryPlanError
+
+    try:
+        res = run_job(store, args.nproc, args.epochs, **{"hidden": args.hidden, "dropout": 0.5, "mode": "tp",
+                                                         "device": args.device, **fields})
+    except MemoryPlanError as exc:
+        return {"variant": f"ntp {name}", "note": f"refused before training: {exc}"}
     edges = res["edges"]
     beyond = res["host_pss_node"] - _feature_bytes(store) - args.nproc * args.baseline
     return {"variant": f"ntp {name}", "epoch_s": res["epoch_s"], "peak_GB_per_rank": res["peak_mem_max"] / 1e9,
             "host_B_per_edge": res["host_pss_node"] / edges, "host_net_B_per_edge": beyond / edges,
             "topology_B_per_edge": res["topology_bytes"] / edges,
-            "device_topology_B_per_edge": res["device_topology_bytes"] / edges}
+            "device_topology_B_per_edge": res["device_topology_bytes"] / edges, "chunks": res["chunks"],
+            "nn_device": res["nn_device"]}
+
+
+def expand_budgets(variants: list[str], budgets: list[str]) -> list[tuple[str, dict]]:
+    """(label, fields) per row: a variant that takes the memory budget runs once per budget."""
+    rows = []
+    for name in variants:
+        fields = VARIANTS[name]
+        if "BUDGET" not in fields.values():
+            rows.append((name, fields))
+            continue
+        for budget in budgets:
+            rows.append((f"{name} {budget}", {k: (budget if v == "BUDGET" else v) for k, v in fields.items()}))
+    return rows
 
 
 def _feature_bytes(store: Path) -> int:
@@ -171,7 +192,9 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--budget", default="2GB", help="--memory-budget of the budget and offload variants")
+    p.add_argument("--budget", nargs="+", default=["2GB"],
+                   help="--memory-budget of the budget and offload variants; each runs once per budget (a budget "
+                        "the plan refuses is reported as a row with the plan's message)")
     p.add_argument("--no-pyg", action="store_true")
     p.add_argument("--plan", action="store_true", help="print the papers100M plan from the last run's bytes/edge")
     args = p.parse_args()
@@ -186,26 +209,27 @@ def main() -> None:
                           else ["small-sparse", "small"])
     if args.quick:
         args.epochs, args.variants = 3, ["gcn coupled", "gcn --memory-budget", "gcn --offload all"]
-        args.budget = "64MB"
+        args.budget = ["64MB"]
     rows = []
     for size in sizes:
         nodes, degree, features = SIZES[size]
         store = synthetic_store(nodes, degree, features=features)
         edges = _edges(store)
         startup = ntp_startup(store)
-        for name in args.variants:
+        for i, (name, fields) in enumerate(expand_budgets(args.variants, args.budget)):
             row = {"graph": f"{size} ({nodes / 1e6:g}M nodes, {edges / 1e6:.0f}M edges)", "nodes": nodes, "edges": edges,
-                   **ntp_row(store, name, VARIANTS[name], args)}
-            if name == args.variants[0]:
+                   **ntp_row(store, name, fields, args)}
+            if i == 0:
                 row["startup_s"] = startup
             rows.append(row)
             print(row, flush=True)
         if not args.no_pyg:
             rows.append({"graph": rows[-1]["graph"], "edges": edges, **pyg_row(store, args)})
             print(rows[-1], flush=True)
-        base = next(r for r in rows if r["graph"] == rows[-1]["graph"] and r["variant"] == f"ntp {args.variants[0]}")
+        base = next((r for r in rows if r["graph"] == rows[-1]["graph"] and r["variant"].startswith("ntp ")
+                     and r.get("epoch_s")), None)
         for r in rows:
-            if r["graph"] == base["graph"] and r.get("epoch_s"):
+            if base and r["graph"] == base["graph"] and r.get("epoch_s"):
                 r["x_first_variant"] = r["epoch_s"] / base["epoch_s"]
     report(f"gpu-{args.device}", rows, {"device": args.device, "nproc": args.nproc, "epochs": args.epochs,
                                         "hidden": args.hidden, "budget": args.budget, "sizes": sizes})

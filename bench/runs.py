@@ -52,4 +52,5 @@ def _memory(epoch_recs: list[dict], recs: list[dict]) -> dict:
             "host_pss_node": sum(w.get("host_pss_bytes", 0) for w in last),
             "topology_bytes": last[0].get("topology_bytes", 0),
             "device_topology_bytes": max(w.get("device_topology_bytes", 0) for w in last),
+            "chunks": last[0].get("chunks"), "nn_device": last[0].get("nn_device"),
             "edges": open_store(final["config"]["store"]).meta.num_edges}
