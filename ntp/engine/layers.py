@@ -1,6 +1,8 @@
 """Building blocks that run in the row layout: dropout with world-size-independent masks, normalisation, MLPs."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -32,15 +34,40 @@ def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: 
 
 def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
     """Element ``(r, c)`` keeps when the 32-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
-    at least ``p * 2^32``; the generator jumps straight to this rank's first word (``advance``)."""
+    at least ``p * 2^32``. Large masks are cut into row blocks drawn on torch's threads (each generator jumps
+    straight to its block's first word: the mask does not depend on the cut)."""
     start, stop = rows
+    out = np.empty((stop - start, width), dtype=bool)
+    key, threshold = _splitmix64(stream), np.uint32(min(int(p * 2**32), 2**32 - 1))
+    parts = max(1, min(torch.get_num_threads(), out.size // _PHILOX_BLOCK))
+    cuts = [start + (stop - start) * i // parts for i in range(parts + 1)]
+    blocks = [(out[a - start : b - start], a, b, width, key, threshold) for a, b in zip(cuts, cuts[1:]) if b > a]
+    if len(blocks) == 1:
+        _philox_block(*blocks[0])
+    else:
+        list(_philox_pool(len(blocks)).map(lambda block: _philox_block(*block), blocks))
+    return torch.from_numpy(out)
+
+
+#: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
+_PHILOX_BLOCK = 1 << 20
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _philox_pool(threads: int) -> ThreadPoolExecutor:
+    if threads not in _pools:
+        _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="ntp-dropout")
+    return _pools[threads]
+
+
+def _philox_block(out: np.ndarray, start: int, stop: int, width: int, key: int, threshold: np.uint32) -> None:
+    """Rows ``start:stop`` of the mask into ``out`` (numpy draws and compares without the GIL)."""
     first, last = start * width, stop * width  # 32-bit words; two per 64-bit output, four outputs per counter
     counter = first // 8
-    gen = np.random.Philox(key=_splitmix64(stream))
+    gen = np.random.Philox(key=key)
     gen.advance(counter)
     words = gen.random_raw((last + 1) // 2 - 4 * counter).view(np.uint32)
-    mine = words[first - 8 * counter : last - 8 * counter].reshape(stop - start, width)
-    return torch.from_numpy(mine >= np.uint32(min(int(p * 2**32), 2**32 - 1)))
+    np.greater_equal(words[first - 8 * counter : last - 8 * counter].reshape(stop - start, width), threshold, out=out)
 
 
 def hash_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
@@ -80,8 +107,13 @@ class RowDropout(nn.Module):
             return x
         stream = (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
         rows = (ctx.row_offset, ctx.row_offset + x.shape[0])
-        mask = keep_mask(rows, x.shape[1], self.p, stream, x.device)
-        return x * mask.to(device=x.device, dtype=x.dtype) * (1.0 / (1.0 - self.p))
+        return dropped(x, keep_mask(rows, x.shape[1], self.p, stream, x.device), self.p)
+
+
+def dropped(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``: one product with the
+    boolean mask (no float copy of it) and an in-place scale (autograd keeps only the mask)."""
+    return x.mul(keep.to(x.device)).mul_(1.0 / (1.0 - p))
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

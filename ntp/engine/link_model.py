@@ -24,7 +24,7 @@ from torch import nn
 from ntp.config import TrainConfig
 from ntp.engine.collectives import Comm, gather, reduce_scatter_rows
 from ntp.engine.context import GraphContext
-from ntp.engine.layers import keep_mask
+from ntp.engine.layers import dropped, keep_mask
 from ntp.engine.models import build_model
 from ntp.engine.partition import Partition
 from ntp.errors import CheckpointError
@@ -132,8 +132,7 @@ class SlicedEmbedding(nn.Module):
 
 def _pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream: int) -> torch.Tensor:
     """Dropout of the pairs ``rows`` (their indices in the batch): the mask depends on them, not on the ranks."""
-    scale = keep_mask(rows, x.shape[1], p, stream, x.device).to(x.dtype).mul_(1.0 / (1.0 - p))
-    return x * scale
+    return dropped(x, keep_mask(rows, x.shape[1], p, stream, x.device), p)
 
 
 class DotDecoder(nn.Module):

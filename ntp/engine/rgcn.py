@@ -28,7 +28,7 @@ from torch import nn
 
 from ntp.config import TrainConfig
 from ntp.engine.collectives import gather, split
-from ntp.engine.layers import keep_mask
+from ntp.engine.layers import dropped, keep_mask
 from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
@@ -45,7 +45,7 @@ def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str,
         return x
     r0 = hc.row_offset(node_type)
     mask = keep_mask((r0, r0 + x.shape[0]), x.shape[1], p, _dropout_stream(hc, node_type, layer), x.device)
-    return x * mask.to(x.dtype) / (1.0 - p)
+    return dropped(x, mask, p)
 
 
 def embedding_tables(module: nn.Module) -> list[SlicedEmbedding]:
@@ -217,8 +217,8 @@ def column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type: str,
     """:func:`hetero_dropout`'s mask, applied to a column slice (all rows of the type)."""
     if p == 0.0:
         return h
-    mask = keep_mask((0, h.shape[0]), width, p, _dropout_stream(hc, node_type, layer), h.device)[:, cols[0]:cols[1]]
-    return h * mask.to(h.dtype) / (1.0 - p)
+    mask = keep_mask((0, h.shape[0]), width, p, _dropout_stream(hc, node_type, layer), h.device)
+    return dropped(h, mask[:, cols[0]:cols[1]], p)
 
 
 class CoupledRGCN(nn.Module):

@@ -7,7 +7,8 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
-from ntp.engine.layers import hash_keep_mask, philox_keep_mask
+from ntp.engine import layers
+from ntp.engine.layers import dropped, hash_keep_mask, philox_keep_mask
 from ntp.engine.partition import Partition
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -26,6 +27,35 @@ def test_every_world_size_draws_the_same_mask(gen, world: int) -> None:
     whole = gen((0, n), width, p, stream)
     parts = [gen(Partition(n, world, r).rows(), width, p, stream) for r in range(world)]
     assert torch.equal(torch.cat(parts), whole)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_philox_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads: int) -> None:
+    """Large CPU masks are drawn in row blocks on torch's threads: the cut must not show in the mask."""
+    rows, width, p, stream = (13, 1013), 37, 0.4, 99
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = philox_keep_mask(rows, width, p, stream)
+        monkeypatch.setattr(layers, "_PHILOX_BLOCK", 1000)  # cut even this small mask: 37 000 elements
+        torch.set_num_threads(threads)
+        assert torch.equal(philox_keep_mask(rows, width, p, stream), one)
+        assert torch.equal(philox_keep_mask((13, 14), width, p, stream), one[:1]), "fewer rows than threads"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_dropped_zeroes_and_scales_with_the_gradient_masked() -> None:
+    """...and keeps only the boolean mask for the backward (a float copy of it held 4x the bytes until then)."""
+    x = torch.randn(50, 9, requires_grad=True)
+    keep = philox_keep_mask((0, 50), 9, 0.3, 4)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        y = dropped(x, keep, 0.3)
+    assert saved == [torch.bool]
+    assert torch.equal(y, torch.where(keep, x * (1 / 0.7), torch.zeros(())))
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, keep.float() * (1 / 0.7))
 
 
 @pytest.mark.parametrize("gen", GENERATORS.values(), ids=GENERATORS.keys())
