@@ -32,6 +32,11 @@ def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: 
     return hash_keep_mask(rows, width, p, stream, device)
 
 
+#: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
+_PHILOX_BLOCK = 1 << 20
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
 def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
     """Element ``(r, c)`` keeps when the 32-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
     at least ``p * 2^32``. Large masks are cut into row blocks drawn on torch's threads (each generator jumps
@@ -47,11 +52,6 @@ def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -
     else:
         list(_philox_pool(len(blocks)).map(lambda block: _philox_block(*block), blocks))
     return torch.from_numpy(out)
-
-
-#: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
-_PHILOX_BLOCK = 1 << 20
-_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def _philox_pool(threads: int) -> ThreadPoolExecutor:
