@@ -26,17 +26,22 @@ warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitl
 
 
 # -- the kernel interface -----------------------------------------------------------------------------------------
-def csr_matmul(block: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """``block @ h`` for a torch sparse CSR ``block`` and a dense ``h``, in ``h``'s dtype. A bfloat16 ``h`` is summed
-    in float32: cuSPARSE does so itself; CPU kernels have no bfloat16 product, so they multiply a float32 copy."""
+def csr_matmul(block: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``block @ h`` for a torch sparse CSR ``block`` and a dense ``h``, in ``h``'s dtype; written into ``out`` (rows
+    of a larger output on ``h``'s device) when given. A bfloat16 ``h`` is summed in float32: cuSPARSE does so itself;
+    CPU kernels have no bfloat16 product, so they multiply a float32 copy."""
     if not h.shape[1]:
-        return h.new_zeros(block.shape[0], 0)
+        return h.new_zeros(block.shape[0], 0) if out is None else out
     with torch.autocast(h.device.type, enabled=False):  # autocast would recast the float32 copy to bfloat16
         if h.dtype not in LOW_PRECISION:
-            return torch.sparse.mm(block, h)
+            if out is None:
+                return torch.sparse.mm(block, h)
+            return torch.addmm(out, block, h, beta=0.0, out=out)  # beta 0: out's old contents are ignored
         if h.is_cuda:
-            return torch.sparse.mm(_with_dtype(block, h.dtype), h)
-        return torch.sparse.mm(_with_dtype(block, torch.float32), h.float()).to(h.dtype)
+            y = torch.sparse.mm(_with_dtype(block, h.dtype), h)
+        else:
+            y = torch.sparse.mm(_with_dtype(block, torch.float32), h.float()).to(h.dtype)
+        return y if out is None else out.copy_(y)
 
 
 def _with_dtype(block: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
@@ -138,19 +143,24 @@ class RowBlocks:
                                                                         for c, _ in self._parts)
 
     def chunks(self, scaling: Scaling, rows_from: torch.Tensor | None = None):
-        """``(r0, r1, apply)`` for every chunk, in order; ``apply(h)`` is the chunk's rows of ``M @ h`` (``M``: this
-        pattern under ``scaling``, whose vectors live on the device), returned in ``h``'s memory. The chunk's
-        topology is on the device when it is yielded (streamed when offloaded).
+        """``(r0, r1, apply)`` for every chunk, in order; ``apply(h, out=None)`` is the chunk's rows of ``M @ h``
+        (``M``: this pattern under ``scaling``, whose vectors live on the device) in ``h``'s memory, written into
+        ``out`` when given. The chunk's topology is on the device when it is yielded (streamed when offloaded).
 
         ``rows_from``: the input, when it is complete before the loop starts (pipelining fills it during the loop):
         on CUDA with ``offload="all"`` the next chunk's source rows are then staged on the side stream too."""
         streamed = self.offload != "none" and self.device.type == "cuda"
         parts = self._stream_cuda(rows_from if self.gathers_rows else None) if streamed else iter(self._parts)
         for j, ((r0, r1), part) in enumerate(zip(self.ranges(), parts)):
-            yield r0, r1, lambda h, part=part, j=j, r0=r0, r1=r1: self._apply(part, j, r0, r1, h, scaling)
+            yield r0, r1, self._chunk_apply(part, j, r0, r1, scaling)
+
+    def _chunk_apply(self, part: tuple[torch.Tensor, ...], j: int, r0: int, r1: int, scaling: Scaling):
+        return lambda h, out=None: self._apply(part, j, r0, r1, h, scaling, out)
 
     def _apply(self, part: tuple[torch.Tensor, ...], j: int, r0: int, r1: int, h: torch.Tensor,
-               scaling: Scaling) -> torch.Tensor:
+               scaling: Scaling, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The chunk's rows of ``M @ h``, in ``h``'s memory: written into ``out`` when given (no chunk-sized block
+        allocated and copied, and with offloaded embeddings copied from the device straight into place)."""
         crow, col, *prefetched = part
         pre = scaling.pre
         if self.gathers_rows:
@@ -162,11 +172,14 @@ class RowBlocks:
         col_d = col if col.device == self.device else col.to(self.device)
         vdt = accumulation_dtype(x.dtype)  # the operator's values stay exact: csr_matmul picks the product's dtype
         values = x.new_ones(1, dtype=vdt).expand(col_d.shape[0]) if pre is None else pre.index_select(0, col_d).to(vdt)
-        y = csr_matmul(torch.sparse_csr_tensor(crow.to(self.device), col_d, values, size=(r1 - r0, x.shape[0])), x)
+        block = torch.sparse_csr_tensor(crow.to(self.device), col_d, values, size=(r1 - r0, x.shape[0]))
+        y = csr_matmul(block, x, out if out is not None and out.device == self.device else None)
         if scaling.post is not None:
             y.mul_(scaling.post[r0:r1, None].to(y.dtype))
         if scaling.diag is not None:
             y.addcmul_(scaling.diag[r0:r1, None].to(y.dtype), h[r0:r1].to(y.device))
+        if out is not None:
+            return y if y is out else out.copy_(y)
         return y if y.device == h.device else y.to(h.device)
 
     def _stream_cuda(self, rows_from: torch.Tensor | None):  # its loop is tested with no-op streams; overlap needs a GPU
@@ -201,7 +214,7 @@ class RowBlocks:
             return apply(h)
         out = h.new_empty(self.num_rows, h.shape[1])
         for r0, r1, apply in self.chunks(scaling, rows_from=h):
-            out[r0:r1] = apply(h)
+            apply(h, out[r0:r1])
         return out
 
 

@@ -143,7 +143,7 @@ def split_then_apply(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: Scal
         for j, (r0, r1, apply) in enumerate(blocks):
             ahead = _start_split(comm, clock, x_rows, exchanges[j + 1], col_b, kind)  # j + 1 may be the remainder
             _place_split(zc, exchanges[j], pending)
-            out[r0:r1] = apply(zc)
+            apply(zc, out[r0:r1])
             pending = ahead
         _place_split(zc, exchanges[-1], pending)
     return out, zc

@@ -286,6 +286,9 @@ def test_cuda_streaming_loop_feeds_each_chunk_its_own_data(offload: str, monkeyp
     assert len(parts) == len(blocks) and all(len(p) == (3 if offload == "all" else 2) for p in parts)
     for j, ((a, b), part) in enumerate(zip(blocks.ranges(), parts)):
         torch.testing.assert_close(blocks._apply(part, j, a, b, h, op.scaling), whole[a:b])
+        into = torch.full((b - a, 5), float("nan"))  # the output's rows: written in place, nothing else returned
+        assert blocks._apply(part, j, a, b, h, op.scaling, into) is into
+        torch.testing.assert_close(into, whole[a:b])
 
 
 def test_offloaded_chunks_fit_the_memory_budget_they_were_planned_for() -> None:
