@@ -11,6 +11,7 @@ with the same threads, one after the other.
   python bench/link_pyg.py                        GCN and GraphSAGE, 2 epochs each, then one evaluation
   python bench/link_pyg.py --steps 3 --epochs 2   epochs of 3 batches (a busy machine)
   python bench/link_pyg.py --quick                GCN, 1 epoch of 2 batches
+  python bench/link_pyg.py --device cuda          both on the GPU (the evaluation too)
 
 Prints a table (wall and CPU seconds per training epoch, seconds per evaluation, PyG / ntp), saves it under
 bench/out/ and logs it to MLflow's 'benchmarks' experiment. CPU seconds count every thread of the process: on a
@@ -33,7 +34,7 @@ BATCH = OGB_EXAMPLE["link_batch"]
 WIDTH = OGB_EXAMPLE["hidden"]
 
 
-def _pyg_run(store: str, model: str, epochs: int, steps: int, threads: int, queue) -> None:
+def _pyg_run(store: str, model: str, epochs: int, steps: int, threads: int, device: str, queue) -> None:
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv, SAGEConv
@@ -46,17 +47,17 @@ def _pyg_run(store: str, model: str, epochs: int, steps: int, threads: int, queu
     s = open_store(store)
     indptr, indices = torch.from_numpy(np.asarray(s.indptr(), np.int64)), torch.from_numpy(np.asarray(s.indices(), np.int64))
     n = len(indptr) - 1
-    adj_t = torch.sparse_csr_tensor(indptr, indices, torch.ones(len(indices)), size=(n, n))
-    edge_index = torch.stack([indices, torch.repeat_interleave(torch.arange(n), indptr.diff())])
-    splits = {name: [None if a is None else torch.from_numpy(np.asarray(a, np.int64)) for a in s.link_split(name)]
-              for name in ("train", "valid", "test")}
+    adj_t = torch.sparse_csr_tensor(indptr, indices, torch.ones(len(indices)), size=(n, n)).to(device)
+    edge_index = torch.stack([indices, torch.repeat_interleave(torch.arange(n), indptr.diff())]).to(device)
+    splits = {name: [None if a is None else torch.from_numpy(np.asarray(a, np.int64)).to(device)
+                     for a in s.link_split(name)] for name in ("train", "valid", "test")}
     train = splits["train"][0][: steps * BATCH or None]
     conv = (lambda: GCNConv(WIDTH, WIDTH, cached=True)) if model == "gcn" else (lambda: SAGEConv(WIDTH, WIDTH))
     convs = torch.nn.ModuleList([conv(), conv()])
     emb = torch.nn.Embedding(n, WIDTH)
     torch.nn.init.xavier_uniform_(emb.weight)
     lins = torch.nn.ModuleList([torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, 1)])
-    both = torch.nn.ModuleList([convs, lins])
+    both = torch.nn.ModuleList([convs, lins, emb]).to(device)
     opt = torch.optim.Adam([*convs.parameters(), *emb.parameters(), *lins.parameters()], lr=OGB_EXAMPLE["lr"])
     p = OGB_EXAMPLE["dropout"]
 
@@ -70,7 +71,7 @@ def _pyg_run(store: str, model: str, epochs: int, steps: int, threads: int, queu
 
     def train_epoch() -> None:
         pos = train
-        for perm in torch.randperm(len(pos)).split(BATCH):
+        for perm in torch.randperm(len(pos), device=device).split(BATCH):
             opt.zero_grad()
             h = encode()
             pos_out = predict(h, pos[perm].t())
@@ -89,10 +90,10 @@ def _pyg_run(store: str, model: str, epochs: int, steps: int, threads: int, queu
         for pairs in (sample, *splits["valid"], *splits["test"]):
             torch.cat([predict(h, b.t()) for b in pairs.split(BATCH)])
 
-    queue.put(_timed(both.train, train_epoch, both.eval, evaluate, epochs))
+    queue.put(_timed(both.train, train_epoch, both.eval, evaluate, epochs, device))
 
 
-def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, queue) -> None:
+def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, device: str, queue) -> None:
     import torch
 
     from ntp.config import TrainConfig
@@ -101,27 +102,33 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, queu
     from ntp.engine.setup import setup
 
     cfg = TrainConfig(store=store, model=model, seed=0, mode="single", threads=threads, **OGB_EXAMPLE)
-    job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), None))
+    job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None))
     job.link.pos["train"] = job.link.pos["train"][: steps * BATCH or None]
     epoch = iter(range(10**6))
     queue.put(_timed(lambda: None, lambda: train_step(job, next(epoch)), lambda: None, lambda: evaluate_splits(job),
-                     epochs))
+                     epochs, device))
 
 
-def _timed(train_mode, train_epoch, eval_mode, evaluate, epochs: int) -> dict:
+def _timed(train_mode, train_epoch, eval_mode, evaluate, epochs: int, device: str) -> dict:
     """Wall and CPU seconds (all threads of the process) per epoch (median after the first) and per evaluation."""
     times = []
     for _ in range(epochs):
         train_mode()
-        times.append(_clocked(train_epoch))
+        times.append(_clocked(train_epoch, device))
     eval_mode()
     pick = lambda i: statistics.median(t[i] for t in times[1:] or times)  # noqa: E731
-    return {"epoch_s": pick(0), "epoch_cpu_s": pick(1), "epochs_s": [t[0] for t in times], "eval_s": _clocked(evaluate)[0]}
+    return {"epoch_s": pick(0), "epoch_cpu_s": pick(1), "epochs_s": [t[0] for t in times],
+            "eval_s": _clocked(evaluate, device)[0]}
 
 
-def _clocked(fn) -> tuple[float, float]:
+def _clocked(fn, device: str) -> tuple[float, float]:
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
     t0, c0 = time.perf_counter(), time.process_time()
     fn()
+    sync()
     return time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -129,7 +136,8 @@ def run(target, store: Path, model: str, args) -> dict:
     """``target`` in its own process (its memory and threads are its own)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(str(store), model, args.epochs, args.steps, args.threads, queue))
+    proc = ctx.Process(target=target, args=(str(store), model, args.epochs, args.steps, args.threads, args.device,
+                                                 queue))
     proc.start()
     try:
         return queue.get(timeout=4 * 3600)
@@ -143,6 +151,7 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--models", nargs="+", default=["gcn", "sage"], choices=["gcn", "sage"])
     p.add_argument("--epochs", type=int, default=2, help="training epochs per system (the median after the first)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--steps", type=int, default=0, help="batches per epoch (0: all, 17 on ogbl-ddi); fewer when the "
                    "machine is busy: the training edges are cut to STEPS batches for both systems")
     args = p.parse_args()
@@ -156,10 +165,11 @@ def main() -> None:
         row = {"model": model, "epochs": args.epochs, "steps": args.steps or "all"}
         for key in ("epoch_s", "epoch_cpu_s", "eval_s"):
             row.update({f"ntp_{key}": ntp[key], f"pyg_{key}": pyg[key], f"pyg/ntp_{key}": pyg[key] / ntp[key]})
-        rows.append({**row, "ntp_epochs_s": [round(t, 1) for t in ntp["epochs_s"]],
-                     "pyg_epochs_s": [round(t, 1) for t in pyg["epochs_s"]]})
+        rows.append({**row, "ntp_epochs_s": [round(t, 3) for t in ntp["epochs_s"]],
+                     "pyg_epochs_s": [round(t, 3) for t in pyg["epochs_s"]]})
         print(rows[-1], flush=True)
-    report("link_pyg", rows, {"epochs": args.epochs, "steps": args.steps, "threads": args.threads, **OGB_EXAMPLE})
+    report("link_pyg", rows, {"epochs": args.epochs, "steps": args.steps, "threads": args.threads,
+                              "device": args.device, **OGB_EXAMPLE})
 
 
 if __name__ == "__main__":
