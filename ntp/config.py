@@ -94,10 +94,11 @@ class TrainConfig:
     precision: Precision = opt("fp32", "fp32, or bf16: features, activations, communication and aggregation in "
                                        "bfloat16, with float32 sums, parameters and optimiser state (half the "
                                        "activation memory and traffic; fp32 is the exactness reference).")
-    offload: Offload = opt("none", "What aggregation keeps in host memory and streams to the device chunk by chunk "
-                                   "through pinned staging buffers: none, topology (about 1.5x the in-device epoch "
-                                   "on an H200), or all (the column-slice embeddings too; far slower for now: "
-                                   "docs/benchmarks.md, section 8).")
+    offload: Offload = opt("none", "What aggregation keeps in host memory: none, topology (streamed to the device "
+                                   "chunk by chunk through pinned staging buffers; about 1.5x the in-device epoch on "
+                                   "an H200), or all (the column-slice embeddings too, in pinned memory: each product "
+                                   "copies its input to the device and its output back; docs/benchmarks.md, "
+                                   "section 8).")
     nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU), cpu, or auto (cpu when its "
                                       "row blocks do not fit in device memory beside aggregation's chunks).")
     decoder: Decoder = opt("mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "

@@ -99,10 +99,10 @@ class RowBlocks:
     - ``"none"``: the indices are copied to the device once; chunks are views of them;
     - ``"topology"``: each chunk's indices are copied to the device when it runs. On CUDA they go through two pinned
       staging buffers allocated once (double buffering), on a side stream, while the previous chunk computes;
-    - ``"all"``: as ``"topology"``, and the dense input ``h`` stays in host memory too: each chunk's columns are
-      renumbered to the chunk's own sources, only those rows of ``h`` are copied to the device (staged the same
-      way), and the output rows come back to ``h``'s memory. The device then holds one chunk's working set (edges,
-      gathered source rows, output rows): what ntp.engine.chunking's memory budget counts.
+    - ``"all"``: as ``"topology"``, and the dense input and output of a product live in host memory between
+      products (pinned on CUDA): :meth:`matmul` copies the input's whole column slice to the device in one
+      contiguous copy, runs the chunks there and copies each chunk's output rows back on a side stream while the
+      next chunk computes. The device holds the slice's input and output only while a product runs.
 
     On CPU the three forms compute the same products with the same kernel; only where the inputs come from differs.
     """
@@ -112,18 +112,12 @@ class RowBlocks:
         self.bounds, self.device, self.offload = list(bounds), device, offload
         self.indptr, self.indices = indptr, indices  #: host topology (for schedules: which sources a chunk needs)
         self.num_rows = bounds[-1]
-        self.gathers_rows = offload == "all"
-        self.sources: list[torch.Tensor] = []  # per chunk (offload "all"): the chunk's source ids, sorted
         if offload == "none":
             indices = indices.to(device)
         self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # per chunk: row pointers and columns
         for r0, r1 in self.ranges():
             e0, e1 = int(indptr[r0]), int(indptr[r1])
             cols = indices[e0:e1]
-            if self.gathers_rows:
-                src, inverse = torch.unique(cols, return_inverse=True)
-                self.sources.append(src)
-                cols = inverse.to(cols.dtype)
             crow = indptr[r0 : r1 + 1] - e0
             if cols.dtype == torch.int32 and e1 - e0 >= 2**31:  # torch wants one index type per CSR
                 cols = cols.long()
@@ -142,56 +136,46 @@ class RowBlocks:
         return self.indices.numel() * self.indices.element_size() + sum(c.numel() * c.element_size()
                                                                         for c, _ in self._parts)
 
-    def chunks(self, scaling: Scaling, rows_from: torch.Tensor | None = None):
+    def chunks(self, scaling: Scaling):
         """``(r0, r1, apply)`` for every chunk, in order; ``apply(h, out=None)`` is the chunk's rows of ``M @ h``
-        (``M``: this pattern under ``scaling``, whose vectors live on the device) in ``h``'s memory, written into
-        ``out`` when given. The chunk's topology is on the device when it is yielded (streamed when offloaded).
-
-        ``rows_from``: the input, when it is complete before the loop starts (pipelining fills it during the loop):
-        on CUDA with ``offload="all"`` the next chunk's source rows are then staged on the side stream too."""
+        (``M``: this pattern under ``scaling``, whose vectors live on the device; ``h`` on the device) in ``h``'s
+        memory, written into ``out`` when given. The chunk's topology is on the device when it is yielded (streamed
+        when offloaded)."""
         streamed = self.offload != "none" and self.device.type == "cuda"
-        parts = self._stream_cuda(rows_from if self.gathers_rows else None) if streamed else iter(self._parts)
-        for j, ((r0, r1), part) in enumerate(zip(self.ranges(), parts)):
-            yield r0, r1, self._chunk_apply(part, j, r0, r1, scaling)
+        parts = self._stream_cuda() if streamed else iter(self._parts)
+        for (r0, r1), part in zip(self.ranges(), parts):
+            yield r0, r1, self._chunk_apply(part, r0, r1, scaling)
 
-    def _chunk_apply(self, part: tuple[torch.Tensor, ...], j: int, r0: int, r1: int, scaling: Scaling):
-        return lambda h, out=None: self._apply(part, j, r0, r1, h, scaling, out)
+    def _chunk_apply(self, part: tuple[torch.Tensor, torch.Tensor], r0: int, r1: int, scaling: Scaling):
+        return lambda h, out=None: self._apply(part, r0, r1, h, scaling, out)
 
-    def _apply(self, part: tuple[torch.Tensor, ...], j: int, r0: int, r1: int, h: torch.Tensor,
-               scaling: Scaling, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _apply(self, part: tuple[torch.Tensor, torch.Tensor], r0: int, r1: int, h: torch.Tensor, scaling: Scaling,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """The chunk's rows of ``M @ h``, in ``h``'s memory: written into ``out`` when given (no chunk-sized block
-        allocated and copied, and with offloaded embeddings copied from the device straight into place)."""
-        crow, col, *prefetched = part
-        pre = scaling.pre
-        if self.gathers_rows:
-            src = self.sources[j]
-            x = prefetched[0] if prefetched else h.index_select(0, src.to(h.device)).to(self.device)
-            pre = None if pre is None else pre.index_select(0, src.to(pre.device))
-        else:
-            x = h
+        allocated and copied)."""
+        crow, col = part
         col_d = col if col.device == self.device else col.to(self.device)
-        vdt = accumulation_dtype(x.dtype)  # the operator's values stay exact: csr_matmul picks the product's dtype
-        values = x.new_ones(1, dtype=vdt).expand(col_d.shape[0]) if pre is None else pre.index_select(0, col_d).to(vdt)
-        block = torch.sparse_csr_tensor(crow.to(self.device), col_d, values, size=(r1 - r0, x.shape[0]))
-        y = csr_matmul(block, x, out if out is not None and out.device == self.device else None)
+        vdt = accumulation_dtype(h.dtype)  # the operator's values stay exact: csr_matmul picks the product's dtype
+        pre = scaling.pre
+        values = h.new_ones(1, dtype=vdt).expand(col_d.shape[0]) if pre is None else pre.index_select(0, col_d).to(vdt)
+        block = torch.sparse_csr_tensor(crow.to(self.device), col_d, values, size=(r1 - r0, h.shape[0]))
+        y = csr_matmul(block, h, out)
         if scaling.post is not None:
             y.mul_(scaling.post[r0:r1, None].to(y.dtype))
         if scaling.diag is not None:
-            y.addcmul_(scaling.diag[r0:r1, None].to(y.dtype), h[r0:r1].to(y.device))
-        if out is not None:
-            return y if y is out else out.copy_(y)
-        return y if y.device == h.device else y.to(h.device)
+            y.addcmul_(scaling.diag[r0:r1, None].to(y.dtype), h[r0:r1])
+        return y
 
-    def _stream_cuda(self, rows_from: torch.Tensor | None):  # its loop is tested with no-op streams; overlap needs a GPU
-        """Each chunk's topology (and, given ``rows_from``, its gathered source rows) copied into one of two pinned
-        staging buffers and from there to the device on a side stream, one chunk ahead of the compute."""
+    def _stream_cuda(self):  # its loop is tested with no-op streams; overlap needs a GPU
+        """Each chunk's topology copied into one of two pinned staging buffers and from there to the device on a side
+        stream, one chunk ahead of the compute."""
         copy_stream = torch.cuda.Stream(self.device)
         compute_stream = torch.cuda.current_stream(self.device)
-        staging = [_Staging(self, rows_from) for _ in range(2)]
+        staging = [_Staging(self._parts) for _ in range(2)]
 
         def prefetch(j: int):
             slot = staging[j % 2]
-            host = slot.fill(j, rows_from)  # waits until the slot's previous copy has left it
+            host = slot.fill(self._parts[j])  # waits until the slot's previous copy has left it
             copy_stream.wait_stream(compute_stream)  # never overwrite device memory the compute stream still reads
             with torch.cuda.stream(copy_stream):
                 tensors = tuple(t.to(self.device, non_blocking=True) for t in host)
@@ -209,38 +193,83 @@ class RowBlocks:
 
     def matmul(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
         """``M @ h``, chunk by chunk, into one preallocated output in ``h``'s memory (never a concatenation)."""
+        if h.device != self.device:  # offload "all": the embeddings pass through the device for this product
+            return self._matmul_through_device(h, scaling)
         if len(self) == 1:
-            (_, _, apply), = self.chunks(scaling, rows_from=h)
+            (_, _, apply), = self.chunks(scaling)
             return apply(h)
         out = h.new_empty(self.num_rows, h.shape[1])
-        for r0, r1, apply in self.chunks(scaling, rows_from=h):
+        for r0, r1, apply in self.chunks(scaling):
             apply(h, out[r0:r1])
         return out
 
+    def _matmul_through_device(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
+        """``M @ h`` for ``h`` in host memory: one contiguous copy of ``h`` to the device (at the bus's speed when
+        pinned), the chunks computed there, and each chunk's output rows copied into a pinned host output while the
+        next chunk computes."""
+        x = h.contiguous().to(self.device, non_blocking=True)
+        y = x.new_empty(self.num_rows, x.shape[1])
+        out = host_empty(self.num_rows, x.shape[1], dtype=h.dtype, pinned=self.device.type == "cuda")
+        with _Downloads(self.device) as downloads:
+            for r0, r1, apply in self.chunks(scaling):
+                downloads.copy(out[r0:r1], apply(x, y[r0:r1]))
+        return out
+
+
+def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    """An uninitialised host tensor; ``pinned``: page-locked, so copies to and from a GPU run at the bus's speed and
+    can overlap with compute."""
+    return torch.empty(*size, dtype=dtype, pin_memory=pinned)
+
+
+def moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` (differentiable); from a GPU into host memory it lands in pinned memory, so the copy back
+    for the next product runs at the bus's speed."""
+    if not (t.is_cuda and device.type == "cpu"):
+        return t.to(device)
+    return host_empty(*t.shape, dtype=t.dtype, pinned=True).copy_(t)
+
+
+class _Downloads:
+    """Device-to-host copies on a side stream, each issued after everything the compute stream has queued, so a
+    chunk's output travels while the next chunk computes; leaving the ``with`` block waits for all of them. On the
+    CPU a copy is an ordinary copy."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.stream, self.compute = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+
+    def __enter__(self) -> "_Downloads":
+        return self
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if not self.cuda:
+            dst.copy_(src)
+            return
+        self.stream.wait_stream(self.compute)
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+        src.record_stream(self.stream)  # the compute stream may free src before the copy has read it
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.stream.synchronize()  # the host reads the output next
+
 
 class _Staging:
-    """One pinned host buffer set, sized for the largest chunk: row pointers, columns and (for gathered rows) the
-    source rows. Allocated once per loop; :meth:`fill` reuses it only after its previous copy has finished."""
+    """One pinned host buffer pair, sized for the largest chunk: row pointers and columns. Allocated once per loop;
+    :meth:`fill` reuses it only after its previous copy has finished."""
 
-    def __init__(self, blocks: RowBlocks, rows_from: torch.Tensor | None) -> None:
-        parts = blocks._parts
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.crow = torch.empty(max(p[0].numel() for p in parts), dtype=parts[0][0].dtype).pin_memory()
         self.cols = torch.empty(max(p[1].numel() for p in parts), dtype=parts[0][1].dtype).pin_memory()
-        self.rows = None
-        if rows_from is not None:
-            most = max(s.numel() for s in blocks.sources)
-            self.rows = torch.empty(most, rows_from.shape[1], dtype=rows_from.dtype).pin_memory()
-        self.blocks = blocks
         self.copied = torch.cuda.Event()
 
-    def fill(self, j: int, rows_from: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    def fill(self, part: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         self.copied.synchronize()
-        crow, cols = self.blocks._parts[j]
-        out = [self.crow[: crow.numel()].copy_(crow), self.cols[: cols.numel()].copy_(cols)]
-        if self.rows is not None:
-            src = self.blocks.sources[j]
-            out.append(torch.index_select(rows_from, 0, src.to(rows_from.device), out=self.rows[: src.numel()]))
-        return tuple(out)
+        crow, cols = part
+        return self.crow[: crow.numel()].copy_(crow), self.cols[: cols.numel()].copy_(cols)
 
 
 @dataclass

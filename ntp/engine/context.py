@@ -5,7 +5,7 @@ from functools import cached_property
 
 import torch
 
-from ntp.engine.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator
+from ntp.engine.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator, moved
 from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
 from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
@@ -95,7 +95,7 @@ class GraphContext:
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
-        return split(z.to(self.device), self.comm).to(self.home)
+        return moved(split(z.to(self.device), self.comm), self.home)
 
     def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
         return gather(h.to(self.device), self.comm, width).to(self.nn_device)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ntp.engine.aggregate import ScaledBlocks, SparseOperator
+from ntp.engine.aggregate import ScaledBlocks, SparseOperator, moved
 from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, SourceSchedule, in_phase, now, source_schedule
 from ntp.engine.collectives import Comm
 from ntp.engine.metrics import GATHER, SPLIT
@@ -35,12 +35,12 @@ from ntp.engine.metrics import GATHER, SPLIT
 class _Exchange:
     """Per chunk of a split schedule: the new sources, how many each rank owns, and this rank's share (local ids)."""
 
-    sources: torch.Tensor  # sorted global ids (so grouped by owner), where the column layout lives
+    sources: torch.Tensor  # sorted global ids (so grouped by owner), on the rank's device
     counts: list[int]  # rows owned by each rank
     mine: torch.Tensor  # local row ids of this rank's share, on the communication device
 
 
-def _exchanges(schedule: SourceSchedule, comm: Comm, home: torch.device) -> list[_Exchange]:
+def _exchanges(schedule: SourceSchedule, comm: Comm) -> list[_Exchange]:
     lay = comm.part
     inner = torch.tensor(lay.row_bounds[1:-1], dtype=torch.int64)
     r0, r1 = lay.rows()
@@ -48,7 +48,7 @@ def _exchanges(schedule: SourceSchedule, comm: Comm, home: torch.device) -> list
     for src in schedule.new_sources:
         counts = torch.bincount(torch.bucketize(src, inner, right=True), minlength=comm.world).tolist()
         mine = src[(src >= r0) & (src < r1)] - r0
-        out.append(_Exchange(src.to(home), counts, mine.to(comm.device)))
+        out.append(_Exchange(src.to(comm.device), counts, mine.to(comm.device)))
     return out
 
 
@@ -59,12 +59,14 @@ class OverlappedOperator:
     def __init__(self, op: SparseOperator, comm: Comm, clock: OverlapClock, phases: PhaseMemory | None = None,
                  send_once: bool = True, home: torch.device | None = None) -> None:
         self.op, self.comm, self.clock, self.phases = op, comm, clock, phases
-        self.home = home or comm.device  #: where the column layout lives (host memory with offloaded embeddings)
+        #: where the column layout lives between products (host memory with offloaded embeddings); the loops below
+        #: build it on the rank's device and move it there at the end
+        self.home = home or comm.device
         plan = ChunkPlan(op.bounds)
         fwd, bwd = (source_schedule(b.indptr, b.indices, plan, send_once, own_rows=op.has_diagonal)
                     for b in (op.forward_blocks, op.backward_blocks))
-        self.forward_exchanges = _exchanges(fwd, comm, self.home)
-        self.backward_exchanges = _exchanges(bwd, comm, self.home)
+        self.forward_exchanges = _exchanges(fwd, comm)
+        self.backward_exchanges = _exchanges(bwd, comm)
         # rows of each chunk owned by each rank (the gather side)
         self.chunk_owner_rows = [_intersections(a, b, comm.part.row_bounds) for a, b in plan.ranges()]
 
@@ -120,15 +122,15 @@ def _start_split(comm: Comm, clock: OverlapClock, x_rows: torch.Tensor, ex: _Exc
 
 def _place_split(zc: torch.Tensor, ex: _Exchange, flight: _InFlight | None) -> None:
     if flight is not None:  # sources sorted: rank order = id order
-        zc[ex.sources] = flight.wait().view(-1, zc.shape[1]).to(zc.device)
+        zc[ex.sources] = flight.wait().view(-1, zc.shape[1])
 
 
 def _column_buffer(pop: OverlappedOperator, x_rows: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """The column bounds of ``x_rows``' width and a zeroed column-layout buffer that the split fills chunk by chunk,
-    where the column layout lives (host memory when embeddings are offloaded)."""
+    """The column bounds of ``x_rows``' width and a zeroed column-layout buffer on the rank's device that the split
+    fills chunk by chunk."""
     lay = pop.comm.part
     c0, c1 = lay.cols(x_rows.shape[1])
-    return lay.col_bounds(x_rows.shape[1]), x_rows.new_zeros(lay.num_nodes, c1 - c0, device=pop.home)
+    return lay.col_bounds(x_rows.shape[1]), x_rows.new_zeros(lay.num_nodes, c1 - c0, device=pop.comm.device)
 
 
 def split_then_apply(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: ScaledBlocks, exchanges: list[_Exchange],
@@ -146,7 +148,7 @@ def split_then_apply(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: Scal
             apply(zc, out[r0:r1])
             pending = ahead
         _place_split(zc, exchanges[-1], pending)
-    return out, zc
+    return moved(out, pop.home), moved(zc, pop.home)
 
 
 class _Gathers:
@@ -194,7 +196,8 @@ def apply_then_gather(pop: OverlappedOperator, h_cols: torch.Tensor, blocks: Sca
                       extra: torch.Tensor | None, kind: str) -> torch.Tensor:
     """``gather(M @ h + extra)`` with each chunk's rows sent to their owners while the next chunk aggregates."""
     gathers = _Gathers(pop, width, kind, h_cols.dtype)
-    h_cols = h_cols.contiguous()
+    h_cols = h_cols.contiguous().to(pop.comm.device)  # offloaded embeddings: one copy of the slice for the loop
+    extra = None if extra is None else extra.to(pop.comm.device)
     with in_phase(pop.phases):  # one phase for the whole loop (see split_then_apply)
         for j, (r0, r1, apply) in enumerate(blocks):
             y = apply(h_cols)

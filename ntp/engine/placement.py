@@ -1,8 +1,9 @@
 """Where the two stages of an epoch run, and where their data lives.
 
-- Aggregation (the graph stage) always computes on the rank's device. With ``offload`` its topology ("topology") or
-  its topology and column-slice embeddings ("all") stay in host memory and stream to the device chunk by chunk
-  (ntp.engine.aggregate.RowBlocks), so the device holds one chunk's working set.
+- Aggregation (the graph stage) always computes on the rank's device. With ``offload`` its topology ("topology")
+  stays in host memory and streams to the device chunk by chunk (ntp.engine.aggregate.RowBlocks); with "all" the
+  column-slice embeddings live in host memory too and visit the device one product at a time (its input and
+  output only, not their gradients or the other layers').
 - The NN stage (row layout: features, MLP activations, parameters) runs on the device, or on the CPU when its row
   block does not fit in device memory beside what aggregation keeps there (``nn_device="auto"``), or where the
   user says. Moving rows between the stages is a copy that autograd reverses in the backward.
@@ -45,10 +46,12 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
                          device_type: str = "cuda") -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded,
-    and the column-slice embeddings (input, output and their gradients) unless ``offload == "all"``; bfloat16 on
-    the CPU adds the float32 copy its products multiply (ntp.engine.aggregate.csr_matmul)."""
+    and the column-slice embeddings: input, output and their gradients, or with ``offload == "all"`` the input and
+    output of the one product running; bfloat16 on the CPU adds the float32 copy its products multiply
+    (ntp.engine.aggregate.csr_matmul)."""
+    slices = 2 if offload == "all" else 4
     parts = {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
-             "embeddings": 0 if offload == "all" else 4 * num_nodes * slice_width * element_bytes(precision)}
+             "embeddings": slices * num_nodes * slice_width * element_bytes(precision)}
     if precision != "fp32" and device_type == "cpu":
         parts["float32 product input"] = 4 * num_nodes * slice_width
     return parts
