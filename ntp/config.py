@@ -96,9 +96,9 @@ class TrainConfig:
                                        "activation memory and traffic; fp32 is the exactness reference).")
     offload: Offload = opt("none", "What aggregation keeps in host memory: none, topology (streamed to the device "
                                    "chunk by chunk through pinned staging buffers; about 1.5x the in-device epoch on "
-                                   "an H200), or all (the column-slice embeddings too, in pinned memory: each product "
-                                   "copies its input to the device and its output back; docs/benchmarks.md, "
-                                   "section 8).")
+                                   "an H200), or all (the column-slice embeddings too, in pinned memory, when the "
+                                   "budget cannot hold them on the device: each product copies them through the "
+                                   "device in column blocks; docs/benchmarks.md, section 8).")
     nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU), cpu, or auto (cpu when its "
                                       "row blocks do not fit in device memory beside aggregation's chunks).")
     decoder: Decoder = opt("mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "

@@ -100,16 +100,18 @@ class RowBlocks:
     - ``"topology"``: each chunk's indices are copied to the device when it runs. On CUDA they go through two pinned
       staging buffers allocated once (double buffering), on a side stream, while the previous chunk computes;
     - ``"all"``: as ``"topology"``, and the dense input and output of a product live in host memory between
-      products (pinned on CUDA): :meth:`matmul` copies the input's whole column slice to the device in one
-      contiguous copy, runs the chunks there and copies each chunk's output rows back on a side stream while the
-      next chunk computes. The device holds the slice's input and output only while a product runs.
+      products (pinned on CUDA): :meth:`matmul` copies the input to the device ``column_block`` columns at a time
+      (the whole slice, one contiguous copy, unless the memory plan asked for fewer), runs the chunks there and
+      copies each chunk's output rows back on a side stream while the next chunk computes. The device holds one
+      block's input and output only while a product runs.
 
     On CPU the three forms compute the same products with the same kernel; only where the inputs come from differs.
     """
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, bounds: list[int], device: torch.device,
-                 offload: str = "none") -> None:
+                 offload: str = "none", column_block: int = 0) -> None:
         self.bounds, self.device, self.offload = list(bounds), device, offload
+        self.column_block = column_block  #: columns of a host input on the device at once (0: all)
         self.indptr, self.indices = indptr, indices  #: host topology (for schedules: which sources a chunk needs)
         self.num_rows = bounds[-1]
         if offload == "none":
@@ -204,15 +206,19 @@ class RowBlocks:
         return out
 
     def _matmul_through_device(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
-        """``M @ h`` for ``h`` in host memory: one contiguous copy of ``h`` to the device (at the bus's speed when
-        pinned), the chunks computed there, and each chunk's output rows copied into a pinned host output while the
-        next chunk computes."""
-        x = h.contiguous().to(self.device, non_blocking=True)
-        y = x.new_empty(self.num_rows, x.shape[1])
-        out = host_empty(self.num_rows, x.shape[1], dtype=h.dtype, pinned=self.device.type == "cuda")
+        """``M @ h`` for ``h`` in host memory, one column block at a time: the block copied to the device (the
+        whole ``h``: one contiguous copy, at the bus's speed when pinned), the chunks computed there, and each
+        chunk's output rows copied into a pinned host output while the next chunk computes."""
+        width = h.shape[1]
+        step = self.column_block or width
+        out = host_empty(self.num_rows, width, dtype=h.dtype, pinned=self.device.type == "cuda")
         with _Downloads(self.device) as downloads:
-            for r0, r1, apply in self.chunks(scaling):
-                downloads.copy(out[r0:r1], apply(x, y[r0:r1]))
+            for c0 in range(0, width, step):
+                c1 = min(c0 + step, width)
+                x = h[:, c0:c1].contiguous().to(self.device, non_blocking=True)
+                y = x.new_empty(self.num_rows, c1 - c0)
+                for r0, r1, apply in self.chunks(scaling):
+                    downloads.copy(out[r0:r1, c0:c1], apply(x, y[r0:r1]))
         return out
 
 

@@ -6,12 +6,12 @@ from functools import cached_property
 import torch
 
 from ntp.engine.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator, moved
-from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, in_phase, make_plan
+from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, default_device_budget, in_phase, make_plan
 from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
 from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.operators import CSR, scaling, with_self_loops
-from ntp.engine.placement import graph_resident_parts
+from ntp.engine.placement import graph_resident_parts, streamed_columns
 from ntp.engine.precision import element_bytes
 from ntp.engine.topology import Topology
 
@@ -48,8 +48,6 @@ class GraphContext:
         self.nn_device = nn_device or comm.device
         self.reserved_bytes = reserved_bytes
         self.precision = precision
-        #: where the graph layout lives: host memory when embeddings are offloaded, else the rank's device
-        self.home = torch.device("cpu") if offload == "all" else comm.device
         self.seed = seed
         self.step = 0  #: training step (epoch): part of the dropout key, so masks are reproducible on resume
         self._operators: dict[str, SparseOperator] = {}
@@ -61,14 +59,36 @@ class GraphContext:
     @cached_property
     def plan(self) -> ChunkPlan:
         """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
-        slice_width = ceil_div(max(self.width, 1), self.comm.world)
-        topo = self.topology
+        topo, block = self.topology, self.column_block
         resident = {"NN stage": self.reserved_bytes,
-                    **graph_resident_parts(topo.num_nodes, topo.num_edges, slice_width, self.offload,
-                                           self.precision, self.device.type)}
+                    **graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width, self.offload,
+                                           self.precision, self.device.type, column_block=block)}
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
-                         memory_budget=self.memory_budget, width=slice_width, device=self.device,
+                         memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
                          resident=resident, element_bytes=element_bytes(self.precision))
+
+    @property
+    def slice_width(self) -> int:
+        """Columns of the widest propagated matrix that this rank's column slice holds."""
+        return ceil_div(max(self.width, 1), self.comm.world)
+
+    @cached_property
+    def column_block(self) -> int:
+        """With ``offload="all"`` on a GPU, the columns of the column slice a product holds on the device at once,
+        its embeddings kept in host memory between products (ntp.engine.placement.streamed_columns); 0: they stay on
+        the device (as when the budget holds them, or on a CPU). The pipelined loops (``overlap``) hold the whole
+        slice."""
+        if self.offload != "all" or self.device.type != "cuda":
+            return 0
+        budget = self.memory_budget or default_device_budget(self.device, self.reserved_bytes)
+        block = streamed_columns(self.topology.num_nodes, self.slice_width, budget - self.reserved_bytes,
+                                 self.precision)
+        return self.slice_width if block and self.overlap else block
+
+    @property
+    def home(self) -> torch.device:
+        """Where the graph layout lives between products: host memory when its embeddings are offloaded."""
+        return torch.device("cpu") if self.column_block else self.device
 
     @cached_property
     def csr(self) -> CSR:
@@ -156,10 +176,10 @@ class GraphContext:
     def _blocks(self) -> tuple[RowBlocks, RowBlocks]:
         """The row blocks of ``A`` and ``A^T`` that every operator scales (one object when ``A`` is symmetric)."""
         topo, bounds = self.topology, self.plan.bounds
-        forward = RowBlocks(topo.indptr, topo.indices, bounds, self.device, self.offload)
-        if topo.symmetric:
-            return forward, forward
-        return forward, RowBlocks(topo.t_indptr, topo.t_indices, bounds, self.device, self.offload)
+        blocks = lambda indptr, indices: RowBlocks(indptr, indices, bounds, self.device, self.offload,  # noqa: E731
+                                                   self.column_block)
+        forward = blocks(topo.indptr, topo.indices)
+        return (forward, forward) if topo.symmetric else (forward, blocks(topo.t_indptr, topo.t_indices))
 
     def overlapped_operator(self, name: str) -> OverlappedOperator:
         """The operator with its per-chunk exchange schedules (built once per operator)."""

@@ -44,17 +44,31 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
 
 
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
-                         device_type: str = "cuda") -> dict[str, int]:
+                         device_type: str = "cuda", column_block: int = 1) -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded,
-    and the column-slice embeddings: input, output and their gradients, or with ``offload == "all"`` the input and
-    output of the one product running; bfloat16 on the CPU adds the float32 copy its products multiply
-    (ntp.engine.aggregate.csr_matmul)."""
-    slices = 2 if offload == "all" else 4
+    and the column-slice embeddings (input, output and their gradients), or, with ``offload == "all"`` on a GPU, the
+    input and output of the ``column_block`` columns that a product holds at once (:func:`streamed_columns`; 0: the
+    slice stays on the device; the default, one column, is the least before the plan has chosen); bfloat16 on the
+    CPU adds the float32 copy its products multiply (ntp.engine.aggregate.csr_matmul)."""
+    eb = element_bytes(precision)
+    streamed = offload == "all" and device_type == "cuda" and column_block > 0
     parts = {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
-             "embeddings": slices * num_nodes * slice_width * element_bytes(precision)}
+             "embeddings": 2 * num_nodes * column_block * eb if streamed else 4 * num_nodes * slice_width * eb}
     if precision != "fp32" and device_type == "cpu":
         parts["float32 product input"] = 4 * num_nodes * slice_width
     return parts
+
+
+def streamed_columns(num_nodes: int, slice_width: int, room: int, precision: str = "fp32") -> int:
+    """``--offload all`` on a GPU: how many columns of the column slice a product holds on the device at once, given
+    ``room`` (what the budget leaves besides the NN stage; half of it is the chunks'). 0 when the slice's embeddings
+    fit there as without offload (moving them through host memory would only add copies: products keep nothing for
+    the backward, so the device holds the same either way); else all columns when one product's input and output
+    fit, or as many as do, at least one."""
+    eb = element_bytes(precision)
+    if 4 * num_nodes * slice_width * eb <= room // 2:
+        return 0
+    return max(1, min(slice_width, room // 2 // (2 * num_nodes * eb)))
 
 
 def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> int:

@@ -237,7 +237,7 @@ def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation(
     nn = nn_stage_bytes(612_000, 100, 256, 47, 3, params=100_000)
     small = nn_stage_bytes(10_000, 100, 256, 47, 3, params=100_000)
     graph = graph_resident_bytes(2_450_000, 124_000_000, 12, "all")
-    assert graph == 2 * 2_450_000 * 12 * 4, "offload all keeps one product's input and output slices, no topology"
+    assert graph == 2 * 2_450_000 * 4, "offload all needs at least one column of a product's input and output"
     assert graph_resident_bytes(2_450_000, 124_000_000, 12, "topology") > 0
     assert graph_resident_bytes(10, 20, 4, "none") > graph_resident_bytes(10, 20, 4, "topology")
     assert choose_nn_device("auto", gpu, nn, graph, 80 * gib) == gpu
@@ -305,7 +305,9 @@ def test_offloaded_embeddings_pass_through_the_device_once_per_product(monkeypat
     h = torch.randn(topo.num_nodes, 5)
     ref, op = _gcn(topo), _gcn(topo, uniform_plan(100, 13).bounds, "all")
     for mine, whole in ((op.forward, ref.forward), (op.backward, ref.backward)):  # A and A^T
-        torch.testing.assert_close(mine.blocks._matmul_through_device(h, mine.scaling), whole.matmul(h))
+        for columns in (0, 2, 5):  # the whole slice at once, or blocks of columns (the last one narrower)
+            mine.blocks.column_block = columns
+            torch.testing.assert_close(mine.blocks._matmul_through_device(h, mine.scaling), whole.matmul(h))
     log = _no_op_streams(monkeypatch)
     y = torch.randn(100, 5)
     out = torch.full_like(y, float("nan"))
@@ -325,9 +327,11 @@ def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_
     width, n, e = 3, csr.num_nodes, csr.num_edges
     from ntp.engine.placement import graph_resident_parts
 
-    kept = graph_resident_parts(n, e, width, "all")
+    kept = graph_resident_parts(n, e, width, "all", column_block=width)
     assert kept == {"topology": 0, "embeddings": 2 * n * width * 4}
     assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 2 * kept["embeddings"]
+    assert graph_resident_parts(n, e, width, "all", column_block=0) == graph_resident_parts(n, e, width, "topology")
+    assert graph_resident_parts(n, e, width, "all", "fp32", "cpu", width) == graph_resident_parts(n, e, width, "topology")
     in_deg, out_deg = np.diff(csr.indptr.numpy()), np.bincount(csr.indices.numpy(), minlength=n)
     for budget in (1_500, 4_000, 20_000):
         total = budget + kept["embeddings"]
@@ -340,6 +344,18 @@ def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_
                 assert working_set <= budget, f"chunk [{a}, {b}) needs {working_set} B, {budget} B left"
     with pytest.raises(MemoryPlanError, match="embeddings"):
         make_plan(in_deg, out_deg, memory_budget=kept["embeddings"], width=width, resident=kept)
+
+
+def test_offloaded_embeddings_visit_the_device_in_as_many_columns_as_half_the_room_holds() -> None:
+    from ntp.engine.placement import streamed_columns
+
+    n, width = 1_000, 64
+    one_column = 2 * n * 4  # a product's input and output column, fp32
+    assert streamed_columns(n, width, 2 * 2 * width * one_column) == 0, "room as without offload: they stay"
+    assert streamed_columns(n, width, 2 * 2 * width * one_column - 1) == width, "the whole slice through the device"
+    assert streamed_columns(n, width, 2 * 10 * one_column + 1) == 10, "half the room for the embeddings"
+    assert streamed_columns(n, width, 2 * 10 * one_column, "bf16") == 20, "bfloat16 columns take half the bytes"
+    assert streamed_columns(n, width, 1) == 1, "at least one column (the plan then says what does not fit)"
 
 
 OFFLOADABLE = [c for c in MODELS if c["model"] != "gat"]
@@ -467,3 +483,23 @@ def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
     total_sent = sum(sum(p["sent"].values()) for p in piped)
     total_recv = sum(sum(p["recv"].values()) for p in piped)
     assert total_sent == total_recv, "every byte sent is received"
+
+
+def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_short() -> None:
+    """The plan of a CUDA rank (only planned here: nothing runs on a device) with ``--offload all``: the whole slice
+    when the budget holds it, fewer columns when not, and the chunks get what the streamed columns leave."""
+    from ntp.engine.collectives import Comm
+    from ntp.engine.context import GraphContext
+    from ntp.engine.partition import Partition
+
+    topo = _topology(DIRECTED)
+    n, width = topo.num_nodes, 32
+    comm = Comm(Partition(n, 1, 0), torch.device("cuda", 0))
+    roomy = GraphContext(topo, comm, memory_budget=10**7, width=width, offload="all")
+    whole = GraphContext(topo, comm, memory_budget=width * 2 * n * 4 * 2, width=width, offload="all")
+    short = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all")  # room for 4 columns
+    piped = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all", overlap=True)
+    assert [c.column_block for c in (roomy, whole, short, piped)] == [0, width, 4, width]
+    assert roomy.home == comm.device and {c.home.type for c in (whole, short, piped)} == {"cpu"}
+    assert short.plan.num_chunks > whole.plan.num_chunks, "the chunks share the budget with the streamed columns"
+    assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0

@@ -10,7 +10,7 @@ from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
 from ntp.engine.loop import fit
 from ntp.engine.setup import setup
-from tests.ntp.graphs import loader, random_graph
+from tests.ntp.graphs import graph_budget, loader, random_graph
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is)")]
@@ -18,14 +18,29 @@ pytestmark = [pytest.mark.gpu,
 GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
 
 
-def _losses(device: str, **options) -> list[float]:
+def _job(device: str, **options):
     env = DistEnv(0, 1, 0, 1, torch.device(device), None)
     job = setup(TrainConfig(model="gcn", epochs=6, hidden=16, dropout=0.0, seed=1, **options), env, loader(GRAPH))
     fit(job, sinks=[])
-    return [r.loss for r in job.history]
+    return job
+
+
+def _losses(device: str, **options) -> list[float]:
+    return [r.loss for r in _job(device, **options).history]
 
 
 @pytest.mark.parametrize("options", [dict(), dict(chunk_rows=64), dict(chunk_rows=64, offload="topology"),
                                      dict(chunk_rows=64, offload="all"), dict(nn_device="cpu")])
 def test_one_gpu_rank_trains_like_the_cpu(options: dict) -> None:
     np.testing.assert_allclose(_losses("cuda:0", **options), _losses("cpu"), rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_bytes, blocks", [(100_000, 1), (37_000, 2)])
+def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(chunk_bytes: int, blocks: int) -> None:
+    """A budget too small for the embeddings on the device: they live in pinned host memory and each product copies
+    them through the GPU (the whole 16-column slice, or blocks of columns); the losses stay the CPU's."""
+    cfg = TrainConfig(model="gcn", epochs=6, hidden=16, dropout=0.0, seed=1, offload="all")
+    budget = graph_budget(chunk_bytes, cfg, GRAPH, 1, device_type="cuda")
+    job = _job("cuda:0", offload="all", memory_budget=budget)
+    assert job.ctx.home.type == "cpu" and -(-16 // job.ctx.column_block) == blocks, job.ctx.column_block
+    np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu"), rtol=1e-4)
