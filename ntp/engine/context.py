@@ -80,9 +80,9 @@ class GraphContext:
         slice."""
         if self.offload != "all" or self.device.type != "cuda":
             return 0
-        budget = self.memory_budget or default_device_budget(self.device, self.reserved_bytes)
-        block = streamed_columns(self.topology.num_nodes, self.slice_width, budget - self.reserved_bytes,
-                                 self.precision)
+        room = (self.memory_budget - self.reserved_bytes if self.memory_budget
+                else default_device_budget(self.device, self.reserved_bytes))  # what the NN stage leaves
+        block = streamed_columns(self.topology.num_nodes, self.slice_width, room, self.precision)
         return self.slice_width if block and self.overlap else block
 
     @property

@@ -2,8 +2,8 @@
 
 - Aggregation (the graph stage) always computes on the rank's device. With ``offload`` its topology ("topology")
   stays in host memory and streams to the device chunk by chunk (ntp.engine.aggregate.RowBlocks); with "all" the
-  column-slice embeddings live in host memory too and visit the device one product at a time (its input and
-  output only, not their gradients or the other layers').
+  column-slice embeddings live in host memory too when the device cannot hold them, and visit it one product at a
+  time, a block of columns at a time (:func:`streamed_columns` decides).
 - The NN stage (row layout: features, MLP activations, parameters) runs on the device, or on the CPU when its row
   block does not fit in device memory beside what aggregation keeps there (``nn_device="auto"``), or where the
   user says. Moving rows between the stages is a copy that autograd reverses in the backward.
