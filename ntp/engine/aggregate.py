@@ -19,6 +19,7 @@ import torch
 from ntp.engine.chunking import in_phase
 from ntp.engine.operators import CSR, Scaling, transpose
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
+from ntp.engine.transfer import Downloads, Staging, host_empty
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -173,7 +174,7 @@ class RowBlocks:
         stream, one chunk ahead of the compute."""
         copy_stream = torch.cuda.Stream(self.device)
         compute_stream = torch.cuda.current_stream(self.device)
-        staging = [_Staging(self._parts) for _ in range(2)]
+        staging = [Staging(self._parts) for _ in range(2)]
 
         def prefetch(j: int):
             slot = staging[j % 2]
@@ -212,7 +213,7 @@ class RowBlocks:
         width = h.shape[1]
         step = self.column_block or width
         out = host_empty(self.num_rows, width, dtype=h.dtype, pinned=self.device.type == "cuda")
-        with _Downloads(self.device) as downloads:
+        with Downloads(self.device) as downloads:
             for c0 in range(0, width, step):
                 c1 = min(c0 + step, width)
                 x = h[:, c0:c1].contiguous().to(self.device, non_blocking=True)
@@ -220,62 +221,6 @@ class RowBlocks:
                 for r0, r1, apply in self.chunks(scaling):
                     downloads.copy(out[r0:r1, c0:c1], apply(x, y[r0:r1]))
         return out
-
-
-def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-    """An uninitialised host tensor; ``pinned``: page-locked, so copies to and from a GPU run at the bus's speed and
-    can overlap with compute."""
-    return torch.empty(*size, dtype=dtype, pin_memory=pinned)
-
-
-def moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` (differentiable); from a GPU into host memory it lands in pinned memory, so the copy back
-    for the next product runs at the bus's speed."""
-    if not (t.is_cuda and device.type == "cpu"):
-        return t.to(device)
-    return host_empty(*t.shape, dtype=t.dtype, pinned=True).copy_(t)
-
-
-class _Downloads:
-    """Device-to-host copies on a side stream, each issued after everything the compute stream has queued, so a
-    chunk's output travels while the next chunk computes; leaving the ``with`` block waits for all of them. On the
-    CPU a copy is an ordinary copy."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.stream, self.compute = torch.cuda.Stream(device), torch.cuda.current_stream(device)
-
-    def __enter__(self) -> "_Downloads":
-        return self
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if not self.cuda:
-            dst.copy_(src)
-            return
-        self.stream.wait_stream(self.compute)
-        with torch.cuda.stream(self.stream):
-            dst.copy_(src, non_blocking=True)
-        src.record_stream(self.stream)  # the compute stream may free src before the copy has read it
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self.stream.synchronize()  # the host reads the output next
-
-
-class _Staging:
-    """One pinned host buffer pair, sized for the largest chunk: row pointers and columns. Allocated once per loop;
-    :meth:`fill` reuses it only after its previous copy has finished."""
-
-    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.crow = torch.empty(max(p[0].numel() for p in parts), dtype=parts[0][0].dtype).pin_memory()
-        self.cols = torch.empty(max(p[1].numel() for p in parts), dtype=parts[0][1].dtype).pin_memory()
-        self.copied = torch.cuda.Event()
-
-    def fill(self, part: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        self.copied.synchronize()
-        crow, cols = part
-        return self.crow[: crow.numel()].copy_(crow), self.cols[: cols.numel()].copy_(cols)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from functools import cached_property
 
 import torch
 
-from ntp.engine.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator, moved
+from ntp.engine.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator
 from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, default_device_budget, in_phase, make_plan
 from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
@@ -14,6 +14,7 @@ from ntp.engine.operators import CSR, scaling, with_self_loops
 from ntp.engine.placement import graph_resident_parts, streamed_columns
 from ntp.engine.precision import element_bytes
 from ntp.engine.topology import Topology
+from ntp.engine.transfer import moved
 
 
 class GraphContext:

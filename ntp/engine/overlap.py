@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ntp.engine.aggregate import ScaledBlocks, SparseOperator, moved
+from ntp.engine.aggregate import ScaledBlocks, SparseOperator
 from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, SourceSchedule, in_phase, now, source_schedule
 from ntp.engine.collectives import Comm
 from ntp.engine.metrics import GATHER, SPLIT
+from ntp.engine.transfer import moved
 
 
 @dataclass

@@ -299,7 +299,7 @@ def test_offloaded_embeddings_pass_through_the_device_once_per_product(monkeypat
     """``--offload all``: a product over a host input copies it to the device once, computes every chunk there and
     copies each chunk's output rows back (on CUDA, on a download stream that waits for the compute and is synchronised
     before the host reads the output)."""
-    from ntp.engine.aggregate import _Downloads
+    from ntp.engine.transfer import Downloads
 
     topo = _topology(DIRECTED)
     h = torch.randn(topo.num_nodes, 5)
@@ -311,7 +311,7 @@ def test_offloaded_embeddings_pass_through_the_device_once_per_product(monkeypat
     log = _no_op_streams(monkeypatch)
     y = torch.randn(100, 5)
     out = torch.full_like(y, float("nan"))
-    with _Downloads(torch.device("cuda")) as downloads:
+    with Downloads(torch.device("cuda")) as downloads:
         for a, b in op.forward_blocks.ranges():
             downloads.copy(out[a:b], y[a:b])
         assert "synchronize" not in log, "the host does not wait for a chunk's copy inside the loop"
