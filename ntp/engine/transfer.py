@@ -60,3 +60,28 @@ class Staging:
         self.copied.synchronize()
         crow, cols = part
         return self.crow[: crow.numel()].copy_(crow), self.cols[: cols.numel()].copy_(cols)
+
+
+class Uploads:
+    """Column blocks of a host tensor copied to the device. The whole tensor goes in one copy (pinned: asynchronous).
+    A narrower block is first gathered on the host into one of two pinned buffers, so its copy is asynchronous too
+    and the host gathers the next block while the device computes; a buffer is refilled only once its copy has left
+    it. Without ``pinned`` (a CPU rank) a block is an ordinary copy."""
+
+    def __init__(self, h: torch.Tensor, step: int, device: torch.device, pinned: bool) -> None:
+        self.h, self.device = h, device
+        staged = pinned and step < h.shape[1]
+        self.slots = [host_empty(h.shape[0] * step, dtype=h.dtype, pinned=True) for _ in range(2)] if staged else []
+        self.copied = [torch.cuda.Event() for _ in self.slots]
+        self.count = 0
+
+    def block(self, c0: int, c1: int) -> torch.Tensor:
+        src = self.h[:, c0:c1]
+        if not self.slots:
+            return src.contiguous().to(self.device, non_blocking=True)
+        k, self.count = self.count % 2, self.count + 1
+        self.copied[k].synchronize()
+        staged = self.slots[k][: src.numel()].view(src.shape).copy_(src)
+        x = staged.to(self.device, non_blocking=True)
+        self.copied[k].record(torch.cuda.current_stream(self.device))
+        return x

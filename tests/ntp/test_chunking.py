@@ -320,6 +320,41 @@ def test_offloaded_embeddings_pass_through_the_device_once_per_product(monkeypat
     assert log == ["wait_stream", "record_stream"] * chunks + ["synchronize"]
 
 
+def test_narrow_column_blocks_reach_the_device_through_two_pinned_buffers(monkeypatch) -> None:
+    """A column block narrower than the slice is gathered into one of two pinned buffers (so its copy to the device is
+    asynchronous), and a buffer is refilled only after waiting for its previous copy; the whole slice goes as is."""
+    import ntp.engine.transfer as transfer
+
+    _no_op_streams(monkeypatch)
+    log: list[str] = []
+
+    class Event:
+        def __init__(self) -> None:
+            self.name = f"buffer {len(log) % 2}"  # the two buffers' events are made first, in order
+            log.append(f"{self.name} made")
+
+        def record(self, stream) -> None:
+            log.append(f"{self.name} copied")
+
+        def synchronize(self) -> None:
+            log.append(f"{self.name} waited")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    made: list[torch.Tensor] = []
+    monkeypatch.setattr(transfer, "host_empty", lambda *size, dtype, pinned: made.append(torch.empty(*size, dtype=dtype))
+                        or made[-1])
+    h = torch.randn(7, 5)
+    uploads = transfer.Uploads(h, 2, torch.device("cpu"), pinned=True)
+    # on the CPU ``.to`` returns the buffer itself, so each block is read before the next one is asked for
+    blocks = [uploads.block(c, min(c + 2, 5)).clone() for c in range(0, 5, 2)]
+    assert len(made) == 2 and all(t.numel() == 7 * 2 for t in made), "two buffers, each one block wide"
+    assert torch.equal(torch.cat(blocks, dim=1), h) and all(b.is_contiguous() for b in blocks)
+    assert log[2:] == ["buffer 0 waited", "buffer 0 copied", "buffer 1 waited", "buffer 1 copied",
+                       "buffer 0 waited", "buffer 0 copied"]
+    whole = transfer.Uploads(h, 5, torch.device("cpu"), pinned=True)
+    assert torch.equal(whole.block(0, 5), h) and len(made) == 2, "the whole slice needs no buffer"
+
+
 def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_the_rest() -> None:
     """With ``--offload all`` the device holds the input and output slices of the product running (not their
     gradients) and one chunk; every chunk of a budget plan, forward and backward, fits what they leave."""
