@@ -26,10 +26,11 @@ def _splitmix64(x: int) -> int:
 def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
     """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix. Element ``(r, c)`` is a
     function of ``(stream, r, c)`` alone, so every world size draws the same mask for the same element, in one
-    vectorised pass: Philox at the element's counter on CPU, an integer hash on CUDA (no per-tile kernels)."""
+    vectorised pass: Philox at the element's counter on CPU, windows of a hashed table on CUDA (no per-tile
+    kernels)."""
     if device.type == "cpu":
         return philox_keep_mask(rows, width, p, stream)
-    return hash_keep_mask(rows, width, p, stream, device)
+    return window_keep_mask(rows, width, p, stream, device)
 
 
 #: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
@@ -70,12 +71,31 @@ def _philox_block(out: np.ndarray, start: int, stop: int, width: int, key: int, 
     np.greater_equal(words[first - 8 * counter : last - 8 * counter].reshape(stop - start, width), threshold, out=out)
 
 
+#: entries of the keep table whose windows a CUDA mask's rows are (a power of two; about 0.1 ms to draw on a GPU)
+_TABLE_ENTRIES = 1 << 22
+
+
+def window_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
+    """Row ``r`` of the mask is the ``width`` entries of a keep table (drawn for ``stream`` by
+    :func:`hash_keep_mask`, 4M entries whatever the graph) that start at a hash of ``(stream, r)``: one gather over
+    the rows x width elements instead of a dozen hash passes over each. Two rows' windows overlap with probability
+    about ``2 width / 4M``; everything else is as independent as the hash."""
+    table = hash_keep_mask((0, -(-(_TABLE_ENTRIES + width) // 64)), 64, p, stream, device).flatten()
+    start = _row_hash(rows, _splitmix64(stream) ^ 0xA5A5A5A5A5A5A5A5, device).bitwise_and_(_TABLE_ENTRIES - 1)
+    return table.unfold(0, width, 1)[start.long()]
+
+
+def _row_hash(rows: tuple[int, int], stream: int, device: torch.device) -> torch.Tensor:
+    """A well-mixed int32 per global row of ``rows``, a function of ``(stream, row)``."""
+    s = _splitmix64(stream)
+    r = torch.arange(rows[0], rows[1], device=device, dtype=torch.int64)
+    return _fmix32(_to_int32((r * 0x9E3779B1 + (s & 0xFFFFFFFF)) & 0xFFFFFFFF)) ^ _to_int32(torch.tensor(s >> 32))
+
+
 def hash_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
     """Element ``(r, c)`` keeps when 24 bits of ``fmix32(key(stream, r) ^ key(c))`` (MurmurHash3's finaliser, in
     wrapping int32 arithmetic) are at least ``p * 2^24``: a few elementwise kernels on any device."""
-    s = _splitmix64(stream)
-    r = torch.arange(rows[0], rows[1], device=device, dtype=torch.int64)
-    row_key = _fmix32(_to_int32((r * 0x9E3779B1 + (s & 0xFFFFFFFF)) & 0xFFFFFFFF)) ^ _to_int32(torch.tensor(s >> 32))
+    row_key = _row_hash(rows, stream, device)
     col_key = _fmix32(torch.arange(width, device=device, dtype=torch.int32) * 0x27D4EB2F + 0x165667B1)
     bits = _fmix32(row_key.to(device)[:, None] ^ col_key[None, :])
     return bits.bitwise_and_(0xFFFFFF) >= int(round(p * (1 << 24)))

@@ -8,7 +8,7 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
 from ntp.engine import layers
-from ntp.engine.layers import dropped, hash_keep_mask, philox_keep_mask
+from ntp.engine.layers import dropped, hash_keep_mask, philox_keep_mask, window_keep_mask
 from ntp.engine.partition import Partition
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -17,7 +17,8 @@ CPU = torch.device("cpu")
 SINGLE = DistEnv(0, 1, 0, 1, CPU, None)
 GRAPH = random_graph(n=40, d=7, classes=3, seed=2)
 GENERATORS = {"philox (CPU)": lambda rows, w, p, s: philox_keep_mask(rows, w, p, s),
-              "hash (CUDA; run here on CPU)": lambda rows, w, p, s: hash_keep_mask(rows, w, p, s, CPU)}
+              "window (CUDA; run here on CPU)": lambda rows, w, p, s: window_keep_mask(rows, w, p, s, CPU),
+              "hash (the window's table)": lambda rows, w, p, s: hash_keep_mask(rows, w, p, s, CPU)}
 
 
 @pytest.mark.parametrize("gen", GENERATORS.values(), ids=GENERATORS.keys())
@@ -70,6 +71,8 @@ def test_keep_rate_and_independence(gen, p: float) -> None:
     assert abs(agree - ((1 - p) ** 2 + p**2)) < 0.005, "another stream (step, layer) is an independent mask"
     neighbours = (mask[:, 1:] == mask[:, :-1]).float().mean().item()
     assert abs(neighbours - ((1 - p) ** 2 + p**2)) < 0.005, "adjacent columns are independent"
+    rows_agree = (mask[1:] == mask[:-1]).float().mean().item()
+    assert abs(rows_agree - ((1 - p) ** 2 + p**2)) < 0.005, "adjacent rows are independent"
 
 
 @pytest.mark.parametrize("arch, model", [("coupled", "sage"), ("decoupled", "gcn")])
