@@ -44,3 +44,13 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(chunk_byte
     job = _job("cuda:0", offload="all", memory_budget=budget)
     assert job.ctx.home.type == "cpu" and -(-16 // job.ctx.column_block) == blocks, job.ctx.column_block
     np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu"), rtol=1e-4)
+
+
+def test_the_gpu_draws_the_window_masks_the_cpu_draws() -> None:
+    """The CUDA dropout mask (windows of a hashed table) is integer arithmetic: the same bits on either device, so a
+    run's masks can be checked on the CPU."""
+    from ntp.engine.layers import keep_mask, window_keep_mask
+
+    for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3)):
+        gpu = keep_mask(rows, width, p, stream, torch.device("cuda:0"))
+        assert torch.equal(gpu.cpu(), window_keep_mask(rows, width, p, stream, torch.device("cpu")))
