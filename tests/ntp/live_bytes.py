@@ -1,0 +1,38 @@
+"""Live tensor bytes of a piece of work, counted exactly: every dense storage an operator creates is added when
+it appears and subtracted when it is freed (what a GPU's caching allocator would hold, less its rounding), so the
+memory plan's estimates can be checked on a CPU."""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class LiveBytes(TorchDispatchMode):
+    """``live``: bytes of the storages created inside the mode and still alive; ``peak``: their maximum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                self._count(t.untyped_storage())
+        return out
+
+    def _count(self, storage: torch.UntypedStorage) -> None:
+        key, size = id(storage), storage.nbytes()
+        if size and key not in self._seen:  # a view or an in-place result shares a storage already counted
+            self._seen.add(key)
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, key, size)
+
+    def _free(self, key: int, size: int) -> None:
+        self._seen.discard(key)
+        self.live -= size
