@@ -19,7 +19,7 @@ import torch
 from ntp.engine.chunking import in_phase
 from ntp.engine.operators import CSR, Scaling, transpose
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
-from ntp.engine.transfer import Downloads, Staging, Uploads, host_empty
+from ntp.engine.transfer import Downloads, Staging, host_empty, uploaded_blocks
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -210,15 +210,10 @@ class RowBlocks:
         """``M @ h`` for ``h`` in host memory, one column block at a time: the block copied to the device (the
         whole ``h`` in one copy, a narrower block through a pinned buffer), the chunks computed there, and each
         chunk's output rows copied into a pinned host output while the next chunk computes."""
-        width = h.shape[1]
-        step = self.column_block or width
         pinned = self.device.type == "cuda"
-        out = host_empty(self.num_rows, width, dtype=h.dtype, pinned=pinned)
-        uploads = Uploads(h, step, self.device, pinned)
+        out = host_empty(self.num_rows, h.shape[1], dtype=h.dtype, pinned=pinned)
         with Downloads(self.device) as downloads:
-            for c0 in range(0, width, step):
-                c1 = min(c0 + step, width)
-                x = uploads.block(c0, c1)
+            for c0, c1, x in uploaded_blocks(h, self.column_block or h.shape[1], self.device, pinned):
                 y = x.new_empty(self.num_rows, c1 - c0)
                 for r0, r1, apply in self.chunks(scaling):
                     downloads.copy(out[r0:r1, c0:c1], apply(x, y[r0:r1]))

@@ -52,8 +52,8 @@ class Staging:
     :meth:`fill` reuses it only after its previous copy has finished."""
 
     def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.crow = torch.empty(max(p[0].numel() for p in parts), dtype=parts[0][0].dtype).pin_memory()
-        self.cols = torch.empty(max(p[1].numel() for p in parts), dtype=parts[0][1].dtype).pin_memory()
+        self.crow = host_empty(max(p[0].numel() for p in parts), dtype=parts[0][0].dtype, pinned=True)
+        self.cols = host_empty(max(p[1].numel() for p in parts), dtype=parts[0][1].dtype, pinned=True)
         self.copied = torch.cuda.Event()
 
     def fill(self, part: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,26 +62,23 @@ class Staging:
         return self.crow[: crow.numel()].copy_(crow), self.cols[: cols.numel()].copy_(cols)
 
 
-class Uploads:
-    """Column blocks of a host tensor copied to the device. The whole tensor goes in one copy (pinned: asynchronous).
-    A narrower block is first gathered on the host into one of two pinned buffers, so its copy is asynchronous too
-    and the host gathers the next block while the device computes; a buffer is refilled only once its copy has left
-    it. Without ``pinned`` (a CPU rank) a block is an ordinary copy."""
-
-    def __init__(self, h: torch.Tensor, step: int, device: torch.device, pinned: bool) -> None:
-        self.h, self.device = h, device
-        staged = pinned and step < h.shape[1]
-        self.slots = [host_empty(h.shape[0] * step, dtype=h.dtype, pinned=True) for _ in range(2)] if staged else []
-        self.copied = [torch.cuda.Event() for _ in self.slots]
-        self.count = 0
-
-    def block(self, c0: int, c1: int) -> torch.Tensor:
-        src = self.h[:, c0:c1]
-        if not self.slots:
-            return src.contiguous().to(self.device, non_blocking=True)
-        k, self.count = self.count % 2, self.count + 1
-        self.copied[k].synchronize()
-        staged = self.slots[k][: src.numel()].view(src.shape).copy_(src)
-        x = staged.to(self.device, non_blocking=True)
-        self.copied[k].record(torch.cuda.current_stream(self.device))
-        return x
+def uploaded_blocks(h: torch.Tensor, step: int, device: torch.device, pinned: bool):
+    """``(c0, c1, block)`` for each ``step``-column block of the host tensor ``h``, copied to ``device``. The whole
+    tensor goes in one copy (pinned: asynchronous). A narrower block is first gathered on the host into one of two
+    pinned buffers, so its copy is asynchronous too and the host gathers the next block while the device computes;
+    a buffer is refilled only once its copy has left it. Without ``pinned`` (a CPU rank) a block is an ordinary
+    copy."""
+    width = h.shape[1]
+    staged = pinned and step < width
+    slots = [host_empty(h.shape[0] * step, dtype=h.dtype, pinned=True) for _ in range(2)] if staged else []
+    copied = [torch.cuda.Event() for _ in slots]
+    for k, c0 in enumerate(range(0, width, step)):
+        c1 = min(c0 + step, width)
+        src = h[:, c0:c1]
+        if not slots:
+            yield c0, c1, src.contiguous().to(device, non_blocking=True)
+            continue
+        copied[k % 2].synchronize()
+        x = slots[k % 2][: src.numel()].view(src.shape).copy_(src).to(device, non_blocking=True)
+        copied[k % 2].record(torch.cuda.current_stream(device))
+        yield c0, c1, x

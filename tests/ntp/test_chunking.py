@@ -273,7 +273,10 @@ def _no_op_streams(monkeypatch) -> list[str]:
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: log.append("record_stream"))
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    import ntp.engine.transfer as transfer
+
+    unpinned = transfer.host_empty
+    monkeypatch.setattr(transfer, "host_empty", lambda *size, dtype, pinned: unpinned(*size, dtype=dtype, pinned=False))
     return log
 
 
@@ -344,15 +347,15 @@ def test_narrow_column_blocks_reach_the_device_through_two_pinned_buffers(monkey
     monkeypatch.setattr(transfer, "host_empty", lambda *size, dtype, pinned: made.append(torch.empty(*size, dtype=dtype))
                         or made[-1])
     h = torch.randn(7, 5)
-    uploads = transfer.Uploads(h, 2, torch.device("cpu"), pinned=True)
     # on the CPU ``.to`` returns the buffer itself, so each block is read before the next one is asked for
-    blocks = [uploads.block(c, min(c + 2, 5)).clone() for c in range(0, 5, 2)]
+    blocks = [(c0, c1, x.clone()) for c0, c1, x in transfer.uploaded_blocks(h, 2, torch.device("cpu"), pinned=True)]
+    assert [(c0, c1) for c0, c1, _ in blocks] == [(0, 2), (2, 4), (4, 5)]
     assert len(made) == 2 and all(t.numel() == 7 * 2 for t in made), "two buffers, each one block wide"
-    assert torch.equal(torch.cat(blocks, dim=1), h) and all(b.is_contiguous() for b in blocks)
+    assert torch.equal(torch.cat([x for _, _, x in blocks], dim=1), h) and all(x.is_contiguous() for _, _, x in blocks)
     assert log[2:] == ["buffer 0 waited", "buffer 0 copied", "buffer 1 waited", "buffer 1 copied",
                        "buffer 0 waited", "buffer 0 copied"]
-    whole = transfer.Uploads(h, 5, torch.device("cpu"), pinned=True)
-    assert torch.equal(whole.block(0, 5), h) and len(made) == 2, "the whole slice needs no buffer"
+    (_, _, whole), = transfer.uploaded_blocks(h, 5, torch.device("cpu"), pinned=True)
+    assert torch.equal(whole, h) and len(made) == 2, "the whole slice needs no buffer"
 
 
 def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_the_rest() -> None:
