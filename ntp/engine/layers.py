@@ -97,7 +97,7 @@ def hash_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, dev
     wrapping int32 arithmetic) are at least ``p * 2^24``: a few elementwise kernels on any device."""
     row_key = _row_hash(rows, stream, device)
     col_key = _fmix32(torch.arange(width, device=device, dtype=torch.int32) * 0x27D4EB2F + 0x165667B1)
-    bits = _fmix32(row_key.to(device)[:, None] ^ col_key[None, :])
+    bits = _fmix32(row_key[:, None] ^ col_key[None, :])
     return bits.bitwise_and_(0xFFFFFF) >= int(round(p * (1 << 24)))
 
 
