@@ -84,6 +84,19 @@ def test_train_dry_run_refuses_bad_input_with_exit_2(cora_store: str, argv: list
     assert message in capsys.readouterr().err
 
 
+def test_a_budget_that_holds_a_gcn_run_is_refused_to_gat_for_its_edge_tensors(cora_store: str,
+                                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from ntp.run.cli import main
+    from tests.ntp.graphs import store_budget
+
+    argv = ["train", "--store", cora_store, "--nproc", "2", "--device", "cpu", "--memory-budget", store_budget(cora_store),
+            "--no-track", "--dry-run"]
+    assert main(argv) == 0
+    assert main([*argv, "--model", "gat"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot hold this rank" in err and "attention" in err and "use fewer --heads" in err, err
+
+
 def test_pipeline_dry_run_prints_the_parameters_and_runs_no_flow(capsys: pytest.CaptureFixture[str]) -> None:
     from ntp.run.cli import main
 

@@ -11,7 +11,7 @@ from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
 from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.operators import CSR, scaling, with_self_loops
-from ntp.engine.placement import graph_resident_parts, streamed_columns
+from ntp.engine.placement import graph_resident_parts, streamed_columns, ways_out
 from ntp.engine.precision import element_bytes
 from ntp.engine.topology import Topology
 from ntp.engine.transfer import moved
@@ -31,13 +31,15 @@ class GraphContext:
 
     def __init__(self, topology: Topology, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
                  width: int = 0, overlap: bool = False, offload: str = "none", send_once: bool = True,
-                 nn_device: torch.device | None = None, reserved_bytes: int = 0, precision: str = "fp32") -> None:
+                 nn_device: torch.device | None = None, reserved: dict[str, int] | None = None,
+                 precision: str = "fp32") -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.engine.chunking; ``width``: the widest
         matrix propagated, for the budget); ``overlap``: propagation with per-chunk asynchronous split and gather
         (ntp.engine.overlap), ``send_once`` sends every source row once; ``offload``: what aggregation streams from
         host memory (ntp.engine.placement); ``nn_device``: where the row layout lives (default: the rank's device);
-        ``reserved_bytes``: device memory of the NN stage, which the chunks' budget leaves to it; ``precision``: of the
-        activations (ntp.engine.precision)."""
+        ``reserved``: device memory the model keeps besides aggregation's, by part (the NN stage; GAT's pattern and
+        edge tensors), which the chunks' budget leaves to it; ``precision``: of the activations
+        (ntp.engine.precision)."""
         self.topology = topology
         self.comm = comm
         self.chunk_rows = chunk_rows
@@ -47,7 +49,7 @@ class GraphContext:
         self.offload = offload
         self.send_once = send_once
         self.nn_device = nn_device or comm.device
-        self.reserved_bytes = reserved_bytes
+        self.reserved = reserved or {}
         self.precision = precision
         self.seed = seed
         self.step = 0  #: training step (epoch): part of the dropout key, so masks are reproducible on resume
@@ -61,12 +63,12 @@ class GraphContext:
     def plan(self) -> ChunkPlan:
         """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
         topo, block = self.topology, self.column_block
-        resident = {"NN stage": self.reserved_bytes,
-                    **graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width, self.offload,
-                                           self.precision, self.device.type, column_block=block)}
+        resident = {**self.reserved, **graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width,
+                                                             self.offload, self.precision, self.device.type,
+                                                             column_block=block)}
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
-                         resident=resident, element_bytes=element_bytes(self.precision))
+                         resident=resident, element_bytes=element_bytes(self.precision), ways_out=ways_out(resident))
 
     @property
     def slice_width(self) -> int:
@@ -81,8 +83,9 @@ class GraphContext:
         slice."""
         if self.offload != "all" or self.device.type != "cuda":
             return 0
-        room = (self.memory_budget - self.reserved_bytes if self.memory_budget
-                else default_device_budget(self.device, self.reserved_bytes))  # what the NN stage leaves
+        reserved = sum(self.reserved.values())
+        room = (self.memory_budget - reserved if self.memory_budget
+                else default_device_budget(self.device, reserved))  # what the model leaves
         block = streamed_columns(self.topology.num_nodes, self.slice_width, room, self.precision)
         return self.slice_width if block and self.overlap else block
 

@@ -32,6 +32,13 @@ INDEX_BYTES = 4
 ROW_RESIDENT_BYTES = 2 * 4 + 3 * 4
 #: fp32 copies per parameter: the weight, its gradient and Adam's two moments.
 PARAMETER_COPIES = 4
+#: float32 values per edge (self-loops included) that one head of one attention layer holds at its peak: the scores
+#: gathered at both ends, the logits, the softmax's terms and its weights, and their gradients. Measured 5.4-7.2
+#: (tests/ntp/test_memory_estimate.py counts a step's live tensor bytes).
+ATTENTION_COPIES = 8
+#: Device bytes per edge of the attention pattern (ntp.engine.aggregate.EdgeWeightedTopology: sources, destinations,
+#: transposed sources and their permutation, 32-bit).
+ATTENTION_INDEX_BYTES = 4 * 4
 
 
 def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
@@ -75,8 +82,29 @@ def streamed_columns(num_nodes: int, slice_width: int, room: int, precision: str
     return max(1, min(slice_width, room // 2 // (2 * num_nodes * eb)))
 
 
-def graph_resident_bytes(num_nodes: int, num_edges: int, slice_width: int, offload: str) -> int:
-    return sum(graph_resident_parts(num_nodes, num_edges, slice_width, offload).values())
+def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
+    """What GAT (``cfg``: a TrainConfig) keeps on the rank's device per edge, self-loops included: its pattern and its
+    edge tensors, per head of every attention layer (coupled: each layer, one head in the last; decoupled: one
+    attention whose weights every propagation step copies per head). Nothing for the other models. (The topology
+    part stays counted too, though GAT builds no row blocks from it: 8 B/edge to spare on a GPU.)"""
+    if cfg.model != "gat":
+        return {}
+    edges = num_edges + num_nodes
+    if cfg.arch == "decoupled":
+        floats = cfg.heads * (ATTENTION_COPIES + max(cfg.prop_steps - 1, 0))
+    else:
+        floats = ATTENTION_COPIES * (cfg.heads * (cfg.nn_layers - 1) + 1)
+    return {"attention pattern": edges * ATTENTION_INDEX_BYTES + 2 * 4 * (num_nodes + 1),
+            "attention": 4 * edges * floats}
+
+
+def ways_out(resident: dict[str, int]) -> str:
+    """How else a budget too small for ``resident`` (by part) can be met, besides a larger one: GAT's edge tensors
+    are on every rank whatever their number, and it offloads nothing ("" means ntp.engine.chunking's default)."""
+    if "attention" not in resident:
+        return ""
+    return ("use fewer --heads (GAT keeps its edge tensors per head, on every rank), --nn-device cpu, or a model "
+            "without attention (gcn, sage)")
 
 
 def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int,
@@ -85,6 +113,7 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device)."""
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type)
+    parts.update(attention_parts(cfg, num_nodes, num_edges))
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision)
     parts["NN stage"] = nn_bytes if nn_on_device else 0

@@ -91,11 +91,11 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     comm = Comm(part, env.device, group=None)
     width = placement.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
     model = build_model(cfg, data.feature_dim, data.out_dim)
-    nn_device, nn_bytes = _place_nn_stage(cfg, env, data, model)
+    nn_device, reserved = _place_nn_stage(cfg, env, data, model)
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
     ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
                   overlap=cfg.overlap, offload=cfg.offload, width=width, nn_device=nn_device,
-                  reserved_bytes=nn_bytes if nn_device == env.device else 0, precision=cfg.precision)
+                  reserved=reserved, precision=cfg.precision)
     model = model.to(nn_device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -116,8 +116,10 @@ def _warn_cpu_overlap(busy_threads: int) -> None:
               "moves the data", flush=True)
 
 
-def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module) -> tuple[torch.device, int]:
-    """Where the NN stage runs (ntp.engine.placement) and the device memory it needs there."""
+def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
+                    model: torch.nn.Module) -> tuple[torch.device, dict[str, int]]:
+    """Where the NN stage runs (ntp.engine.placement), and what the model keeps on the rank's device besides
+    aggregation, by part (the NN stage there; GAT's pattern and edge tensors)."""
     # the preflight's figures (the largest row block), so every rank plans alike
     parts = placement.rank_resident_parts(cfg, num_nodes=data.num_nodes, num_edges=data.num_edges,
                                           feature_dim=data.feature_dim, out_dim=data.out_dim, world=env.world,
@@ -131,7 +133,8 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
     device = placement.choose_nn_device(cfg.nn_device, env.device, nn_bytes, graph_bytes, free)
     if free and env.is_main:
         print(f"[ntp] {placement.describe(device, nn_bytes, graph_bytes, free)}", flush=True)
-    return device, nn_bytes
+    attention = placement.attention_parts(cfg, data.num_nodes, data.num_edges)
+    return device, {"NN stage": nn_bytes if device == env.device else 0, **attention}
 
 
 def _load_from_store(cfg: TrainConfig, env: DistEnv) -> GraphData:

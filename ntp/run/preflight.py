@@ -12,7 +12,7 @@ from ntp.engine import checkpoint
 from ntp.engine.chunking import ChunkPlan, make_plan, uniform_plan
 from ntp.engine.models import build_model
 from ntp.engine.partition import ceil_div
-from ntp.engine.placement import propagated_width, rank_resident_parts
+from ntp.engine.placement import propagated_width, rank_resident_parts, ways_out
 from ntp.engine.precision import element_bytes
 from ntp.engine.setup import count_train_labels
 from ntp.errors import ConfigError
@@ -64,7 +64,8 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
                                    nn_on_device=spec.device == "cpu" or cfg.nn_device == "device",
                                    device_type=spec.device)
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
-                     width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision))
+                     width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),
+                     ways_out=ways_out(resident))
 
 
 def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:

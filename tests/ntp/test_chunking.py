@@ -17,7 +17,7 @@ from ntp.config import TrainConfig, parse_bytes
 from ntp.errors import ConfigError, MemoryPlanError
 from ntp.engine.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.dist import DistEnv
-from ntp.engine.placement import choose_nn_device, graph_resident_bytes, nn_stage_bytes
+from ntp.engine.placement import choose_nn_device, graph_resident_parts, nn_stage_bytes
 from ntp.engine.loop import fit
 from ntp.engine.setup import setup
 from tests.ntp.exactness_worker import trace_all
@@ -236,10 +236,11 @@ def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation(
     # an ogbn-products row block on one of 4 ranks: 612k rows, 100 features, hidden 256, 47 classes (~6.4 GB)
     nn = nn_stage_bytes(612_000, 100, 256, 47, 3, params=100_000)
     small = nn_stage_bytes(10_000, 100, 256, 47, 3, params=100_000)
-    graph = graph_resident_bytes(2_450_000, 124_000_000, 12, "all")
+    graph_bytes = lambda *args: sum(graph_resident_parts(*args).values())  # noqa: E731
+    graph = graph_bytes(2_450_000, 124_000_000, 12, "all")
     assert graph == 2 * 2_450_000 * 4, "offload all needs at least one column of a product's input and output"
-    assert graph_resident_bytes(2_450_000, 124_000_000, 12, "topology") > 0
-    assert graph_resident_bytes(10, 20, 4, "none") > graph_resident_bytes(10, 20, 4, "topology")
+    assert graph_bytes(2_450_000, 124_000_000, 12, "topology") > 0
+    assert graph_bytes(10, 20, 4, "none") > graph_bytes(10, 20, 4, "topology")
     assert choose_nn_device("auto", gpu, nn, graph, 80 * gib) == gpu
     assert choose_nn_device("auto", gpu, nn, graph, 4 * gib) == cpu, f"{nn / gib:.1f} GiB cannot fit in 4 GiB"
     assert choose_nn_device("auto", gpu, small, graph, 4 * gib) == gpu
@@ -363,8 +364,6 @@ def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_
     gradients) and one chunk; every chunk of a budget plan, forward and backward, fits what they leave."""
     csr = _csr(DIRECTED)
     width, n, e = 3, csr.num_nodes, csr.num_edges
-    from ntp.engine.placement import graph_resident_parts
-
     kept = graph_resident_parts(n, e, width, "all", column_block=width)
     assert kept == {"topology": 0, "embeddings": 2 * n * width * 4}
     assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 2 * kept["embeddings"]
