@@ -5,10 +5,12 @@ A chunk is a contiguous range of destination vertices with ALL their in-edges: a
 Every rank derives the same plan from the same topology and options, so no rank waits for another. The chunk size
 comes either from ``chunk_rows`` (uniform ranges) or from a memory budget: the largest chunks whose working set fits,
 
-    working set of rows [a, b) = edges * (index + value + kernel scratch) + gathered source rows * w * 4
-                                 + output rows * w * 4 + row pointers,
+    working set of rows [a, b) = edges * (index + value + kernel scratch) + output rows * w * 4 + row pointers
+                                 (+ received source rows * w * 4 when pipelined),
 
-where ``w`` is the (padded) column-slice width and the gathered source rows are bounded by the chunk's edge count.
+where ``w`` is the (padded) column-slice width. The sparse kernels read their input where it lies, so only the
+pipelined loops (ntp.engine.overlap), which receive each chunk's new source rows, hold rows per edge; those are
+bounded by the chunk's edge count.
 The same boundaries cut ``A^T`` (source ranges) for the backward, so a row's cost is the larger of its in- and
 out-edge costs: the plan bounds the forward and the backward.
 
@@ -72,27 +74,29 @@ def uniform_plan(num_nodes: int, chunk_rows: int) -> ChunkPlan:
 
 
 def row_costs(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int,
-              extra_edges_per_row: int = 1) -> np.ndarray:
+              extra_edges_per_row: int = 1, pipelined: bool = False) -> np.ndarray:
     """Working-set bytes of every destination row (the max of its forward and backward share).
 
-    ``extra_edges_per_row`` covers the self-loops that operators add to the pattern (GCN, mean_self, GIN)."""
+    ``extra_edges_per_row`` covers the self-loops that operators add to the pattern (GCN, mean_self, GIN);
+    ``pipelined``: a chunk receives up to one source row per edge."""
     in_deg = (indptr[1:] - indptr[:-1]).numpy()
     out_deg = np.bincount(indices.numpy(), minlength=num_nodes)
-    return degree_costs(in_deg, out_deg, width, extra_edges_per_row)
+    return degree_costs(in_deg, out_deg, width, extra_edges_per_row, pipelined=pipelined)
 
 
 def degree_costs(in_deg: np.ndarray, out_deg: np.ndarray, width: int, extra_edges_per_row: int = 1,
-                 element_bytes: int = 4) -> np.ndarray:
+                 element_bytes: int = 4, pipelined: bool = False) -> np.ndarray:
     """:func:`row_costs` from the degrees alone (what a store keeps beside its topology); ``element_bytes``: of one
     activation element (ntp.engine.precision)."""
     deg = np.maximum(in_deg.astype(np.int64), out_deg.astype(np.int64)) + extra_edges_per_row
-    # edges, at most one gathered source row per edge, the output row and its pointer
-    return deg * (EDGE_BYTES + element_bytes * width) + element_bytes * width + ROW_BYTES
+    per_edge = EDGE_BYTES + (element_bytes * width if pipelined else 0)  # a received source row per edge, at most
+    return deg * per_edge + element_bytes * width + ROW_BYTES  # and the output row with its pointer
 
 
-def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int) -> ChunkPlan:
+def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int,
+                pipelined: bool = False) -> ChunkPlan:
     """The largest contiguous chunks (greedy, front to back) whose working set fits ``budget`` bytes."""
-    return plan_for_costs(row_costs(indptr, indices, num_nodes, width), width, budget)
+    return plan_for_costs(row_costs(indptr, indices, num_nodes, width, pipelined=pipelined), width, budget)
 
 
 def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:
@@ -137,23 +141,23 @@ def default_device_budget(device: torch.device, resident_bytes: int) -> int:
 
 def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, memory_budget: int = 0,
               width: int = 1, device: torch.device | None = None, resident: dict[str, int] | None = None,
-              element_bytes: int = 4, ways_out: str = "") -> ChunkPlan:
+              element_bytes: int = 4, ways_out: str = "", pipelined: bool = False) -> ChunkPlan:
     """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default.
 
     ``resident``: what stays in the rank's memory besides the chunks (topology, embeddings, NN stage), by name. A
     budget bounds all of it: the chunks get what the resident parts leave, and a budget they do not leave room in
     is a :class:`MemoryPlanError` that names every part. ``element_bytes``: of one activation element; ``ways_out``:
-    the error's remedies besides a larger budget (default: the homogeneous models' offload options, more ranks)."""
+    the error's remedies besides a larger budget (default: the homogeneous models' offload options, more ranks);
+    ``pipelined``: chunks receive their new source rows (ntp.engine.overlap)."""
     num_nodes = len(in_deg)
     if chunk_rows:
         return uniform_plan(num_nodes, chunk_rows)
     resident = resident or {}
     kept = sum(resident.values())
+    costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes, pipelined=pipelined)
     if not memory_budget:
         budget = default_device_budget(device or torch.device("cpu"), kept)
-        costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes)
         return plan_for_costs(costs, width, max(budget, int(costs.max(initial=0)))) if budget else ChunkPlan([0, num_nodes])
-    costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes)
     try:
         plan = plan_for_costs(costs, width, memory_budget - kept)
     except MemoryPlanError:

@@ -68,7 +68,14 @@ class GraphContext:
                                                              column_block=block)}
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
-                         resident=resident, element_bytes=element_bytes(self.precision), ways_out=ways_out(resident))
+                         resident=resident, element_bytes=element_bytes(self.precision), ways_out=ways_out(resident),
+                         pipelined=self.pipelined)
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether propagation runs the pipelined loops (ntp.engine.overlap): ``overlap`` asked, with ranks to
+        exchange with."""
+        return self.overlap and self.supports_overlap and self.comm.world > 1
 
     @property
     def slice_width(self) -> int:
@@ -87,7 +94,7 @@ class GraphContext:
         room = (self.memory_budget - reserved if self.memory_budget
                 else default_device_budget(self.device, reserved))  # what the model leaves
         block = streamed_columns(self.topology.num_nodes, self.slice_width, room, self.precision)
-        return self.slice_width if block and self.overlap else block
+        return self.slice_width if block and self.pipelined else block
 
     @property
     def home(self) -> torch.device:
@@ -137,7 +144,7 @@ class GraphContext:
         fused with the split and the last with the gather, chunk by chunk (ntp.engine.overlap; one step: both, in one
         loop); same values."""
         width = z.shape[1]
-        if not (self.overlap and self.supports_overlap and self.comm.world > 1 and steps > 0):
+        if not (self.pipelined and steps > 0):
             z_cols = self.to_graph(z)
             h = z_cols
             for _ in range(steps):

@@ -65,7 +65,7 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
                                    device_type=spec.device)
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
                      width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),
-                     ways_out=ways_out(resident))
+                     ways_out=ways_out(resident), pipelined=cfg.overlap and spec.world_size > 1)
 
 
 def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:

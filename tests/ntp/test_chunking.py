@@ -99,6 +99,23 @@ def test_budget_plan_chunks_are_the_largest_that_fit() -> None:
         budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.max()) - 1)
 
 
+def test_only_pipelined_chunks_count_a_source_row_per_edge() -> None:
+    """The sparse kernels read their input where it lies; the pipelined loops (ntp.engine.overlap) receive each
+    chunk's new source rows, up to one per edge, so only their plan counts them (and cuts more chunks)."""
+    from ntp.engine.collectives import Comm
+    from ntp.engine.context import GraphContext
+    from ntp.engine.partition import Partition
+
+    csr, width = _csr(DIRECTED), 3
+    plain, piped = (row_costs(csr.indptr, csr.indices, csr.num_nodes, width, pipelined=p) for p in (False, True))
+    deg = np.maximum(np.diff(csr.indptr.numpy()), np.bincount(csr.indices.numpy(), minlength=csr.num_nodes)) + 1
+    assert np.array_equal(piped - plain, deg * 4 * width)
+    topo = _topology(DIRECTED)
+    comm = Comm(Partition(topo.num_nodes, 2, 0), torch.device("cpu"))
+    plans = [GraphContext(topo, comm, memory_budget=13_000, width=2 * width, overlap=o).plan for o in (False, True)]
+    assert plans[1].num_chunks > plans[0].num_chunks > 1
+
+
 def test_a_budget_bounds_the_whole_rank_and_names_what_does_not_fit() -> None:
     """``--memory-budget`` is the rank's, not aggregation's: the chunks get what the resident parts leave, and a
     budget that leaves them nothing names every part and the ways out."""
@@ -535,8 +552,10 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     roomy = GraphContext(topo, comm, memory_budget=10**7, width=width, offload="all")
     whole = GraphContext(topo, comm, memory_budget=width * 2 * n * 4 * 2, width=width, offload="all")
     short = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all")  # room for 4 columns
-    piped = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all", overlap=True)
-    assert [c.column_block for c in (roomy, whole, short, piped)] == [0, width, 4, width]
+    two = Comm(Partition(n, 2, 0), torch.device("cuda", 0))  # the pipelined loops exchange with another rank
+    piped = GraphContext(topo, two, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all", overlap=True)
+    alone = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all", overlap=True)
+    assert [c.column_block for c in (roomy, whole, short, piped, alone)] == [0, width, 4, width // 2, 4]
     assert roomy.home == comm.device and {c.home.type for c in (whole, short, piped)} == {"cpu"}
     assert short.plan.num_chunks > whole.plan.num_chunks, "the chunks share the budget with the streamed columns"
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
