@@ -174,11 +174,12 @@ class RowBlocks:
         stream, one chunk ahead of the compute."""
         copy_stream = torch.cuda.Stream(self.device)
         compute_stream = torch.cuda.current_stream(self.device)
-        staging = [Staging(self._parts) for _ in range(2)]
+        sizes = [max(p[i].numel() for p in self._parts) for i in range(2)]  # the largest chunk's row pointers, columns
+        staging = [Staging(sizes, [t.dtype for t in self._parts[0]]) for _ in range(2)]
 
         def prefetch(j: int):
             slot = staging[j % 2]
-            host = slot.fill(self._parts[j])  # waits until the slot's previous copy has left it
+            host = slot.fill(*self._parts[j])  # waits until the slot's previous copy has left it
             copy_stream.wait_stream(compute_stream)  # never overwrite device memory the compute stream still reads
             with torch.cuda.stream(copy_stream):
                 tensors = tuple(t.to(self.device, non_blocking=True) for t in host)

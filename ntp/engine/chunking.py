@@ -93,10 +93,9 @@ def degree_costs(in_deg: np.ndarray, out_deg: np.ndarray, width: int, extra_edge
     return deg * per_edge + element_bytes * width + ROW_BYTES  # and the output row with its pointer
 
 
-def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int,
-                pipelined: bool = False) -> ChunkPlan:
+def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int) -> ChunkPlan:
     """The largest contiguous chunks (greedy, front to back) whose working set fits ``budget`` bytes."""
-    return plan_for_costs(row_costs(indptr, indices, num_nodes, width, pipelined=pipelined), width, budget)
+    return plan_for_costs(row_costs(indptr, indices, num_nodes, width), width, budget)
 
 
 def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:

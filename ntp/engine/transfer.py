@@ -48,18 +48,18 @@ class Downloads:
 
 
 class Staging:
-    """One pinned host buffer pair, sized for the largest chunk: row pointers and columns. Allocated once per loop;
-    :meth:`fill` reuses it only after its previous copy has finished."""
+    """Pinned host buffers, one per tensor it stages, each ``numels[i]`` elements of ``dtypes[i]``: what is copied
+    to the device passes through them so the copy is asynchronous. :meth:`fill` reuses them only after the copy
+    recorded on ``copied`` has left them."""
 
-    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.crow = host_empty(max(p[0].numel() for p in parts), dtype=parts[0][0].dtype, pinned=True)
-        self.cols = host_empty(max(p[1].numel() for p in parts), dtype=parts[0][1].dtype, pinned=True)
+    def __init__(self, numels: list[int], dtypes: list[torch.dtype]) -> None:
+        self.buffers = [host_empty(n, dtype=dt, pinned=True) for n, dt in zip(numels, dtypes)]
         self.copied = torch.cuda.Event()
 
-    def fill(self, part: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def fill(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``tensors`` copied into the buffers (views of their shapes), once the previous copy out has finished."""
         self.copied.synchronize()
-        crow, cols = part
-        return self.crow[: crow.numel()].copy_(crow), self.cols[: cols.numel()].copy_(cols)
+        return tuple(b[: t.numel()].view(t.shape).copy_(t) for b, t in zip(self.buffers, tensors))
 
 
 def uploaded_blocks(h: torch.Tensor, step: int, device: torch.device, pinned: bool):
@@ -69,16 +69,15 @@ def uploaded_blocks(h: torch.Tensor, step: int, device: torch.device, pinned: bo
     a buffer is refilled only once its copy has left it. Without ``pinned`` (a CPU rank) a block is an ordinary
     copy."""
     width = h.shape[1]
-    staged = pinned and step < width
-    slots = [host_empty(h.shape[0] * step, dtype=h.dtype, pinned=True) for _ in range(2)] if staged else []
-    copied = [torch.cuda.Event() for _ in slots]
+    slots = [Staging([h.shape[0] * step], [h.dtype]) for _ in range(2)] if pinned and step < width else []
     for k, c0 in enumerate(range(0, width, step)):
         c1 = min(c0 + step, width)
         src = h[:, c0:c1]
         if not slots:
             yield c0, c1, src.contiguous().to(device, non_blocking=True)
             continue
-        copied[k % 2].synchronize()
-        x = slots[k % 2][: src.numel()].view(src.shape).copy_(src).to(device, non_blocking=True)
-        copied[k % 2].record(torch.cuda.current_stream(device))
+        slot = slots[k % 2]
+        (staged,) = slot.fill(src)
+        x = staged.to(device, non_blocking=True)
+        slot.copied.record(torch.cuda.current_stream(device))
         yield c0, c1, x
