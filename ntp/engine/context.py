@@ -63,9 +63,9 @@ class GraphContext:
     def plan(self) -> ChunkPlan:
         """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
         topo, block = self.topology, self.column_block
-        resident = {**self.reserved, **graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width,
-                                                             self.offload, self.precision, self.device.type,
-                                                             column_block=block)}
+        resident = {**graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width, self.offload,
+                                           self.precision, self.device.type, column_block=block),
+                    **self.reserved}  # the model's parts win: GAT's topology is its attention pattern
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
                          resident=resident, element_bytes=element_bytes(self.precision), ways_out=ways_out(resident),

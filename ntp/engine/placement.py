@@ -83,10 +83,11 @@ def streamed_columns(num_nodes: int, slice_width: int, room: int, precision: str
 
 
 def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
-    """What GAT (``cfg``: a TrainConfig) keeps on the rank's device per edge, self-loops included: its pattern and its
-    edge tensors, per head of every attention layer (coupled: each layer, one head in the last; decoupled: one
-    attention whose weights every propagation step copies per head). Nothing for the other models. (The topology
-    part stays counted too, though GAT builds no row blocks from it: 8 B/edge to spare on a GPU.)"""
+    """What GAT (``cfg``: a TrainConfig) keeps on the rank's device per edge, self-loops included: its topology is
+    its attention pattern, which replaces the row blocks the other models build (it propagates through nothing else,
+    and offloads nothing), and its edge tensors, per head of every attention layer (coupled: each layer, one head in
+    the last; decoupled: one attention whose weights every propagation step copies per head). Nothing for the other
+    models."""
     if cfg.model != "gat":
         return {}
     edges = num_edges + num_nodes
@@ -94,7 +95,7 @@ def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
         floats = cfg.heads * (ATTENTION_COPIES + max(cfg.prop_steps - 1, 0))
     else:
         floats = ATTENTION_COPIES * (cfg.heads * (cfg.nn_layers - 1) + 1)
-    return {"attention pattern": edges * ATTENTION_INDEX_BYTES + 2 * 4 * (num_nodes + 1),
+    return {"topology": edges * ATTENTION_INDEX_BYTES + 2 * 4 * (num_nodes + 1),
             "attention": 4 * edges * floats}
 
 
@@ -113,7 +114,7 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device)."""
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type)
-    parts.update(attention_parts(cfg, num_nodes, num_edges))
+    parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision)
     parts["NN stage"] = nn_bytes if nn_on_device else 0

@@ -17,7 +17,7 @@ from ntp.config import TrainConfig, parse_bytes
 from ntp.errors import ConfigError, MemoryPlanError
 from ntp.engine.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.dist import DistEnv
-from ntp.engine.placement import choose_nn_device, graph_resident_parts, nn_stage_bytes
+from ntp.engine.placement import choose_nn_device, graph_resident_parts, nn_stage_bytes, rank_resident_parts
 from ntp.engine.loop import fit
 from ntp.engine.setup import setup
 from tests.ntp.exactness_worker import trace_all
@@ -214,7 +214,10 @@ def test_topology_is_8_bytes_per_edge_or_4_when_symmetric() -> None:
     assert undirected.nbytes() == 4 * undirected.num_edges + 8 * (n + 1) + loops
 
 
-def test_attention_topology_keeps_32_bit_ids() -> None:
+def test_attention_topology_keeps_32_bit_ids_and_is_what_the_plan_counts_for_gat() -> None:
+    """GAT propagates through its attention pattern alone, so the plan counts that pattern as its topology, in place
+    of the row blocks every other model builds (exactly, but for the self-loops the graph already has: the plan
+    cannot know them and adds one per vertex)."""
     from ntp.engine.aggregate import EdgeWeightedTopology
 
     topo = _topology(DIRECTED)
@@ -222,7 +225,14 @@ def test_attention_topology_keeps_32_bit_ids() -> None:
     arrays = (attention.indptr, attention.cols, attention.dst, attention.t_indptr, attention.t_cols, attention.perm)
     assert all(a.dtype == torch.int32 for a in arrays)
     edges = attention.cols.numel()  # with one self-loop per vertex
-    assert sum(a.numel() * a.element_size() for a in arrays) == 4 * (4 * edges + 2 * (topo.num_nodes + 1))
+    held = sum(a.numel() * a.element_size() for a in arrays)
+    assert held == 4 * (4 * edges + 2 * (topo.num_nodes + 1))
+    shape = dict(num_nodes=topo.num_nodes, num_edges=topo.num_edges, feature_dim=5, out_dim=3, world=2, params=0,
+                 nn_on_device=True)
+    loops = int((topo.indices.long() == torch.repeat_interleave(torch.arange(topo.num_nodes), topo.in_degrees())).sum())
+    assert rank_resident_parts(TrainConfig(model="gat"), **shape)["topology"] == held + 16 * loops
+    gcn = rank_resident_parts(TrainConfig(model="gcn"), **shape)
+    assert gcn["topology"] == graph_resident_parts(topo.num_nodes, topo.num_edges, 2, "none")["topology"] != held
 
 
 def test_a_stored_transpose_builds_the_same_topology_as_sorting() -> None:
