@@ -39,12 +39,13 @@ _pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
-    """Element ``(r, c)`` keeps when the 32-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
-    at least ``p * 2^32``. Large masks are cut into row blocks drawn on torch's threads (each generator jumps
-    straight to its block's first word: the mask does not depend on the cut)."""
+    """Element ``(r, c)`` keeps when the 16-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
+    at least ``p * 2^16`` (16 bits: half the draws of 32-bit words, which took most of a CPU epoch's dropout; the
+    keep rate is exact to 2^-16). Large masks are cut into row blocks drawn on torch's threads (each generator
+    jumps straight to its block's first word: the mask does not depend on the cut)."""
     start, stop = rows
     out = np.empty((stop - start, width), dtype=bool)
-    key, threshold = _splitmix64(stream), np.uint32(min(int(p * 2**32), 2**32 - 1))
+    key, threshold = _splitmix64(stream), np.uint16(min(int(p * 2**16), 2**16 - 1))
     parts = max(1, min(torch.get_num_threads(), out.size // _PHILOX_BLOCK))
     cuts = [start + (stop - start) * i // parts for i in range(parts + 1)]
     blocks = [(out[a - start : b - start], a, b, width, key, threshold) for a, b in zip(cuts, cuts[1:]) if b > a]
@@ -61,14 +62,14 @@ def _philox_pool(threads: int) -> ThreadPoolExecutor:
     return _pools[threads]
 
 
-def _philox_block(out: np.ndarray, start: int, stop: int, width: int, key: int, threshold: np.uint32) -> None:
+def _philox_block(out: np.ndarray, start: int, stop: int, width: int, key: int, threshold: np.uint16) -> None:
     """Rows ``start:stop`` of the mask into ``out`` (numpy draws and compares without the GIL)."""
-    first, last = start * width, stop * width  # 32-bit words; two per 64-bit output, four outputs per counter
-    counter = first // 8
+    first, last = start * width, stop * width  # 16-bit words; four per 64-bit output, four outputs per counter
+    counter = first // 16
     gen = np.random.Philox(key=key)
     gen.advance(counter)
-    words = gen.random_raw((last + 1) // 2 - 4 * counter).view(np.uint32)
-    np.greater_equal(words[first - 8 * counter : last - 8 * counter].reshape(stop - start, width), threshold, out=out)
+    words = gen.random_raw((last + 3) // 4 - 4 * counter).view(np.uint16)
+    np.greater_equal(words[first - 16 * counter : last - 16 * counter].reshape(stop - start, width), threshold, out=out)
 
 
 #: entries of the keep table whose windows a CUDA mask's rows are (a power of two; about 0.1 ms to draw on a GPU)
@@ -132,8 +133,9 @@ class RowDropout(nn.Module):
 
 def dropped(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
     """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``: one product with the
-    boolean mask (no float copy of it) and an in-place scale (autograd keeps only the mask)."""
-    return x.mul(keep.to(x.device)).mul_(1.0 / (1.0 - p))
+    mask (no float copy of it) and an in-place scale (autograd keeps only the mask, a byte per element). The mask's
+    bytes multiply as uint8: a CPU product with a bool tensor first makes a float copy of it."""
+    return x.mul(keep.to(x.device).view(torch.uint8)).mul_(1.0 / (1.0 - p))
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

@@ -48,7 +48,10 @@ def test_parallel_equals_single(mode: str, world: int, graph_name: str, referenc
             if mode == "data":
                 assert SPLIT not in rank_result["bytes"], f"data mode must not split/gather: {where}"
                 assert world == 1 or rank_result["bytes"].get(HALO, 0) > 0, f"no halo bytes counted: {where}"
-        assert_close_to_scale(torch.cat([r["logits"] for r in ranks]), ref["logits"], f"final predictions: {where}")
+        # after every epoch's update: batch norm divides by a batch's spread and so magnifies the layouts' rounding
+        # (up to 1.1e-5 of the scale, data mode on 3 ranks; 7.6e-6 on one)
+        assert_close_to_scale(torch.cat([r["logits"] for r in ranks]), ref["logits"], f"final predictions: {where}",
+                              rtol=2e-5)
 
 
 def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = 1e-5) -> None:
