@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ntp.engine.aggregate import RowBlocks, SparseOperator
+from ntp.engine.aggregate import RowBlocks, SparseOperator, csr_matmul
 from ntp.engine.operators import CSR, OPERATORS, operator_pattern, scaling, with_self_loops
 from ntp.engine.topology import Topology, build, from_csr
 from storage.csr import transpose_indices
@@ -176,6 +176,30 @@ def _with_self_loops_and_multi_edges(n: int = 100, e: int = 600, seed: int = 0) 
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     return from_csr(indptr, src[order])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_products_equal_the_dense_product(dtype: torch.dtype) -> None:
+    """The CPU kernel (FBGEMM's embedding bags, not MKL's CSR product) against a dense product: rows without edges,
+    unit values as an expanded scalar (as RowBlocks builds them), a product written into rows of a larger output,
+    and a block without edges; float64 stays float64."""
+    g = torch.Generator().manual_seed(0)
+    n, m, e = 30, 20, 200
+    rows, cols = torch.randint(0, n - 5, (e,), generator=g), torch.randint(0, m, (e,), generator=g)  # 5 rows empty
+    values = torch.rand(e, generator=g, dtype=dtype)
+    block = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (n, m)).coalesce().to_sparse_csr()
+    dense, h = block.to_dense(), torch.randn(m, 6, generator=g, dtype=dtype)
+    assert csr_matmul(block, h).dtype == dtype
+    torch.testing.assert_close(csr_matmul(block, h), dense @ h)
+    crow, col = block.crow_indices().int(), block.col_indices().int()
+    unit = torch.sparse_csr_tensor(crow, col, torch.ones(1, dtype=dtype).expand(col.numel()), size=(n, m))
+    torch.testing.assert_close(csr_matmul(unit, h), (dense != 0).to(dtype) @ h)
+    out = torch.full((n + 4, 6), float("nan"), dtype=dtype)
+    csr_matmul(block, h, out[2 : n + 2])
+    torch.testing.assert_close(out[2 : n + 2], dense @ h)
+    none = torch.sparse_csr_tensor(torch.zeros(4, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                                   torch.zeros(0, dtype=dtype), size=(3, m))
+    assert torch.equal(csr_matmul(none, h), torch.zeros(3, 6, dtype=dtype))
 
 
 @pytest.mark.parametrize("name", OPERATORS)
