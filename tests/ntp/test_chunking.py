@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from ntp.engine.aggregate import RowBlocks, SparseOperator, csr_matmul
-from ntp.engine.operators import CSR, OPERATORS, operator_pattern, scaling, with_self_loops
+from ntp.engine import aggregate
+from ntp.engine.aggregate import RowBlocks, SparseOperator, csr_matmul, prescaled
+from ntp.engine.operators import CSR, OPERATORS, Scaling, operator_pattern, scaling, with_self_loops
 from ntp.engine.topology import Topology, build, from_csr
 from storage.csr import transpose_indices
 from ntp.engine.chunking import EDGE_BYTES, ROW_BYTES, budget_plan, make_plan, row_costs, source_schedule, uniform_plan
@@ -181,8 +182,8 @@ def _with_self_loops_and_multi_edges(n: int = 100, e: int = 600, seed: int = 0) 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cpu_products_equal_the_dense_product(dtype: torch.dtype) -> None:
     """The CPU kernel (FBGEMM's embedding bags, not MKL's CSR product) against a dense product: rows without edges,
-    unit values as an expanded scalar (as RowBlocks builds them), a product written into rows of a larger output,
-    and a block without edges; float64 stays float64."""
+    unit values as an expanded scalar (as RowBlocks builds them) and another scalar, a product written into rows of
+    a larger output, and a block without edges; float64 stays float64."""
     g = torch.Generator().manual_seed(0)
     n, m, e = 30, 20, 200
     rows, cols = torch.randint(0, n - 5, (e,), generator=g), torch.randint(0, m, (e,), generator=g)  # 5 rows empty
@@ -194,6 +195,8 @@ def test_cpu_products_equal_the_dense_product(dtype: torch.dtype) -> None:
     crow, col = block.crow_indices().int(), block.col_indices().int()
     unit = torch.sparse_csr_tensor(crow, col, torch.ones(1, dtype=dtype).expand(col.numel()), size=(n, m))
     torch.testing.assert_close(csr_matmul(unit, h), (dense != 0).to(dtype) @ h)
+    half = torch.sparse_csr_tensor(crow, col, torch.full((1,), 0.5, dtype=dtype).expand(col.numel()), size=(n, m))
+    torch.testing.assert_close(csr_matmul(half, h), 0.5 * (dense != 0).to(dtype) @ h)
     out = torch.full((n + 4, 6), float("nan"), dtype=dtype)
     csr_matmul(block, h, out[2 : n + 2])
     torch.testing.assert_close(out[2 : n + 2], dense @ h)
@@ -202,11 +205,15 @@ def test_cpu_products_equal_the_dense_product(dtype: torch.dtype) -> None:
     assert torch.equal(csr_matmul(none, h), torch.zeros(3, 6, dtype=dtype))
 
 
+@pytest.mark.parametrize("prescale", [0.0, float("inf")], ids=["rows-scaled", "per-edge-values"])
 @pytest.mark.parametrize("name", OPERATORS)
-def test_compact_operators_equal_their_explicit_matrices(name: str) -> None:
+def test_compact_operators_equal_their_explicit_matrices(name: str, prescale: float,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every operator as unit-weight topology + scaling (what runs) equals its explicit form (self-loops added as
     edges, per-edge values; what data-parallel mode runs), forward and backward, on a directed graph with
-    self-loops and repeated edges, in any chunks and offload mode."""
+    self-loops and repeated edges, in any chunks and offload mode, whether a CPU product scales its input rows
+    once or gathers the scaling per edge (which one depends on the graph's density)."""
+    monkeypatch.setattr(aggregate, "PRESCALE_EDGES_PER_ELEMENT", prescale)
     topo = _with_self_loops_and_multi_edges()
     assert topo.indices.dtype == torch.int32 and topo.self_loops is not None and not topo.symmetric
     pattern, values = operator_pattern(CSR(topo.indptr, topo.indices.long(), topo.num_nodes), name)
@@ -420,7 +427,8 @@ def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_
     assert kept == {"topology": 0, "embeddings": 2 * n * width * 4}
     assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 2 * kept["embeddings"]
     assert graph_resident_parts(n, e, width, "all", column_block=0) == graph_resident_parts(n, e, width, "topology")
-    assert graph_resident_parts(n, e, width, "all", "fp32", "cpu", width) == graph_resident_parts(n, e, width, "topology")
+    on_cpu = graph_resident_parts(n, e, width, "all", "fp32", "cpu", width)
+    assert on_cpu == graph_resident_parts(n, e, width, "topology", "fp32", "cpu"), "on a CPU nothing moves"
     in_deg, out_deg = np.diff(csr.indptr.numpy()), np.bincount(csr.indices.numpy(), minlength=n)
     for budget in (1_500, 4_000, 20_000):
         total = budget + kept["embeddings"]
@@ -594,3 +602,17 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     assert roomy.home == comm.device and {c.home.type for c in (whole, short, piped)} == {"cpu"}
     assert short.plan.num_chunks > whole.plan.num_chunks, "the chunks share the budget with the streamed columns"
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
+
+
+def test_cpu_products_scale_the_rows_once_only_on_dense_graphs() -> None:
+    """Scaling the input rows by ``pre`` costs one pass over them and saves a gather per edge: it is chosen from
+    about a quarter of an edge per input element, never without a ``pre`` term, and in float32 for bfloat16; the
+    memory plan counts the copy exactly where it is made."""
+    h = torch.randn(10, 8)
+    gcn = Scaling(pre=torch.rand(10), post=torch.rand(10))
+    assert prescaled(h, gcn, num_edges=19) is None
+    torch.testing.assert_close(prescaled(h, gcn, num_edges=20), h * gcn.pre[:, None])
+    assert prescaled(h, Scaling(post=torch.rand(10)), num_edges=1000) is None
+    assert prescaled(h.bfloat16(), gcn, num_edges=20).dtype == torch.float32
+    dense, sparse = (graph_resident_parts(10, e, 8, "none", "fp32", "cpu") for e in (20, 19))
+    assert dense["float32 product input"] == 4 * 10 * 8 and "float32 product input" not in sparse, "the plan counts it"
