@@ -1,7 +1,9 @@
 """Building blocks that run in the row layout: dropout with world-size-independent masks, normalisation, MLPs."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -35,31 +37,56 @@ def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: 
 
 #: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
 _PHILOX_BLOCK = 1 << 20
-_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
     """Element ``(r, c)`` keeps when the 16-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
     at least ``p * 2^16`` (16 bits: half the draws of 32-bit words, which took most of a CPU epoch's dropout; the
     keep rate is exact to 2^-16). Large masks are cut into row blocks drawn on torch's threads (each generator
-    jumps straight to its block's first word: the mask does not depend on the cut)."""
+    jumps straight to its block's first word: the mask does not depend on the cut), the first on this thread."""
     start, stop = rows
     out = np.empty((stop - start, width), dtype=bool)
     key, threshold = _splitmix64(stream), np.uint16(min(int(p * 2**16), 2**16 - 1))
     parts = max(1, min(torch.get_num_threads(), out.size // _PHILOX_BLOCK))
     cuts = [start + (stop - start) * i // parts for i in range(parts + 1)]
     blocks = [(out[a - start : b - start], a, b, width, key, threshold) for a, b in zip(cuts, cuts[1:]) if b > a]
-    if len(blocks) == 1:
-        _philox_block(*blocks[0])
-    else:
-        list(_philox_pool(len(blocks)).map(lambda block: _philox_block(*block), blocks))
+    handed = [_helper(i).run(_philox_block, *block) for i, block in enumerate(blocks[1:])]
+    _philox_block(*blocks[0])
+    for done in handed:
+        done.result()
     return torch.from_numpy(out)
 
 
-def _philox_pool(threads: int) -> ThreadPoolExecutor:
-    if threads not in _pools:
-        _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="ntp-dropout")
-    return _pools[threads]
+class _Helper:
+    """A thread that runs what it is handed, one call at a time. Each block of a mask goes to its own helper: a
+    ThreadPoolExecutor gives its next task to any idle thread, and in an epoch one thread ended up drawing every
+    block while the others slept."""
+
+    def __init__(self, name: str) -> None:
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def run(self, fn, *args) -> Future:
+        done: Future = Future()
+        self._inbox.put((fn, args, done))
+        return done
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, done = self._inbox.get()
+            try:
+                done.set_result(fn(*args))
+            except BaseException as e:  # handed to the caller by done.result()
+                done.set_exception(e)
+
+
+_helpers: list[_Helper] = []
+
+
+def _helper(i: int) -> _Helper:
+    while len(_helpers) <= i:
+        _helpers.append(_Helper(f"ntp-dropout-{len(_helpers)}"))
+    return _helpers[i]
 
 
 def _philox_block(out: np.ndarray, start: int, stop: int, width: int, key: int, threshold: np.uint16) -> None:
