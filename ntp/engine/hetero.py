@@ -111,7 +111,7 @@ class HeteroTask:
         job.optimizer.zero_grad(set_to_none=True)
         logits = model(job.x, hc)
         rows = job.local_split["train"]
-        loss = F.cross_entropy(logits[rows], job.y[rows], reduction="sum") / job.global_train_count
+        loss = F.cross_entropy(logits.index_select(0, rows), job.y[rows], reduction="sum") / job.global_train_count
         loss.backward()
         sliced = {id(p) for p in model.sliced()}
         all_reduce_gradients([p for p in model.parameters() if id(p) not in sliced], job.comm)
