@@ -4,7 +4,7 @@
     python bench/depth_width.py --size medium --ranks 4 --layers 2 3 4 --widths 128 256 512 1024
 
 Decoupled: nn_layers = L Linear layers then 2 propagation steps (the split width is the class count, whatever L and
-the width are). Coupled: L GCN layers (split widths: the hidden width L-1 times, then the classes). Data parallel:
+the width are). Coupled: L GCN layers, each split at the narrower of its input and output widths. Data parallel:
 the coupled model with halo exchange. "model_MB" is ntp.engine.cost's prediction for split+gather bytes (tp modes).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     rows = []
     for gname, store in graph_stores([args.graph], size).items():
         meta = open_store(store).meta
-        n, classes = meta.num_nodes, meta.num_classes
+        n, classes, features = meta.num_nodes, meta.num_classes, meta.feature_dim
         for L in layers:
             for w in widths:
                 for name, fields in (("tp-decoupled", dict(mode="tp", arch="decoupled")),
@@ -44,7 +44,7 @@ def main() -> None:
                     if name == "tp-decoupled":
                         model = cost.decoupled_bytes(n, classes, m)
                     elif name == "tp-coupled":
-                        model = cost.coupled_bytes(n, [w] * (L - 1) + [classes], m)
+                        model = cost.coupled_bytes(n, [features] + [w] * (L - 1) + [classes], m)
                     else:
                         model = None
                     row = {"graph": gname, "mode": name, "ranks": m, "layers": L, "width": w,

@@ -21,6 +21,10 @@ def decoupled_bytes(num_nodes: int, split_width: int, world: int, bytes_per_valu
     return 4 * all_to_all_bytes(num_nodes, split_width, world, bytes_per_value)
 
 
-def coupled_bytes(num_nodes: int, layer_widths: list[int], world: int, bytes_per_value: int = 4) -> int:
-    """Naive tensor parallelism: 4 all-to-alls per layer, each of that layer's width at the split."""
-    return sum(4 * all_to_all_bytes(num_nodes, w, world, bytes_per_value) for w in layer_widths)
+def coupled_bytes(num_nodes: int, dims: list[int], world: int, bytes_per_value: int = 4) -> int:
+    """Naive tensor parallelism over layers ``dims[i] -> dims[i + 1]`` (features first, classes last): each layer
+    propagates at the narrower of its two widths (ntp.engine.models.propagated_linear) with 4 all-to-alls, or 2
+    when what it propagates is the input features themselves (no gradient flows back into them)."""
+    layers = list(zip(dims[:-1], dims[1:]))
+    return sum((2 if i == 0 and a < b else 4) * all_to_all_bytes(num_nodes, min(a, b), world, bytes_per_value)
+               for i, (a, b) in enumerate(layers))

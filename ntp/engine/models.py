@@ -6,8 +6,8 @@ rank the collectives are identities, so ``--mode single`` is the same code with 
 
 - Decoupled (predict, then propagate): ``Z = MLP(X)``; split once; K propagation steps on the slice; gather once.
 - Coupled (classic layers): every layer transforms rows, splits, aggregates the slice, gathers: the paper's
-  "naive" tensor parallelism. Aggregation is applied after the layer's first Linear (exact by linearity), so the
-  width at the split is the layer's output width, as in PyG's GCNConv. Each layer's split-aggregate-gather is one
+  "naive" tensor parallelism. Aggregation and the layer's first Linear commute, so it runs at the narrower of the
+  two widths (:func:`propagated_linear`), as DGL's GraphConv does. Each layer's split-aggregate-gather is one
   ``propagate_rows`` call, so the context may pipeline it like the decoupled propagation.
 """
 from __future__ import annotations
@@ -108,6 +108,15 @@ class DecoupledGNN(GraphModel):
 
 
 # -- coupled architecture (naive tensor parallelism) ---------------------------------------------------------------
+def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``P (x W^T)`` for the propagation ``name``, propagated at the narrower of the input and output widths (exact
+    by linearity): fewer columns to split, aggregate and gather; and on the input features, which need no gradient,
+    no backward product at all."""
+    if weight.shape[1] < weight.shape[0]:
+        return F.linear(ctx.propagate_rows(name, x, 1), weight)
+    return ctx.propagate_rows(name, F.linear(x, weight), 1)
+
+
 class GCNLayer(nn.Module):
     """PyG GCNConv: ``A_gcn @ (x W) + b``."""
 
@@ -117,7 +126,7 @@ class GCNLayer(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        return ctx.propagate_rows("gcn", self.lin(x), 1) + self.bias
+        return propagated_linear(ctx, "gcn", x, self.lin.weight) + self.bias
 
 
 class SAGELayer(nn.Module):
@@ -129,7 +138,7 @@ class SAGELayer(nn.Module):
         self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        agg = ctx.propagate_rows("mean", F.linear(x, self.lin_l.weight), 1)
+        agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
         return agg + self.lin_l.bias + self.lin_r(x)
 
 
@@ -142,7 +151,7 @@ class GINLayer(nn.Module):
         self.lin2 = nn.Linear(hidden, out_dim)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        agg = ctx.propagate_rows("sum_root", F.linear(x, self.lin1.weight), 1)
+        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight)
         return self.lin2(F.relu(agg + self.lin1.bias))
 
 

@@ -564,7 +564,7 @@ def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
     chunked, piped, no_dedup, plain, coupled_off, coupled_on = (list(r) for r in zip(*per_rank))
     for off, on in zip(coupled_off, coupled_on):  # one step per layer: split and gather in one pipelined loop
         graph_bytes = [sum(r["sent"].get(k, 0) for k in ("split", "gather")) for r in (off, on)]
-        assert graph_bytes[0] == coupled_bytes(n, [11, classes], world) and graph_bytes[1] <= graph_bytes[0]
+        assert graph_bytes[0] == coupled_bytes(n, [17, 11, classes], world) and graph_bytes[1] <= graph_bytes[0]
         assert on["async"] > 2 * 2 * 12, "2 layers x (forward, backward) x 12 chunk gathers, and the splits too"
         assert on["loss"] == pytest.approx(off["loss"], rel=1e-5)
     cost = decoupled_bytes(n, classes, world)

@@ -16,14 +16,15 @@ CONFIGS = (
     [dict(BASE, model=m, arch="decoupled") for m in ("gcn", "sgc", "appnp", "sage", "gin", "gat")]
     + [dict(BASE, model=m, arch="coupled") for m in ("gcn", "sage", "gin", "gat")]
     + [dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch"),
-       dict(BASE, model="gat", arch="coupled", nn_layers=3, heads=3, hidden=9)]
+       dict(BASE, model="gat", arch="coupled", nn_layers=3, heads=3, hidden=9),
+       dict(BASE, model="gcn", arch="coupled", hidden=24)]  # wider than the 17 features: propagates them first
 )
 GRAPHS = {"directed": random_graph(directed=True, seed=1), "symmetric": random_graph(directed=False, seed=2)}
 
 
 def _name(c: dict) -> str:
     return f"{c['arch']}-{c['model']}" + (f"-L{c['nn_layers']}" if c["nn_layers"] != 2 else "") + (
-        f"-{c.get('norm')}" if c.get("norm") else "")
+        f"-{c.get('norm')}" if c.get("norm") else "") + (f"-h{c['hidden']}" if c["hidden"] != BASE["hidden"] else "")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
 
 
 def _job(**kw):
-    cfg = TrainConfig(hidden=8, heads=2, dropout=0.0, seed=1, mode="single", **kw)
+    cfg = TrainConfig(**{"hidden": 8, "heads": 2, "dropout": 0.0, "seed": 1, "mode": "single", **kw})
     job = setup(cfg, SINGLE, loader(GRAPH))
     job.model.eval()
     return job
@@ -139,9 +139,12 @@ def _pyg_pair(model: str, job):
     return convs, [l.attention.att_src for l in layers], [c.att_src for c in convs]
 
 
+@pytest.mark.parametrize("hidden", [8, 16], ids=["narrower-than-features", "wider-than-features"])
 @pytest.mark.parametrize("model", ["gcn", "sage", "gin", "gat"])
-def test_coupled_equals_pyg(model: str) -> None:
-    job = _job(model=model, arch="coupled", nn_layers=3)
+def test_coupled_equals_pyg(model: str, hidden: int) -> None:
+    """Against PyG's layers, which always multiply first: ours propagate the 11 features before the first Linear
+    when the layer is wider (hidden 16), after it otherwise."""
+    job = _job(model=model, arch="coupled", nn_layers=3, hidden=hidden)
     convs, ours_params, ref_params = _pyg_pair(model, job)
     edge_index = torch.from_numpy(GRAPH["edge_index"])
     act = F.elu if model == "gat" else F.relu
