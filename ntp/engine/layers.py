@@ -42,8 +42,9 @@ _PHILOX_BLOCK = 1 << 20
 def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
     """Element ``(r, c)`` keeps when the 16-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
     at least ``p * 2^16`` (16 bits: half the draws of 32-bit words, which took most of a CPU epoch's dropout; the
-    keep rate is exact to 2^-16). Large masks are cut into row blocks drawn on torch's threads (each generator
-    jumps straight to its block's first word: the mask does not depend on the cut), the first on this thread."""
+    keep rate is exact to 2^-16). Large masks are cut into up to one row block per torch thread, drawn at once: the
+    first here, the others by helper threads (each generator jumps straight to its block's first word: the mask does
+    not depend on the cut)."""
     start, stop = rows
     out = np.empty((stop - start, width), dtype=bool)
     key, threshold = _splitmix64(stream), np.uint16(min(int(p * 2**16), 2**16 - 1))
@@ -58,9 +59,9 @@ def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -
 
 
 class _Helper:
-    """A thread that runs what it is handed, one call at a time. Each block of a mask goes to its own helper: a
-    ThreadPoolExecutor gives its next task to any idle thread, and in an epoch one thread ended up drawing every
-    block while the others slept."""
+    """A thread that runs what it is handed, one call at a time. Each block of a mask goes to its own helper, so
+    the blocks really run at once (a ThreadPoolExecutor hands a task to any idle thread: in an epoch one of its
+    threads drew every block)."""
 
     def __init__(self, name: str) -> None:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
