@@ -2,6 +2,8 @@
 vectorised pass, with the right keep rate and no visible structure."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -32,7 +34,8 @@ def test_every_world_size_draws_the_same_mask(gen, world: int) -> None:
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
 def test_philox_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads: int) -> None:
-    """Large CPU masks are drawn in row blocks on torch's threads: the cut must not show in the mask."""
+    """Large CPU masks are drawn in row blocks, one per torch thread and each on a thread of its own: the cut must
+    not show in the mask."""
     rows, width, p, stream = (13, 1013), 37, 0.4, 99
     before = torch.get_num_threads()
     try:
@@ -41,6 +44,11 @@ def test_philox_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads: 
         monkeypatch.setattr(layers, "_PHILOX_BLOCK", 1000)  # cut even this small mask: 37 000 elements
         torch.set_num_threads(threads)
         assert torch.equal(philox_keep_mask(rows, width, p, stream), one)
+        drawn_by, draw = [], layers._philox_block
+        monkeypatch.setattr(layers, "_philox_block",
+                            lambda *a: (drawn_by.append(threading.current_thread().name), draw(*a)))
+        assert torch.equal(philox_keep_mask(rows, width, p, stream), one)
+        assert len(set(drawn_by)) == len(drawn_by) == threads, f"blocks not drawn at once: {drawn_by}"
         assert torch.equal(philox_keep_mask((13, 14), width, p, stream), one[:1]), "fewer rows than threads"
     finally:
         torch.set_num_threads(before)
