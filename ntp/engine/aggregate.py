@@ -56,7 +56,8 @@ def _bag_sum(block: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     scalar = values.numel() > 0 and values.stride(0) == 0  # one value for every edge: plain sums, scaled once
     y = F.embedding_bag(block.col_indices(), h, block.crow_indices(), mode="sum",
                         per_sample_weights=None if scalar else values.to(h.dtype), include_last_offset=True)
-    return y.mul_(float(values[0])) if scalar and float(values[0]) != 1.0 else y
+    scale = float(values[0]) if scalar else 1.0
+    return y if scale == 1.0 else y.mul_(scale)
 
 
 #: a CPU product scales its input's rows by ``pre`` once, instead of gathering ``pre`` for every edge, when its

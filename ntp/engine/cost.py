@@ -25,6 +25,5 @@ def coupled_bytes(num_nodes: int, dims: list[int], world: int, bytes_per_value: 
     """Naive tensor parallelism over layers ``dims[i] -> dims[i + 1]`` (features first, classes last): each layer
     propagates at the narrower of its two widths (ntp.engine.models.propagated_linear) with 4 all-to-alls, or 2
     when what it propagates is the input features themselves (no gradient flows back into them)."""
-    layers = list(zip(dims[:-1], dims[1:]))
     return sum((2 if i == 0 and a < b else 4) * all_to_all_bytes(num_nodes, min(a, b), world, bytes_per_value)
-               for i, (a, b) in enumerate(layers))
+               for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])))
