@@ -182,11 +182,11 @@ def _who_died(root: str, lines: list[str]) -> str:
     """A rank that failed without a traceback: killed by a signal, or exited with a code (and its last error line)."""
     rank = re.search(r"rank\s*:\s*(\d+)", root)
     who = f"rank {rank.group(1)}" if rank else "a rank"
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", root)
-    if code and int(code.group(1)) < 0:
+    code = _exit_code(root)
+    if code is not None and code < 0:
         return f"{who} died without a traceback, killed by a signal (out of memory?)"
     said = next((line for line in reversed(lines) if line.startswith("error: ")), "")
-    return f"{who} exited with code {code.group(1) if code else '?'} without a traceback" + (f": {said}" if said else "")
+    return f"{who} exited with code {'?' if code is None else code} without a traceback" + (f": {said}" if said else "")
 
 
 def _block(lines: list[str], begin: int, is_end: Callable[[str], bool]) -> str:
@@ -194,10 +194,34 @@ def _block(lines: list[str], begin: int, is_end: Callable[[str], bool]) -> str:
     return "\n".join(lines[begin : end + 1])
 
 
+#: torchrun's exit code for the ranks it stops itself (SIGTERM) once another has failed
+STOPPED_BY_TORCHRUN = -15
+
+
 def _root_cause(lines: list[str]) -> str | None:
-    """torchrun's "Root Cause (first observed failure)" block, if it printed one."""
+    """torchrun's "Root Cause (first observed failure)" block, if it printed one; but when that rank is one
+    torchrun stopped itself, the first of its other failures that is not. (It orders failures by timestamps of
+    one second: a rank it stopped writes its error file at once and can come before a rank killed outright.)"""
     begin = next((i for i, line in enumerate(lines) if "Root Cause (first observed failure)" in line), None)
-    return None if begin is None else _block(lines, begin, lambda line: line.startswith("====="))
+    if begin is None:
+        return None
+    root = _block(lines, begin, lambda line: line.startswith("====="))
+    if _exit_code(root) == STOPPED_BY_TORCHRUN:
+        others = (failure for failure in _other_failures(lines, begin) if _exit_code(failure) != STOPPED_BY_TORCHRUN)
+        root = next(others, root)
+    return root
+
+
+def _other_failures(lines: list[str], root_begin: int) -> list[str]:
+    """The entries ("[k]:" and its fields) of the summary's "Failures:" section, before the root cause."""
+    begin = next((i for i in range(root_begin, -1, -1) if lines[i].strip() == "Failures:"), root_begin)
+    starts = [i for i in range(begin, root_begin) if re.match(r"\s*\[\d+\]:\s*$", lines[i])]
+    return ["\n".join(lines[a:b]).rstrip("-\n ") for a, b in zip(starts, starts[1:] + [root_begin])]
+
+
+def _exit_code(failure: str) -> int | None:
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", failure)
+    return int(code.group(1)) if code else None
 
 
 def _is_peer_failure(lines: list[str], begin: int) -> bool:

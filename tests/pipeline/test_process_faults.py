@@ -137,6 +137,28 @@ def test_a_rank_killed_by_a_signal_is_the_one_blamed(cora_store: str, tmp_path: 
     assert "rank 1 died without a traceback, killed by a signal" in message and "SIGKILL" in message, message[:2000]
 
 
+def test_a_rank_torchrun_stopped_is_not_blamed_for_one_killed_outright(tmp_path: Path) -> None:
+    """torchrun orders failures by one-second timestamps: a rank it stopped (SIGTERM) writes its error file at once
+    and can come first. The summary is torchrun's own formatter's, the order as the real test above once saw it."""
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from ntp.run.launch import failure_message
+
+    stopped = tmp_path / "error.json"
+    stopped.write_text(json.dumps({"message": {"message": "SignalException: Process 11 got signal: 15", "extraInfo": {
+        "py_callstack": "Traceback (most recent call last):\n  ...\nSignalException", "timestamp": "1"}}}))
+    failures = {0: ProcessFailure(0, 11, -15, str(stopped)), 1: ProcessFailure(1, 12, -9, str(tmp_path / "none"))}
+    summary = ChildFailedError("worker.py", failures).format_msg()
+    assert "Root Cause (first observed failure):\n[0]:\n" in summary and "(SIGTERM)" in summary.split("Root Cause")[1]
+    message = failure_message(1, ["some output"] + summary.splitlines())
+    assert message.splitlines()[1] == "rank 1 died without a traceback, killed by a signal (out of memory?); torchrun says:"
+    assert "SIGKILL" in message and "SIGTERM" not in message, message
+    alone = {0: ProcessFailure(0, 11, -15, str(stopped))}  # stopped from outside: nothing else to blame
+    assert "rank 0 died" in failure_message(1, ChildFailedError("worker.py", alone).format_msg().splitlines())
+
+
 @pytest.mark.parametrize("how, code", [("ctrl-c", 130), ("sigterm", 143)])
 def test_stopping_ntp_pipeline_is_quick_and_leaves_no_server_or_worker(how: str, code: int, tmp_path: Path) -> None:
     """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to `ntp pipeline` mid-training: it ends within
