@@ -40,22 +40,25 @@ _PHILOX_BLOCK = 1 << 20
 
 
 def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
-    """Element ``(r, c)`` keeps when the 16-bit word number ``r * width + c`` of Philox4x64 keyed by ``stream`` is
-    at least ``p * 2^16`` (16 bits: half the draws of 32-bit words, which took most of a CPU epoch's dropout; the
-    keep rate is exact to 2^-16). Large masks are cut into up to one row block per torch thread, drawn at once: the
-    first here, the others by helper threads (each generator jumps straight to its block's first word: the mask does
-    not depend on the cut)."""
+    """Element ``(r, c)`` keeps when its field of Philox4x64's output keyed by ``stream`` (the ``bits`` bits from
+    bit ``(r * width + c) * bits``) is at least ``p * 2^bits``. ``bits`` is 1 for p = 0.5 (the default: a
+    sixteenth of the draws of 16-bit words), 8 when ``p * 256`` is whole, else 16 (exact to 2^-16). Large masks are
+    cut into up to one block per torch thread, drawn at once: the first here, the others by helper threads (each
+    generator jumps straight to its block's first word: the mask does not depend on the cut)."""
     start, stop = rows
-    out = np.empty((stop - start, width), dtype=bool)
-    key, threshold = _splitmix64(stream), np.uint16(min(int(p * 2**16), 2**16 - 1))
-    parts = max(1, min(torch.get_num_threads(), out.size // _PHILOX_BLOCK))
-    cuts = [start + (stop - start) * i // parts for i in range(parts + 1)]
-    blocks = [(out[a - start : b - start], a, b, width, key, threshold) for a, b in zip(cuts, cuts[1:]) if b > a]
+    bits = next((bits for bits in (1, 8) if (p * 2**bits).is_integer()), 16)
+    threshold = min(int(p * 2**bits), 2**bits - 1)
+    first, last = start * width, stop * width
+    lo, hi = first - first % 8, -(-last // 8) * 8  # whole bytes of single bits: blocks start at multiples of 8
+    flags = np.empty(hi - lo, dtype=bool)
+    parts = max(1, min(torch.get_num_threads(), (hi - lo) // _PHILOX_BLOCK))
+    cuts = [lo + (hi - lo) * i // parts // 8 * 8 for i in range(parts)] + [hi]
+    blocks = [(flags[a - lo : b - lo], a, b, _splitmix64(stream), bits, threshold) for a, b in zip(cuts, cuts[1:])]
     handed = [_helper(i).run(_philox_block, *block) for i, block in enumerate(blocks[1:])]
     _philox_block(*blocks[0])
     for done in handed:
         done.result()
-    return torch.from_numpy(out)
+    return torch.from_numpy(flags[first - lo : last - lo].reshape(stop - start, width))
 
 
 class _Helper:
@@ -90,14 +93,19 @@ def _helper(i: int) -> _Helper:
     return _helpers[i]
 
 
-def _philox_block(out: np.ndarray, start: int, stop: int, width: int, key: int, threshold: np.uint16) -> None:
-    """Rows ``start:stop`` of the mask into ``out`` (numpy draws and compares without the GIL)."""
-    first, last = start * width, stop * width  # 16-bit words; four per 64-bit output, four outputs per counter
-    counter = first // 16
+def _philox_block(out: np.ndarray, first: int, last: int, key: int, bits: int, threshold: int) -> None:
+    """The keep flags of elements ``first:last`` (multiples of 8) into ``out`` (numpy draws, unpacks and compares
+    without the GIL). A Philox counter gives 256 bits."""
+    b0, b1 = first * bits // 8, last * bits // 8
+    counter = b0 // 32
     gen = np.random.Philox(key=key)
     gen.advance(counter)
-    words = gen.random_raw((last + 3) // 4 - 4 * counter).view(np.uint16)
-    np.greater_equal(words[first - 16 * counter : last - 16 * counter].reshape(stop - start, width), threshold, out=out)
+    raw = gen.random_raw(-(-b1 // 8) - 4 * counter).view(np.uint8)[b0 - 32 * counter : b1 - 32 * counter]
+    if bits == 1:
+        raw = np.unpackbits(raw, bitorder="little")
+    elif bits == 16:
+        raw = raw.view("<u2")
+    np.greater_equal(raw, threshold, out=out)
 
 
 #: entries of the keep table whose windows a CUDA mask's rows are (a power of two; about 0.1 ms to draw on a GPU)

@@ -17,7 +17,9 @@ from tests.ntp.graphs import random_graph
 from tests.ntp.spawn import run_on_ranks
 
 EPOCHS = 3
-BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.05, seed=3, precision="bf16")
+# A small lr: Adam's first step moves each weight by lr * sign(gradient + weight decay), so where the two nearly cancel
+# the split's rounding can flip a step (with lr 0.05, 4 of 28 seeds' GAT ended 2-10 % of the logits' scale apart)
+BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.005, seed=3, precision="bf16")
 CONFIGS = [dict(BASE, model="gcn", arch="decoupled"), dict(BASE, model="sage", arch="coupled"),
            dict(BASE, model="gat", arch="coupled"), dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch")]
 GRAPH = random_graph(directed=True, seed=1)
