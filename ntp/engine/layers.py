@@ -168,10 +168,33 @@ class RowDropout(nn.Module):
 
 
 def dropped(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
-    """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``: one product with the
-    mask (no float copy of it) and an in-place scale (autograd keeps only the mask, a byte per element). The mask's
-    bytes multiply as uint8: a CPU product with a bool tensor first makes a float copy of it."""
-    return x.mul(keep.to(x.device).view(torch.uint8)).mul_(1.0 / (1.0 - p))
+    """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``. Autograd keeps only
+    the boolean mask (a float copy of it would hold 4x the bytes)."""
+    return _Dropped.apply(x, keep.to(x.device), 1.0 / (1.0 - p))
+
+
+class _Dropped(torch.autograd.Function):
+    """The forward and the backward are the same masked scale."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return _masked_scale(x, keep, scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (keep,) = ctx.saved_tensors
+        return _masked_scale(grad, keep, ctx.scale), None, None
+
+
+def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x * keep * scale``. On a CPU the mask's bytes become floats first (a vectorised conversion, then products
+    in place): a product with a uint8 or bool operand converts element by element and took 1.5-2x as long. On
+    CUDA it is one pass: the kernel of torch's own dropout backward, which computes exactly this."""
+    if x.device.type == "cpu":
+        return keep.view(torch.uint8).to(x.dtype).mul_(x).mul_(scale)
+    return torch.ops.aten.native_dropout_backward(x, keep, scale)
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

@@ -54,3 +54,19 @@ def test_the_gpu_draws_the_window_masks_the_cpu_draws() -> None:
     for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3)):
         gpu = keep_mask(rows, width, p, stream, torch.device("cuda:0"))
         assert torch.equal(gpu.cpu(), window_keep_mask(rows, width, p, stream, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpu_drops_and_scales_like_the_cpu(dtype: torch.dtype) -> None:
+    """CUDA applies a mask in one fused pass (torch's dropout backward kernel), the CPU in a conversion and two
+    products: the same values forward and backward."""
+    from ntp.engine.layers import dropped
+
+    x, grad, keep = torch.randn(1000, 37).to(dtype), torch.randn(1000, 37).to(dtype), torch.rand(1000, 37) > 0.3
+    results = []
+    for device in ("cpu", "cuda:0"):
+        leaf = x.to(device).requires_grad_()
+        y = dropped(leaf, keep, 0.3)
+        y.backward(grad.to(device))
+        results.append((y.detach().cpu(), leaf.grad.cpu()))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
