@@ -159,18 +159,21 @@ class RowDropout(nn.Module):
         self.p = p
         self.layer_id = layer_id
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: GraphContext, relu: bool = False) -> torch.Tensor:
+        """Dropout of ``x``, or with ``relu`` of ``relu(x)`` (see :func:`dropped`)."""
         if not self.training or self.p == 0.0:
-            return x
+            return F.relu(x) if relu else x
         stream = (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
         rows = (ctx.row_offset, ctx.row_offset + x.shape[0])
-        return dropped(x, keep_mask(rows, x.shape[1], self.p, stream, x.device), self.p)
+        return dropped(x, keep_mask(rows, x.shape[1], self.p, stream, x.device), self.p, relu)
 
 
-def dropped(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+def dropped(x: torch.Tensor, keep: torch.Tensor, p: float, relu: bool = False) -> torch.Tensor:
     """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``. Autograd keeps only
-    the boolean mask (a float copy of it would hold 4x the bytes)."""
-    return _Dropped.apply(x, keep.to(x.device), 1.0 / (1.0 - p))
+    the boolean mask (a float copy of it would hold 4x the bytes). With ``relu`` it is ``relu(x)`` dropped: the
+    activation's mask ``x > 0`` joins the dropout's, which saves the activation's passes and the output it kept."""
+    keep = keep.to(x.device)
+    return _Dropped.apply(x, keep & (x > 0) if relu else keep, 1.0 / (1.0 - p))
 
 
 class _Dropped(torch.autograd.Function):
@@ -255,11 +258,12 @@ class MLP(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        x = self.dropouts[0](x, ctx)
         last = len(self.linears) - 1
         for i, linear in enumerate(self.linears):
-            x = linear(self.dropouts[i](x, ctx))
+            x = linear(x)
             if i < last:
                 norm = self.norms[i]
                 x = x if isinstance(norm, nn.Identity) else norm(x, ctx)
-                x = F.relu(x) if self.activation else x
+                x = self.dropouts[i + 1](x, ctx, relu=self.activation)
         return x

@@ -206,11 +206,13 @@ class CoupledGNN(GraphModel):
         raise ValueError(f"model {cfg.model} has no coupled form")
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        x = self.dropouts[0](x, ctx)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(self.dropouts[i](x, ctx), ctx)
+            x = layer(x, ctx)
             if i < last:
-                x = F.elu(x) if self.model == "gat" else F.relu(x)
+                gat = self.model == "gat"
+                x = self.dropouts[i + 1](F.elu(x) if gat else x, ctx, relu=not gat)
         return x
 
 

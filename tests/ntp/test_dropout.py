@@ -73,6 +73,24 @@ def test_dropped_zeroes_and_scales_with_the_gradient_masked() -> None:
     assert torch.equal(x.grad, keep.float() * (1 / 0.7))
 
 
+def test_relu_then_dropout_in_one_mask() -> None:
+    """``dropped(x, keep, p, relu=True)`` is ``dropped(relu(x), keep, p)``, zeros included, forward and backward,
+    and keeps one boolean mask where ReLU kept its whole output too."""
+    x = torch.randn(60, 11)
+    x[::7, ::3] = 0.0  # ReLU's gradient at 0 is 0
+    keep, grad = philox_keep_mask((0, 60), 11, 0.5, 8), torch.randn(60, 11)
+    results, saved = [], []
+    for fused in (True, False):
+        leaf = x.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((fused, t.dtype)) or t, lambda t: t):
+            y = dropped(leaf, keep, 0.5, relu=True) if fused else dropped(torch.relu(leaf), keep, 0.5)
+        y.backward(grad)
+        results.append((y.detach(), leaf.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert [dtype for fused, dtype in saved if fused] == [torch.bool]
+    assert [dtype for fused, dtype in saved if not fused] == [torch.float32, torch.bool], "ReLU's output, the mask"
+
+
 @pytest.mark.parametrize("gen", GENERATORS.values(), ids=GENERATORS.keys())
 @pytest.mark.parametrize("p", [0.1, 0.25, 0.5, 0.9])
 def test_keep_rate_and_independence(gen, p: float) -> None:
