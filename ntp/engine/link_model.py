@@ -130,9 +130,12 @@ class SlicedEmbedding(nn.Module):
         return full
 
 
-def _pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream: int) -> torch.Tensor:
-    """Dropout of the pairs ``rows`` (their indices in the batch): the mask depends on them, not on the ranks."""
-    return dropped(x, keep_mask(rows, x.shape[1], p, stream, x.device), p)
+def _relu_pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream: int) -> torch.Tensor:
+    """ReLU, then dropout of the pairs ``rows`` (their indices in the batch): the mask depends on them, not on the
+    ranks."""
+    if p == 0.0:
+        return F.relu(x)
+    return dropped(x, keep_mask(rows, x.shape[1], p, stream, x.device), p, relu=True)
 
 
 class DotDecoder(nn.Module):
@@ -154,10 +157,9 @@ class MLPDecoder(nn.Module):
     def forward(self, prod: torch.Tensor, pc: Comm, first: int, stream: int) -> torch.Tensor:
         x = gather(prod, pc, self.width, LINK)  # this rank's pairs, all columns
         r0, r1 = pc.part.rows()
+        p = self.dropout if self.training else 0.0
         for i, lin in enumerate(self.lins[:-1]):
-            x = F.relu(lin(x))
-            if self.training and self.dropout > 0:
-                x = _pair_dropout(x, self.dropout, (first + r0, first + r1), stream * 31 + i)
+            x = _relu_pair_dropout(lin(x), p, (first + r0, first + r1), stream * 31 + i)
         return self.lins[-1](x)[:, 0]
 
 

@@ -39,13 +39,15 @@ def _dropout_stream(hc: HeteroContext, node_type: str, layer: int) -> int:
     return ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
 
 
-def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int) -> torch.Tensor:
-    """Dropout on a type's rows whose mask depends on (seed, step, layer, type, global row, column) only."""
+def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int,
+                   relu: bool = False) -> torch.Tensor:
+    """Dropout on a type's rows (of ``relu(x)`` with ``relu``) whose mask depends on (seed, step, layer, type,
+    global row, column) only."""
     if p == 0.0:
-        return x
+        return F.relu(x) if relu else x
     r0 = hc.row_offset(node_type)
     mask = keep_mask((r0, r0 + x.shape[0]), x.shape[1], p, _dropout_stream(hc, node_type, layer), x.device)
-    return dropped(x, mask, p)
+    return dropped(x, mask, p, relu)
 
 
 def embedding_tables(module: nn.Module) -> list[SlicedEmbedding]:
@@ -212,13 +214,13 @@ class FeaturelessLayer(nn.Module):
         return out
 
 
-def column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int, width: int,
-                   cols: tuple[int, int]) -> torch.Tensor:
-    """:func:`hetero_dropout`'s mask, applied to a column slice (all rows of the type)."""
+def relu_column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int, width: int,
+                        cols: tuple[int, int]) -> torch.Tensor:
+    """ReLU, then :func:`hetero_dropout`'s mask, on a column slice (all rows of the type)."""
     if p == 0.0:
-        return h
+        return F.relu(h)
     mask = keep_mask((0, h.shape[0]), width, p, _dropout_stream(hc, node_type, layer), h.device)
-    return dropped(h, mask[:, cols[0]:cols[1]], p)
+    return dropped(h, mask[:, cols[0]:cols[1]], p, relu=True)
 
 
 class CoupledRGCN(nn.Module):
@@ -245,10 +247,8 @@ class CoupledRGCN(nn.Module):
         cols = self.first(hc)
         if not self.layers:
             return {}, cols
-        cols = {t: F.relu(h) for t, h in cols.items()}
-        if self.training:
-            cols = {t: column_dropout(h, self.dropout, hc, t, 0, width, (self.first.c0, self.first.c1))
-                    for t, h in cols.items()}
+        p = self.dropout if self.training else 0.0
+        cols = {t: relu_column_dropout(h, p, hc, t, 0, width, (self.first.c0, self.first.c1)) for t, h in cols.items()}
         return {t: gather(h, hc.comms[t], width) for t, h in cols.items()}, cols
 
     def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
@@ -260,9 +260,8 @@ class CoupledRGCN(nn.Module):
             out = layer(rows, cols, hc, [self.target] if i == last else hc.types)
             if i == last:
                 return out[self.target]
-            rows = {t: F.relu(h) for t, h in out.items()}
-            if self.training:
-                rows = {t: hetero_dropout(h, self.dropout, hc, t, i + self.featureless) for t, h in rows.items()}
+            p = self.dropout if self.training else 0.0
+            rows = {t: hetero_dropout(h, p, hc, t, i + self.featureless, relu=True) for t, h in out.items()}
             cols = {t: split(h, hc.comms[t]) for t, h in rows.items()}
         raise AssertionError("unreachable")
 
@@ -290,12 +289,12 @@ class DecoupledRGCN(nn.Module):
         self.mix = nn.Parameter(torch.tensor(init))
 
     def _nn(self, t: str, x: torch.Tensor, hc: HeteroContext) -> torch.Tensor:
-        lins = self.mlps[t]
+        lins, p = self.mlps[t], self.dropout if self.training else 0.0
+        x = hetero_dropout(x, p, hc, t, 0)
         for i, lin in enumerate(lins):
-            if self.training:
-                x = hetero_dropout(x, self.dropout, hc, t, i)
             x = lin(x)
-            x = F.relu(x) if i < len(lins) - 1 else x
+            if i < len(lins) - 1:
+                x = hetero_dropout(x, p, hc, t, i + 1, relu=True)
         return x
 
     def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
