@@ -53,7 +53,8 @@ def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -
     flags = np.empty(hi - lo, dtype=bool)
     parts = max(1, min(torch.get_num_threads(), (hi - lo) // _PHILOX_BLOCK))
     cuts = [lo + (hi - lo) * i // parts // 8 * 8 for i in range(parts)] + [hi]
-    blocks = [(flags[a - lo : b - lo], a, b, _splitmix64(stream), bits, threshold) for a, b in zip(cuts, cuts[1:])]
+    key = _splitmix64(stream)
+    blocks = [(flags[a - lo : b - lo], a, b, key, bits, threshold) for a, b in zip(cuts, cuts[1:])]
     handed = [_helper(i).run(_philox_block, *block) for i, block in enumerate(blocks[1:])]
     _philox_block(*blocks[0])
     for done in handed:

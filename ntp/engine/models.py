@@ -207,11 +207,10 @@ class CoupledGNN(GraphModel):
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         x = self.dropouts[0](x, ctx)
-        last = len(self.layers) - 1
+        last, gat = len(self.layers) - 1, self.model == "gat"
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx)
-            if i < last:
-                gat = self.model == "gat"
+            if i < last:  # ReLU inside the next dropout's mask; GAT's ELU is not a mask
                 x = self.dropouts[i + 1](F.elu(x) if gat else x, ctx, relu=not gat)
         return x
 
