@@ -12,6 +12,7 @@ from torch import nn
 
 from ntp.engine.collectives import all_reduce_sum
 from ntp.engine.context import GraphContext
+from ntp.engine.linear import Linear
 from ntp.engine.metrics import ALLREDUCE
 from ntp.engine.precision import accumulation_dtype
 
@@ -253,7 +254,7 @@ class MLP(nn.Module):
                  input_dropout: float, norm: str = "none", activation: bool = True) -> None:
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
-        self.linears = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.linears = nn.ModuleList(Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.dropouts = layer_dropouts(input_dropout, dropout, layers)
         self.norms = nn.ModuleList(make_norm(norm, hidden) or nn.Identity() for _ in range(layers - 1))
         self.activation = activation

@@ -25,6 +25,7 @@ from ntp.config import TrainConfig
 from ntp.engine.collectives import Comm, gather, reduce_scatter_rows
 from ntp.engine.context import GraphContext
 from ntp.engine.layers import dropped, keep_mask
+from ntp.engine.linear import Linear
 from ntp.engine.models import build_model
 from ntp.engine.partition import Partition
 from ntp.errors import CheckpointError
@@ -151,7 +152,7 @@ class MLPDecoder(nn.Module):
     def __init__(self, width: int, hidden: int, layers: int, dropout: float) -> None:
         super().__init__()
         dims = [width] + [hidden] * (layers - 1) + [1]
-        self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.lins = nn.ModuleList(Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.width, self.dropout = width, dropout
 
     def forward(self, prod: torch.Tensor, pc: Comm, first: int, stream: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from ntp.engine.collectives import all_gather_rows
 from ntp.config import TrainConfig
 from ntp.engine.context import GraphContext
 from ntp.engine.layers import MLP, layer_dropouts
+from ntp.engine.linear import Linear, linear
 from ntp.engine.metrics import ATTENTION
 from ntp.engine.precision import autocast
 
@@ -113,8 +114,8 @@ def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: tor
     by linearity): fewer columns to split, aggregate and gather; and on the input features, which need no gradient,
     no backward product at all."""
     if weight.shape[1] < weight.shape[0]:
-        return F.linear(ctx.propagate_rows(name, x, 1), weight)
-    return ctx.propagate_rows(name, F.linear(x, weight), 1)
+        return linear(ctx.propagate_rows(name, x, 1), weight)
+    return ctx.propagate_rows(name, linear(x, weight), 1)
 
 
 class GCNLayer(nn.Module):
@@ -122,7 +123,7 @@ class GCNLayer(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.lin = Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
@@ -134,8 +135,8 @@ class SAGELayer(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.lin_l = nn.Linear(in_dim, out_dim)
-        self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+        self.lin_l = Linear(in_dim, out_dim)
+        self.lin_r = Linear(in_dim, out_dim, bias=False)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
@@ -147,8 +148,8 @@ class GINLayer(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, hidden: int) -> None:
         super().__init__()
-        self.lin1 = nn.Linear(in_dim, hidden)
-        self.lin2 = nn.Linear(hidden, out_dim)
+        self.lin1 = Linear(in_dim, hidden)
+        self.lin2 = Linear(hidden, out_dim)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight)
@@ -161,7 +162,7 @@ class GATLayer(nn.Module):
     def __init__(self, in_dim: int, head_dim: int, heads: int, concat: bool) -> None:
         super().__init__()
         self.heads, self.head_dim, self.concat = heads, head_dim, concat
-        self.lin = nn.Linear(in_dim, heads * head_dim, bias=False)
+        self.lin = Linear(in_dim, heads * head_dim, bias=False)
         self.attention = EdgeAttention(heads, head_dim)
         self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim))
 

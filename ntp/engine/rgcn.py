@@ -30,6 +30,7 @@ from ntp.config import TrainConfig
 from ntp.engine.collectives import gather, split
 from ntp.engine.layers import dropped, keep_mask
 from ntp.engine.link_model import SlicedEmbedding
+from ntp.engine.linear import Linear, matmul
 from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
 
@@ -96,7 +97,7 @@ class RelationWeights(nn.Module):
         slot = torch.zeros(max(rels) + 1, dtype=torch.long, device=m.device)
         slot[rels] = torch.arange(len(rels), device=m.device)
         flat = m.new_zeros(rows * len(rels), self.in_dim).index_copy(0, dst * len(rels) + slot[pair_rel], m)
-        return flat.view(rows, -1) @ self.matrices(rels).reshape(len(rels) * self.in_dim, self.out_dim)
+        return matmul(flat.view(rows, -1), self.matrices(rels).reshape(len(rels) * self.in_dim, self.out_dim))
 
     def forward(self, m: torch.Tensor, pair_rel: torch.Tensor, rels: list[int]) -> torch.Tensor:
         """``m[p] @ W_{pair_rel[p]}`` for every message row p (``rels``: the relations that may occur, ascending).
@@ -115,7 +116,7 @@ class RelationWeights(nn.Module):
                 y = torch.einsum("nbi,bio->nbo", seg.reshape(len(seg), nb, self.in_dim // nb), self.blocks[r])
                 pieces.append(y.reshape(len(seg), self.out_dim))
             else:
-                pieces.append(seg @ weights[j])
+                pieces.append(matmul(seg, weights[j]))
         y = torch.cat(pieces) if pieces else m.new_zeros(0, self.out_dim)
         return torch.empty_like(y).index_copy(0, order, y)
 
@@ -126,7 +127,7 @@ class HeteroInput(nn.Module):
     def __init__(self, hc: HeteroContext, feature_dims: dict[str, int], width: int, seed: int) -> None:
         super().__init__()
         self.width = width
-        self.linears = nn.ModuleDict({t: nn.Linear(d, width) for t, d in feature_dims.items() if d})
+        self.linears = nn.ModuleDict({t: Linear(d, width) for t, d in feature_dims.items() if d})
         self.embeddings = nn.ModuleDict({
             t: SlicedEmbedding(hc.counts[t], width, hc.comms[t].part, seed * 1_009 + i)
             for i, t in enumerate(hc.types) if not feature_dims[t]})
@@ -155,7 +156,7 @@ class RGCNLayer(nn.Module):
     def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str, num_bases: int) -> None:
         super().__init__()
         self.in_dim = in_dim
-        self.root = nn.Linear(in_dim, out_dim)
+        self.root = Linear(in_dim, out_dim)
         self.rel = RelationWeights(num_relations, in_dim, out_dim, decomposition, num_bases)
 
     def forward(self, rows: dict, cols: dict, hc: HeteroContext, dst_types: list[str]) -> dict:
@@ -281,7 +282,7 @@ class DecoupledRGCN(nn.Module):
         for t, d in feature_dims.items():
             if d:
                 dims = [d] + [cfg.hidden] * (cfg.nn_layers - 1) + [out_dim]
-                self.mlps[t] = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+                self.mlps[t] = nn.ModuleList(Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.embeddings = nn.ModuleDict({t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed * 1_009 + i)
                                          for i, t in enumerate(hc.types) if not feature_dims[t]})
         # mixing weights: one per type (its own state) then one per relation, each 1 / (1 + relations into the type)
