@@ -1,10 +1,10 @@
 """Dense products of the models (Linear layers, typed weight products): oneDNN's kernels on a CPU.
 
 torch's CPU ``linear`` and ``mm`` call MKL's sgemm, which on this project's AMD EPYC ran the products of a GCN
-epoch at 2-3x the time of oneDNN's (also in torch, and what torch's compiler emits for CPU linears): a 100k x 128
-input times a 128 x 64 weight took 20 ms against 7.7 ms at one thread (docs/benchmarks.md, section 2). Every
-model's dense product goes through :func:`linear`, which picks oneDNN for float32 CPU products large enough to
-repay its set-up (about 10 us) and torch's own product everywhere else: CUDA, bfloat16 under autocast, float64.
+epoch in up to 2.8x the time of oneDNN's (also in torch, and what torch's compiler emits for CPU linears): a
+100k x 128 input times a 128 x 64 weight took 20 ms against 7.7 ms at one thread (docs/benchmarks.md, section 2).
+Every model's dense product goes through :func:`linear`, which picks oneDNN for float32 CPU products large enough
+to repay its set-up (about 10 us) and torch's own product everywhere else: CUDA, bfloat16 under autocast, float64.
 The gradients are the same products, so they take the same path.
 """
 from __future__ import annotations
