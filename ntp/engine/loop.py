@@ -29,8 +29,8 @@ def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor
     ``index_select``: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on two CPU
     threads."""
     y, picked = job.y[rows], logits.index_select(0, rows)
-    if job.data.task_type == "multiclass":
-        return F.cross_entropy(picked, y, reduction="sum")
+    if job.data.task_type == "multiclass":  # cross_entropy's summed NLL is one CUDA thread block: 2.4 ms at 2.4M rows
+        return -F.log_softmax(picked, dim=1).gather(1, y[:, None]).sum()
     mask = ~torch.isnan(y)
     return F.binary_cross_entropy_with_logits(picked[mask], y[mask], reduction="sum")
 
