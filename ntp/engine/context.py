@@ -126,10 +126,10 @@ class GraphContext:
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
-        return moved(split(z.to(self.device), self.comm), self.home)
+        return moved(split(moved(z, self.device), self.comm), self.home)
 
     def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
-        return gather(h.to(self.device), self.comm, width).to(self.nn_device)
+        return moved(gather(moved(h, self.device), self.comm, width), self.nn_device)
 
     def graph_cols(self, width: int) -> tuple[int, int]:
         return self.comm.part.cols(width)
@@ -152,13 +152,13 @@ class GraphContext:
             return self.from_graph(h, width)
         pop = self.overlapped_operator(name)
         if steps == 1:
-            last = split_propagate_gather(z.to(self.device), pop).to(self.nn_device)
+            last = moved(split_propagate_gather(moved(z, self.device), pop), self.nn_device)
         else:
-            p, z_cols = split_propagate(z.to(self.device), pop)
+            p, z_cols = split_propagate(moved(z, self.device), pop)
             h = _mix(p, z_cols, alpha)
             for _ in range(steps - 2):
                 h = _mix(self.propagate(name, h), z_cols, alpha)
-            last = propagate_gather(h, pop, width).to(self.nn_device)
+            last = moved(propagate_gather(h, pop, width), self.nn_device)
         return last if alpha is None else (1 - alpha) * last + alpha * z  # gather(split(z)) is z, exactly
 
     def propagate_weighted(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

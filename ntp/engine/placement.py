@@ -60,14 +60,16 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded,
     and the column-slice embeddings (input, output and their gradients), or, with ``offload == "all"`` on a GPU, the
     input and output of the ``column_block`` columns that a product holds at once (:func:`streamed_columns`; 0: the
-    slice stays on the device; the default, one column, is the least before the plan has chosen). On a CPU a
-    product multiplies a float32 copy of its input where it makes one: a bfloat16 input's, or rows scaled once on
-    a dense graph (ntp.engine.aggregate.prescaled)."""
+    slice stays on the device; the default, one column, is the least before the plan has chosen). A product on the
+    resident slice multiplies a float32 copy of its input where it makes one: a bfloat16 input's on a CPU, or rows
+    scaled once (ntp.engine.aggregate.scales_rows: on a GPU, float32 inputs; on a CPU, dense graphs)."""
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0
     parts = {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
              "embeddings": 2 * num_nodes * column_block * eb if streamed else 4 * num_nodes * slice_width * eb}
-    if device_type == "cpu" and (precision != "fp32" or scales_rows(num_edges, num_nodes * slice_width)):
+    copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
+                                                                            device_type, precision)
+    if copied and not streamed:
         parts["float32 product input"] = 4 * num_nodes * slice_width
     return parts
 

@@ -13,11 +13,29 @@ def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
 
 
 def moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` (differentiable); from a GPU into host memory it lands in pinned memory, so the copy back
-    for the next product runs at the bus's speed."""
-    if not (t.is_cuda and device.type == "cpu"):
-        return t.to(device)
-    return host_empty(*t.shape, dtype=t.dtype, pinned=True).copy_(t)
+    """``t`` on ``device``, differentiable; whatever lands in host memory from a GPU, forward or backward, lands in
+    pinned memory, so the copy back for the next product runs at the bus's speed (a gradient left to autograd's own
+    copy lands in pageable memory: 0.5 s of a 1.8 s products-scale epoch under ``--offload all`` on an H200)."""
+    if t.device == device:
+        return t
+    return _Moved.apply(t, device)
+
+
+class _Moved(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, device: torch.device) -> torch.Tensor:  # type: ignore[override]
+        ctx.source = t.device
+        return _copied(t, device)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return _copied(grad, ctx.source), None
+
+
+def _copied(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if t.is_cuda and device.type == "cpu":
+        return host_empty(*t.shape, dtype=t.dtype, pinned=True).copy_(t)
+    return t.to(device)
 
 
 class Downloads:
