@@ -233,15 +233,19 @@ def main() -> None:
                 r["x_first_variant"] = r["epoch_s"] / base["epoch_s"]
     report(f"gpu-{args.device}", rows, {"device": args.device, "nproc": args.nproc, "epochs": args.epochs,
                                         "hidden": args.hidden, "budget": args.budget, "sizes": sizes})
-    (OUT / "bytes_per_edge.json").write_text(json.dumps(_measured(rows)))
+    measured = _measured(rows)
+    if measured:  # a run without the coupled GCN row keeps the last run's figures for the plan
+        (OUT / "bytes_per_edge.json").write_text(json.dumps(measured))
     print_plan()
 
 
-def _measured(rows: list[dict]) -> dict:
+def _measured(rows: list[dict]) -> dict | None:
     """Bytes per edge for the plan: the slope of the node's host memory between two graphs with the same vertices
     and features but different edge counts (what one more edge costs: per-vertex and per-process costs cancel),
-    else the largest graph's net figure."""
+    else the largest graph's net figure; None without a coupled GCN row."""
     ours = [r for r in rows if r["variant"] == "ntp gcn coupled" and "host_B_per_edge" in r]
+    if not ours:
+        return None
     big = max(ours, key=lambda r: r["edges"])
     measured = {"host_B_per_edge": big["host_net_B_per_edge"], "topology_B_per_edge": big["topology_B_per_edge"],
                 "graph": big["graph"]}
