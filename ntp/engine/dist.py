@@ -23,6 +23,12 @@ class DistEnv:
     device: torch.device
     backend: str | None  # None: a single process without a process group
 
+    def __post_init__(self) -> None:
+        # tensors report "cuda:N", so a bare "cuda" would compare unequal to where they are, and the products would
+        # take their data for offloaded (bench/link_pyg.py's --device cuda did)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0

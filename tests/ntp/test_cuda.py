@@ -10,7 +10,7 @@ from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
 from ntp.engine.loop import fit
 from ntp.engine.setup import setup
-from tests.ntp.graphs import graph_budget, loader, random_graph
+from tests.ntp.graphs import loader, random_graph
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is)")]
@@ -35,15 +35,26 @@ def test_one_gpu_rank_trains_like_the_cpu(options: dict) -> None:
     np.testing.assert_allclose(_losses("cuda:0", **options), _losses("cpu"), rtol=1e-4)
 
 
-@pytest.mark.parametrize("chunk_bytes, blocks", [(100_000, 1), (37_000, 2)])
-def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(chunk_bytes: int, blocks: int) -> None:
+@pytest.mark.parametrize("columns", [16, 8])
+def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: int) -> None:
     """A budget too small for the embeddings on the device: they live in pinned host memory and each product copies
-    them through the GPU (the whole 16-column slice, or blocks of columns); the losses stay the CPU's."""
-    cfg = TrainConfig(model="gcn", epochs=6, hidden=16, dropout=0.0, seed=1, offload="all")
-    budget = graph_budget(chunk_bytes, cfg, GRAPH, 1, device_type="cuda")
-    job = _job("cuda:0", offload="all", memory_budget=budget)
-    assert job.ctx.home.type == "cpu" and -(-16 // job.ctx.column_block) == blocks, job.ctx.column_block
-    np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu"), rtol=1e-4)
+    them through the GPU (the whole 16-column slice, or blocks of 8 columns); the losses stay the CPU's. The budget
+    is the NN stage's part plus the room ``streamed_columns`` needs for ``columns``: half of it holds a product's
+    input and output."""
+    n = GRAPH["x"].shape[0]
+    env = DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None)
+    probe = setup(TrainConfig(model="gcn", arch="coupled", hidden=16, offload="all"), env, loader(GRAPH))
+    budget = f"{sum(probe.ctx.reserved.values()) + 2 * (2 * n * 4 * columns)}B"
+    job = _job("cuda:0", arch="coupled", offload="all", memory_budget=budget)
+    assert job.ctx.home.type == "cpu" and job.ctx.column_block == columns
+    np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu", arch="coupled"), rtol=1e-4)
+
+
+def test_a_bare_cuda_device_is_the_current_gpu() -> None:
+    """``cuda`` without an index is the current GPU: the products then see their input where they are (a bare
+    ``cuda`` once compared unequal to ``cuda:0`` and sent every product through host memory)."""
+    assert DistEnv(0, 1, 0, 1, torch.device("cuda"), None).device == torch.device("cuda", torch.cuda.current_device())
+    np.testing.assert_allclose(_losses("cuda", chunk_rows=64, offload="all"), _losses("cpu"), rtol=1e-4)
 
 
 def test_the_gpu_draws_the_window_masks_the_cpu_draws() -> None:
@@ -65,7 +76,7 @@ def test_the_gpu_drops_and_scales_like_the_cpu(dtype: torch.dtype) -> None:
     x, grad, keep = torch.randn(1000, 37).to(dtype), torch.randn(1000, 37).to(dtype), torch.rand(1000, 37) > 0.3
     results = []
     for device in ("cpu", "cuda:0"):
-        leaf = x.to(device).requires_grad_()
+        leaf = x.to(device, copy=True).requires_grad_()  # a leaf on each device
         y = dropped(leaf, keep, 0.3)
         y.backward(grad.to(device))
         results.append((y.detach().cpu(), leaf.grad.cpu()))
