@@ -27,9 +27,10 @@ from ntp.spec import LaunchSpec
 def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Sum of per-vertex losses over ``rows`` (the caller divides by the global count). The rows are picked with
     ``index_select``: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on two CPU
-    threads."""
+    threads. Classes: ``cross_entropy``'s sum in ordinary kernels (its own summed NLL is one CUDA thread block, 2.4
+    ms an epoch at products scale on an H200)."""
     y, picked = job.y[rows], logits.index_select(0, rows)
-    if job.data.task_type == "multiclass":  # cross_entropy's summed NLL is one CUDA thread block: 2.4 ms at 2.4M rows
+    if job.data.task_type == "multiclass":
         return -F.log_softmax(picked, dim=1).gather(1, y[:, None]).sum()
     mask = ~torch.isnan(y)
     return F.binary_cross_entropy_with_logits(picked[mask], y[mask], reduction="sum")

@@ -33,25 +33,24 @@ def loader(graph: dict):
 
 
 def budget_leaving(chunk_bytes: int, cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int,
-                   world: int, device_type: str = "cpu") -> str:
-    """A ``--memory-budget`` that leaves ``chunk_bytes`` to the aggregation chunks once what stays resident on a rank
-    (topology, embeddings, NN stage: ntp.engine.placement) is counted, as the ranks count it (on a CUDA rank with
-    ``--offload all``: the least the embeddings can take, one streamed column)."""
+                   world: int) -> str:
+    """A ``--memory-budget`` that leaves ``chunk_bytes`` to the aggregation chunks of a CPU rank once what stays
+    resident there (topology, embeddings, NN stage: ntp.engine.placement) is counted, as the ranks count it."""
     from ntp.engine.models import build_model
     from ntp.engine.placement import rank_resident_parts
 
     params = sum(p.numel() for p in build_model(cfg, feature_dim, out_dim).parameters())
     resident = rank_resident_parts(cfg, num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim,
                                    out_dim=out_dim, world=world, params=params, nn_on_device=True,
-                                   device_type=device_type)
+                                   device_type="cpu")
     return f"{sum(resident.values()) + chunk_bytes}B"
 
 
-def graph_budget(chunk_bytes: int, cfg, graph: dict, world: int, device_type: str = "cpu") -> str:
+def graph_budget(chunk_bytes: int, cfg, graph: dict, world: int) -> str:
     """:func:`budget_leaving` for one of the graphs above."""
     n, d = graph["x"].shape
     return budget_leaving(chunk_bytes, cfg, num_nodes=n, num_edges=graph["edge_index"].shape[1], feature_dim=d,
-                          out_dim=int(graph["y"].max()) + 1, world=world, device_type=device_type)
+                          out_dim=int(graph["y"].max()) + 1, world=world)
 
 
 def store_budget(path: str, chunk_bytes: int = 300_000, world: int = 2, **cfg) -> str:
