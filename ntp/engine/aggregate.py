@@ -76,10 +76,9 @@ def prescaled(h: torch.Tensor, scaling: Scaling, num_edges: int) -> torch.Tensor
 
 
 def scales_rows(num_edges: int, elements: int, device_type: str = "cpu", precision: str = "fp32") -> bool:
-    """Whether a product over ``num_edges`` edges scales its input of ``elements`` elements once (a float32 copy,
-    which the memory plan counts where it is made) and sums unit values, instead of gathering ``pre`` for every
-    edge. On a GPU: for float32 inputs (the gather took 0.84 ms of a 10.5 ms product at 120M edges on an H200; a
-    bfloat16 product keeps its own dtype). On a CPU: for a pattern dense enough."""
+    """Whether a product over ``num_edges`` edges scales its ``elements`` input elements once (a float32 copy, which
+    the plan counts) and sums unit values instead of gathering ``pre`` per edge: on a GPU for float32 inputs (the
+    gather took 0.84 of 10.5 ms at 120M edges on an H200), on a CPU for a pattern dense enough."""
     if device_type == "cuda":
         return precision == "fp32"
     return num_edges >= PRESCALE_EDGES_PER_ELEMENT * elements
@@ -255,15 +254,14 @@ class RowBlocks:
         return y if out is None else out
 
     def _matmul_through_device(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
-        """``M @ h`` for ``h`` in host memory, one column block at a time: the block copied to the device (the
-        whole ``h`` in one copy, a narrower block through a pinned buffer), the chunks computed there, and each
-        chunk's output rows copied into a pinned host output while the next chunk computes."""
+        """``M @ h`` for ``h`` in host memory, a column block at a time: copied to the device (a narrow one through
+        a pinned buffer), its chunks computed there, each chunk's rows downloaded into pinned memory while the next
+        computes, into a block of their own when narrower than ``h`` (torch copies to a strided host tensor through
+        pageable memory: 0.65 s of a 1.3 s products-scale epoch on an H200), then into the output's columns."""
         pinned = self.device.type == "cuda"
         out = host_empty(self.num_rows, h.shape[1], dtype=h.dtype, pinned=pinned)
         for c0, c1, x in uploaded_blocks(h, self.column_block or h.shape[1], self.device, pinned):
             whole = c1 - c0 == h.shape[1]
-            # a chunk's rows of a column block are contiguous only in a block of their own: torch copies a strided
-            # host destination through pageable memory (0.65 s of a 1.3 s products-scale epoch on an H200)
             block = out if whole else host_empty(self.num_rows, c1 - c0, dtype=h.dtype, pinned=pinned)
             y = x.new_empty(self.num_rows, c1 - c0)
             with Downloads(self.device) as downloads:
