@@ -118,8 +118,8 @@ def window_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, d
     """Row ``r`` of the mask is the ``width`` entries of a keep table (drawn for ``stream`` by
     :func:`hash_keep_mask`, 4M entries whatever the graph) that start at a hash of ``(stream, r)``, rounded down to a
     multiple of 8: one gather of 8-entry words instead of a dozen hash passes over each element (entry by entry, the
-    gather took 0.75 ms for 2.4M x 100 on an H200; as words it left the epoch profile's top 25). Two rows' windows overlap with probability about
-    ``2 width / 4M``; everything else is as independent as the hash."""
+    gather took 0.75 ms for 2.4M x 100 on an H200; as words it left the epoch profile's top 25). Two rows' windows
+    overlap with probability about ``2 width / 4M``; everything else is as independent as the hash."""
     words = -(-width // 8)
     table = hash_keep_mask((0, -(-(_TABLE_ENTRIES + 8 * words) // 64)), 64, p, stream, device).flatten()
     salt = _splitmix64(stream) ^ 0xA5A5A5A5A5A5A5A5
