@@ -23,6 +23,7 @@ from ntp.engine.collectives import Comm
 from ntp.engine.context import GraphContext
 from ntp.engine.operators import CSR, operator_pattern, with_self_loops
 from ntp.engine.metrics import HALO
+from ntp.engine.transfer import moved
 
 
 # -- the halo plan and its exchange ----------------------------------------------------------------------------------
@@ -175,10 +176,10 @@ class DataParallelContext(GraphContext):
     supports_overlap = False
 
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
-        return z.to(self.device)
+        return moved(z, self.device)
 
     def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
-        return h.to(self.nn_device)
+        return moved(h, self.nn_device)
 
     def graph_cols(self, width: int) -> tuple[int, int]:
         return 0, width
