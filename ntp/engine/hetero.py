@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ntp.config import TrainConfig
 from ntp.engine.checkpoint import checkpoint_due
@@ -20,6 +19,7 @@ from ntp.engine.collectives import Comm, all_gather_rows, all_reduce_gradients, 
 from ntp.engine.dist import DistEnv
 from ntp.engine.hetero_data import HeteroGraphData
 from ntp.engine.hetero_memory import plan_operators
+from ntp.engine.layers import class_loss_sum
 from ntp.engine.metrics import ALLREDUCE
 from ntp.engine.partition import Partition
 from ntp.engine.relations import HeteroContext
@@ -111,7 +111,7 @@ class HeteroTask:
         job.optimizer.zero_grad(set_to_none=True)
         logits = model(job.x, hc)
         rows = job.local_split["train"]
-        loss = F.cross_entropy(logits.index_select(0, rows), job.y[rows], reduction="sum") / job.global_train_count
+        loss = class_loss_sum(logits.index_select(0, rows), job.y[rows]) / job.global_train_count
         loss.backward()
         sliced = {id(p) for p in model.sliced()}
         all_reduce_gradients([p for p in model.parameters() if id(p) not in sliced], job.comm)

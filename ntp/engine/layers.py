@@ -212,6 +212,12 @@ def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Te
     return torch.ops.aten.native_dropout_backward(x, keep, scale)
 
 
+def class_loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``cross_entropy(logits, y, reduction="sum")`` in ordinary kernels: torch's own summed NLL is one CUDA thread
+    block (2.4 ms an epoch at products scale on an H200)."""
+    return -F.log_softmax(logits, dim=1).gather(1, y[:, None]).sum()
+
+
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:
     """One :class:`RowDropout` before each of ``layers`` layers: ``input_p`` on the first one's input, ``p`` after."""
     return nn.ModuleList(RowDropout(rate, i) for i, rate in enumerate([input_p] + [p] * (layers - 1)))
