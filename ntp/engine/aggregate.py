@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ntp.engine.chunking import in_phase
+from ntp.engine.chunking import in_phase, streams_topology
 from ntp.engine.operators import CSR, Scaling, transpose
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
 from ntp.engine.transfer import Downloads, Staging, host_empty, uploaded_blocks
@@ -188,8 +188,7 @@ class RowBlocks:
 
     def _device_parts(self):
         """Each chunk's row pointers and columns on the device, in order (streamed when offloaded)."""
-        streamed = self.offload != "none" and self.device.type == "cuda"
-        return self._stream_cuda() if streamed else iter(self._parts)
+        return self._stream_cuda() if streams_topology(self.offload, self.device.type) else iter(self._parts)
 
     def _chunk_apply(self, part: tuple[torch.Tensor, torch.Tensor], r0: int, r1: int, scaling: Scaling):
         return lambda h, out=None: self._apply(part, r0, r1, h, scaling, out)

@@ -6,7 +6,8 @@ from functools import cached_property
 import torch
 
 from ntp.engine.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator
-from ntp.engine.chunking import ChunkPlan, OverlapClock, PhaseMemory, default_device_budget, in_phase, make_plan
+from ntp.engine.chunking import (ChunkPlan, OverlapClock, PhaseMemory, default_device_budget, in_phase, make_plan,
+                                 streams_topology)
 from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
 from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
@@ -69,7 +70,7 @@ class GraphContext:
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
                          resident=resident, element_bytes=element_bytes(self.precision), ways_out=ways_out(resident),
-                         pipelined=self.pipelined)
+                         pipelined=self.pipelined, streamed=streams_topology(self.offload, self.device.type))
 
     @property
     def pipelined(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ntp.engine import checkpoint
-from ntp.engine.chunking import ChunkPlan, make_plan, uniform_plan
+from ntp.engine.chunking import ChunkPlan, make_plan, streams_topology, uniform_plan
 from ntp.engine.models import build_model
 from ntp.engine.partition import ceil_div
 from ntp.engine.placement import propagated_width, rank_resident_parts, ways_out
@@ -65,7 +65,8 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
                                    device_type=spec.device)
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
                      width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),
-                     ways_out=ways_out(resident), pipelined=cfg.overlap and spec.world_size > 1)
+                     ways_out=ways_out(resident), pipelined=cfg.overlap and spec.world_size > 1,
+                     streamed=streams_topology(cfg.offload, spec.device))
 
 
 def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:

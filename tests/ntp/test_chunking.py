@@ -600,8 +600,34 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     alone = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all", overlap=True)
     assert [c.column_block for c in (roomy, whole, short, piped, alone)] == [0, width, 4, width // 2, 4]
     assert roomy.home == comm.device and {c.home.type for c in (whole, short, piped)} == {"cpu"}
-    assert short.plan.num_chunks > whole.plan.num_chunks, "the chunks share the budget with the streamed columns"
+    budgets = [c.plan.reason.split(":")[0].split(";")[0] for c in (short, whole)]
+    assert budgets == ["budget 3.12KB", "budget 25KB"], "the chunks get what the streamed columns leave"
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
+
+
+def test_a_streamed_topology_comes_in_enough_chunks_for_its_copies_to_overlap() -> None:
+    """Where products stream their topology (``--offload`` on a GPU; only planned here), a budget that holds the
+    graph in one chunk still cuts :data:`STREAMED_CHUNKS` of about equal working sets, so each chunk's copy overlaps
+    the compute of the one before; nothing changes on a CPU or without offload, and ``--chunk-rows`` wins."""
+    from ntp.engine.chunking import STREAMED_CHUNKS
+    from ntp.engine.collectives import Comm
+    from ntp.engine.context import GraphContext
+    from ntp.engine.partition import Partition
+
+    topo = _topology(DIRECTED)
+    gpu, cpu = (Comm(Partition(topo.num_nodes, 1, 0), torch.device(*d)) for d in (("cuda", 0), ("cpu",)))
+    plan = lambda comm, offload, **kw: GraphContext(topo, comm, memory_budget=10**7, width=8, offload=offload,  # noqa: E731
+                                                    **kw).plan
+    streamed = plan(gpu, "topology")
+    assert STREAMED_CHUNKS <= streamed.num_chunks <= STREAMED_CHUNKS + 1 and "the topology streams" in streamed.reason
+    assert plan(gpu, "all").bounds == streamed.bounds
+    assert [plan(gpu, "none").num_chunks, plan(cpu, "topology").num_chunks] == [1, 1]
+    assert plan(gpu, "topology", chunk_rows=50).bounds == [0, 50, 100]
+    costs = row_costs(topo.indptr, topo.indices, topo.num_nodes, 8)
+    shares = [costs[a:b].sum() for a, b in streamed.ranges()]
+    assert max(shares[:-1]) <= costs.sum() / STREAMED_CHUNKS + costs.max(), "about an equal share each"
+    deg = topo.in_degrees().numpy(), topo.out_degrees().numpy()
+    assert make_plan(*deg, width=8, device=torch.device("cpu"), streamed=True).num_chunks >= STREAMED_CHUNKS
 
 
 def test_cpu_products_scale_the_rows_once_only_on_dense_graphs() -> None:
