@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ntp.engine.aggregate import csr_matmul, uniform_bounds
-from ntp.engine.chunking import OverlapClock, PhaseMemory
+from ntp.engine.aggregate import csr_matmul
+from ntp.engine.chunking import OverlapClock, PhaseMemory, uniform_plan
 from ntp.engine.collectives import Comm
 from ntp.engine.hetero_data import HeteroGraphData, RelationData
 from ntp.engine.partition import Partition
@@ -33,7 +33,7 @@ def _blocks(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, num_col
     """Row blocks of a CSR as torch sparse CSR tensors on ``device``: ``bounds`` (a memory plan's), else uniform
     blocks of ``chunk_rows``."""
     out = []
-    bounds = bounds or uniform_bounds(len(indptr) - 1, chunk_rows)
+    bounds = bounds or uniform_plan(len(indptr) - 1, chunk_rows).bounds
     for r0, r1 in zip(bounds[:-1], bounds[1:]):
         e0, e1 = int(indptr[r0]), int(indptr[r1])
         out.append(torch.sparse_csr_tensor(torch.from_numpy(indptr[r0:r1 + 1] - e0),
