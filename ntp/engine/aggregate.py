@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ntp.engine.chunking import in_phase, streams_topology
 from ntp.engine.operators import CSR, Scaling, transpose
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
-from ntp.engine.transfer import Downloads, Staging, host_empty, uploaded_blocks
+from ntp.engine.transfer import Downloads, Staging, device_rows, host_columns, host_empty, is_column_major
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -124,13 +124,6 @@ def edge_softmax(logits: torch.Tensor, dst: torch.Tensor, num_rows: int) -> torc
 
 
 # -- operators ------------------------------------------------------------------------------------------------------
-def uniform_bounds(n: int, chunk_rows: int) -> list[int]:
-    """Row boundaries of chunks of ``chunk_rows`` rows (0: one chunk)."""
-    if chunk_rows <= 0 or chunk_rows >= n:
-        return [0, n]
-    return list(range(0, n, chunk_rows)) + [n]
-
-
 class RowBlocks:
     """The row blocks of one unit-weight CSR matrix cut at ``bounds``, applied chunk by chunk on ``device``.
 
@@ -140,10 +133,8 @@ class RowBlocks:
     - ``"topology"``: each chunk's indices are copied to the device when it runs. On CUDA they go through two pinned
       staging buffers allocated once (double buffering), on a side stream, while the previous chunk computes;
     - ``"all"``: as ``"topology"``, and the dense input and output of a product live in host memory between
-      products (pinned on CUDA): :meth:`matmul` copies the input to the device ``column_block`` columns at a time
-      (the whole slice, one contiguous copy, unless the memory plan asked for fewer), runs the chunks there and
-      copies each chunk's output rows back on a side stream while the next chunk computes. The device holds one
-      block's input and output only while a product runs.
+      products (pinned on CUDA); :meth:`matmul` passes them through the device ``column_block`` columns at a time
+      (all unless the plan asked for fewer). The device holds one block's input and output only while a product runs.
 
     On CPU the three forms compute the same products with the same kernel; only where the inputs come from differs.
     """
@@ -246,6 +237,7 @@ class RowBlocks:
         """``M @ h``, chunk by chunk, into one preallocated output in ``h``'s memory (never a concatenation)."""
         if h.device != self.device:  # offload "all": the embeddings pass through the device for this product
             return self._matmul_through_device(h, scaling)
+        h = h.contiguous()
         scaled = prescaled(h, scaling, self.indices.numel())
         out = None if len(self) == 1 else h.new_empty(self.num_rows, h.shape[1])
         for (r0, r1), part in zip(self.ranges(), self._device_parts()):
@@ -253,21 +245,30 @@ class RowBlocks:
         return y if out is None else out
 
     def _matmul_through_device(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
-        """``M @ h`` for ``h`` in host memory, a column block at a time: copied to the device (a narrow one through
-        a pinned buffer), its chunks computed there, each chunk's rows downloaded into pinned memory while the next
-        computes, into a block of their own when narrower than ``h`` (torch copies to a strided host tensor through
-        pageable memory: 0.65 s of a 1.3 s products-scale epoch on an H200), then into the output's columns."""
-        pinned = self.device.type == "cuda"
-        out = host_empty(self.num_rows, h.shape[1], dtype=h.dtype, pinned=pinned)
-        for c0, c1, x in uploaded_blocks(h, self.column_block or h.shape[1], self.device, pinned):
-            whole = c1 - c0 == h.shape[1]
-            block = out if whole else host_empty(self.num_rows, c1 - c0, dtype=h.dtype, pinned=pinned)
-            y = x.new_empty(self.num_rows, c1 - c0)
+        """``M @ h`` for ``h`` in host memory. Whole, its rows go in one copy and each chunk's output rows return
+        while the next chunk computes. In blocks of columns, ``h`` lies column by column (ntp.engine.transfer:
+        ``to_graph`` leaves it so), so a block comes and goes in contiguous slabs, returning as the next computes."""
+        pinned, width = self.device.type == "cuda", h.shape[1]
+        step = self.column_block or width
+        if step >= width and not is_column_major(h):
+            out = host_empty(self.num_rows, width, dtype=h.dtype, pinned=pinned)
+            x = h.to(self.device, non_blocking=True)
+            y = x.new_empty(self.num_rows, width)
             with Downloads(self.device) as downloads:
                 for r0, r1, apply in self.chunks(scaling):
-                    downloads.copy(block[r0:r1], apply(x, y[r0:r1]))
-            if not whole:
-                out[:, c0:c1] = block
+                    downloads.copy(out[r0:r1], apply(x, y[r0:r1]))
+            return out
+        h = h if is_column_major(h) else host_columns(h, pinned)
+        out = host_empty(width, self.num_rows, dtype=h.dtype, pinned=pinned).t()  # column-major
+        with Downloads(self.device) as downloads:
+            for c0 in range(0, width, step):
+                c1 = min(c0 + step, width)
+                x = device_rows(h, self.device, c0, c1)
+                y = x.new_empty(self.num_rows, c1 - c0)
+                for r0, r1, apply in self.chunks(scaling):
+                    apply(x, y[r0:r1])
+                downloads.copy_columns(out[:, c0:c1], y)
+                del x, y  # before the next block comes: one block's input and output at a time
         return out
 
 
@@ -326,7 +327,7 @@ class _FixedSpMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         with in_phase(ctx.op.phases):
-            return ctx.op.backward.matmul(grad.contiguous()), None
+            return ctx.op.backward.matmul(grad), None
 
 
 class EdgeWeightedTopology:

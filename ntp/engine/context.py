@@ -127,10 +127,10 @@ class GraphContext:
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
-        return moved(split(moved(z, self.device), self.comm), self.home)
+        return moved(split(moved(z, self.device), self.comm), self.home, columns=True)  # home: products take columns
 
     def from_graph(self, h: torch.Tensor, width: int) -> torch.Tensor:
-        return moved(gather(moved(h, self.device), self.comm, width), self.nn_device)
+        return moved(gather(moved(h, self.device, columns=True), self.comm, width), self.nn_device)
 
     def graph_cols(self, width: int) -> tuple[int, int]:
         return self.comm.part.cols(width)

@@ -19,6 +19,7 @@ from ntp.engine.aggregate import scales_rows
 from ntp.engine.chunking import DEVICE_MARGIN, format_bytes
 from ntp.engine.partition import ceil_div
 from ntp.engine.precision import element_bytes
+from ntp.engine.transfer import slab_columns
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.
@@ -58,15 +59,15 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
                          device_type: str = "cuda", column_block: int = 1) -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded,
-    and the column-slice embeddings (input, output and their gradients), or, with ``offload == "all"`` on a GPU, the
-    input and output of the ``column_block`` columns that a product holds at once (:func:`streamed_columns`; 0: the
-    slice stays on the device; the default, one column, is the least before the plan has chosen). A product on the
-    resident slice multiplies a float32 copy of its input where it makes one: a bfloat16 input's on a CPU, or rows
-    scaled once (ntp.engine.aggregate.scales_rows: on a GPU, float32 inputs; on a CPU, dense graphs)."""
+    and the column-slice embeddings (input, output and their gradients), or, with ``offload == "all"`` on a GPU,
+    what a product streaming ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on
+    the device; the default, one column, is the least before the plan has chosen). A product on the resident slice
+    multiplies a float32 copy of its input where it makes one: a bfloat16 input's on a CPU, or rows scaled once
+    (ntp.engine.aggregate.scales_rows: on a GPU, float32 inputs; on a CPU, dense graphs)."""
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0
     parts = {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
-             "embeddings": 2 * num_nodes * column_block * eb if streamed else 4 * num_nodes * slice_width * eb}
+             "embeddings": streamed_bytes(num_nodes, column_block, eb) if streamed else 4 * num_nodes * slice_width * eb}
     copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
                                                                             device_type, precision)
     if copied and not streamed:
@@ -78,12 +79,20 @@ def streamed_columns(num_nodes: int, slice_width: int, room: int, precision: str
     """``--offload all`` on a GPU: how many columns of the column slice a product holds on the device at once, given
     ``room`` (what the budget leaves besides the NN stage; half of it is the chunks'). 0 when the slice's embeddings
     fit there as without offload (moving them through host memory would only add copies: products keep nothing for
-    the backward, so the device holds the same either way); else all columns when one product's input and output
-    fit, or as many as do, at least one."""
+    the backward, so the device holds the same either way); else all columns when one product's
+    (:func:`streamed_bytes`) fit, or as many as do, at least one."""
     eb = element_bytes(precision)
     if 4 * num_nodes * slice_width * eb <= room // 2:
         return 0
-    return max(1, min(slice_width, room // 2 // (2 * num_nodes * eb)))
+    rows = room // 2 // (num_nodes * eb)  # columns of num_nodes elements that half the room holds
+    slab = slab_columns(num_nodes, eb)
+    return max(1, min(slice_width, rows // 3 if rows < 3 * slab else (rows - slab) // 2))
+
+
+def streamed_bytes(num_nodes: int, columns: int, element_bytes: int) -> int:
+    """Device bytes of a product that streams ``columns`` columns at a time: their input and output, and one slab
+    of columns on its way (ntp.engine.transfer.slab_columns)."""
+    return num_nodes * element_bytes * (2 * columns + min(columns, slab_columns(num_nodes, element_bytes)))
 
 
 def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:

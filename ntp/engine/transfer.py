@@ -12,30 +12,76 @@ def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
     return torch.empty(*size, dtype=dtype, pin_memory=pinned)
 
 
-def moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def moved(t: torch.Tensor, device: torch.device, columns: bool = False) -> torch.Tensor:
     """``t`` on ``device``, differentiable; whatever lands in host memory from a GPU, forward or backward, lands in
     pinned memory, so the copy back for the next product runs at the bus's speed (a gradient left to autograd's own
-    copy lands in pageable memory: 0.5 s of a 1.8 s products-scale epoch under ``--offload all`` on an H200)."""
+    copy lands in pageable memory: 0.5 s of a 1.8 s products-scale epoch under ``--offload all`` on an H200).
+    ``columns``: it lands there laid out column by column (:func:`host_columns`), for products that take it a block
+    of columns at a time. A column-major host tensor reaches a device row by row (:func:`device_rows`)."""
     if t.device == device:
         return t
-    return _Moved.apply(t, device)
+    return _Moved.apply(t, device, columns)
 
 
 class _Moved(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, t: torch.Tensor, device: torch.device) -> torch.Tensor:  # type: ignore[override]
-        ctx.source = t.device
-        return _copied(t, device)
+    def forward(ctx, t: torch.Tensor, device: torch.device, columns: bool) -> torch.Tensor:  # type: ignore[override]
+        ctx.source, ctx.columns = t.device, columns
+        return _copied(t, device, columns)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return _copied(grad, ctx.source), None
+        return _copied(grad, ctx.source, ctx.columns), None, None
 
 
-def _copied(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _copied(t: torch.Tensor, device: torch.device, columns: bool) -> torch.Tensor:
     if t.is_cuda and device.type == "cpu":
-        return host_empty(*t.shape, dtype=t.dtype, pinned=True).copy_(t)
+        return host_columns(t, pinned=True) if columns else host_empty(*t.shape, dtype=t.dtype, pinned=True).copy_(t)
+    if device.type == "cuda" and not t.is_cuda and t.dim() == 2 and is_column_major(t) and not t.is_contiguous():
+        return device_rows(t, device)
     return t.to(device)
+
+
+#: bytes of the columns that pass between a column-major host tensor and a device at once: the device holds one
+#: such slab, transposed, besides the rows it lays them out in
+SLAB_BYTES = 16 << 20
+
+
+def slab_columns(rows: int, element_size: int) -> int:
+    """Columns of one slab of a ``rows``-row matrix (at least one)."""
+    return max(1, SLAB_BYTES // max(1, rows * element_size))
+
+
+def _slabs(t: torch.Tensor, c0: int, c1: int) -> list[tuple[int, int]]:
+    step = slab_columns(t.shape[0], t.element_size())
+    return [(a, min(a + step, c1)) for a in range(c0, c1, step)]
+
+
+def is_column_major(t: torch.Tensor) -> bool:
+    """Whether the 2-D ``t`` lies column by column (its transpose is contiguous): any block of its columns is then
+    one contiguous region of memory."""
+    return t.t().is_contiguous()
+
+
+def host_columns(t: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """The 2-D ``t`` in host memory (``pinned``: page-locked) laid out column by column. A block of its columns then
+    reaches a device in one contiguous copy and returns in one: a block of a row-major host tensor is strided, and
+    gathering and scattering such blocks on the host took most of a 0.45 s products-scale ``--offload all`` epoch
+    on an H200. From a GPU, each slab of columns is transposed there and copied down in one piece."""
+    out = host_empty(t.shape[1], t.shape[0], dtype=t.dtype, pinned=pinned)
+    for a, b in _slabs(t, 0, t.shape[1]):
+        out[a:b].copy_(t[:, a:b].t())
+    return out.t()
+
+
+def device_rows(t: torch.Tensor, device: torch.device, c0: int = 0, c1: int | None = None) -> torch.Tensor:
+    """Columns ``c0:c1`` of the column-major host tensor ``t`` on ``device``, laid out row by row: each slab is
+    copied as it lies (asynchronously from pinned memory), then transposed there."""
+    c1 = t.shape[1] if c1 is None else c1
+    out = torch.empty(t.shape[0], c1 - c0, dtype=t.dtype, device=device)
+    for a, b in _slabs(t, c0, c1):
+        out[:, a - c0 : b - c0].copy_(t[:, a:b].t().to(device, non_blocking=True).t())
+    return out
 
 
 class Downloads:
@@ -60,6 +106,12 @@ class Downloads:
             dst.copy_(src, non_blocking=True)
         src.record_stream(self.stream)  # the compute stream may free src before the copy has read it
 
+    def copy_columns(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``src`` into ``dst`` of its shape, laid out column by column in host memory: a slab of columns at a time,
+        transposed on the device, then copied in one piece."""
+        for a, b in _slabs(src, 0, src.shape[1]):
+            self.copy(dst[:, a:b].t(), src[:, a:b].t().contiguous())
+
     def __exit__(self, *exc) -> None:
         if self.cuda:
             self.stream.synchronize()  # the host reads the output next
@@ -78,24 +130,3 @@ class Staging:
         """``tensors`` copied into the buffers (views of their shapes), once the previous copy out has finished."""
         self.copied.synchronize()
         return tuple(b[: t.numel()].view(t.shape).copy_(t) for b, t in zip(self.buffers, tensors))
-
-
-def uploaded_blocks(h: torch.Tensor, step: int, device: torch.device, pinned: bool):
-    """``(c0, c1, block)`` for each ``step``-column block of the host tensor ``h``, copied to ``device``. The whole
-    tensor goes in one copy (pinned: asynchronous). A narrower block is first gathered on the host into one of two
-    pinned buffers, so its copy is asynchronous too and the host gathers the next block while the device computes;
-    a buffer is refilled only once its copy has left it. Without ``pinned`` (a CPU rank) a block is an ordinary
-    copy."""
-    width = h.shape[1]
-    slots = [Staging([h.shape[0] * step], [h.dtype]) for _ in range(2)] if pinned and step < width else []
-    for k, c0 in enumerate(range(0, width, step)):
-        c1 = min(c0 + step, width)
-        src = h[:, c0:c1]
-        if not slots:
-            yield c0, c1, src.contiguous().to(device, non_blocking=True)
-            continue
-        slot = slots[k % 2]
-        (staged,) = slot.fill(src)
-        x = staged.to(device, non_blocking=True)
-        slot.copied.record(torch.cuda.current_stream(device))
-        yield c0, c1, x

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -297,7 +298,7 @@ def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation(
     small = nn_stage_bytes(10_000, 100, 256, 47, 3, params=100_000)
     graph_bytes = lambda *args: sum(graph_resident_parts(*args).values())  # noqa: E731
     graph = graph_bytes(2_450_000, 124_000_000, 12, "all")
-    assert graph == 2 * 2_450_000 * 4, "offload all needs at least one column of a product's input and output"
+    assert graph == 3 * 2_450_000 * 4, "offload all needs a column of a product's input and output, and one in transit"
     assert graph_bytes(2_450_000, 124_000_000, 12, "topology") > 0
     assert graph_bytes(10, 20, 4, "none") > graph_bytes(10, 20, 4, "topology")
     assert choose_nn_device("auto", gpu, nn, graph, 80 * gib) == gpu
@@ -383,49 +384,44 @@ def test_offloaded_embeddings_pass_through_the_device_once_per_product(monkeypat
     assert log == ["wait_stream", "record_stream"] * chunks + ["synchronize"]
 
 
-def test_narrow_column_blocks_reach_the_device_through_two_pinned_buffers(monkeypatch) -> None:
-    """A column block narrower than the slice is gathered into one of two pinned buffers (so its copy to the device is
-    asynchronous), and a buffer is refilled only after waiting for its previous copy; the whole slice goes as is."""
+def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) -> None:
+    """``--offload all`` in blocks of columns: the slice lies column by column in host memory (as ``to_graph``
+    leaves it), so a block reaches the device a slab of columns at a time, each slab one contiguous piece of host
+    memory laid out row by row there, and the output returns the same way: the host gathers and scatters nothing."""
     import ntp.engine.transfer as transfer
 
-    _no_op_streams(monkeypatch)
-    log: list[str] = []
-
-    class Event:
-        def __init__(self) -> None:
-            self.name = f"buffer {len(log) % 2}"  # the two buffers' events are made first, in order
-            log.append(f"{self.name} made")
-
-        def record(self, stream) -> None:
-            log.append(f"{self.name} copied")
-
-        def synchronize(self) -> None:
-            log.append(f"{self.name} waited")
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    made: list[torch.Tensor] = []
-    monkeypatch.setattr(transfer, "host_empty", lambda *size, dtype, pinned: made.append(torch.empty(*size, dtype=dtype))
-                        or made[-1])
+    log = _no_op_streams(monkeypatch)
+    monkeypatch.setattr(transfer, "SLAB_BYTES", 2 * 7 * 4)  # two columns of 7 float32 rows
     h = torch.randn(7, 5)
-    # on the CPU ``.to`` returns the buffer itself, so each block is read before the next one is asked for
-    blocks = [(c0, c1, x.clone()) for c0, c1, x in transfer.uploaded_blocks(h, 2, torch.device("cpu"), pinned=True)]
-    assert [(c0, c1) for c0, c1, _ in blocks] == [(0, 2), (2, 4), (4, 5)]
-    assert len(made) == 2 and all(t.numel() == 7 * 2 for t in made), "two buffers, each one block wide"
-    assert torch.equal(torch.cat([x for _, _, x in blocks], dim=1), h) and all(x.is_contiguous() for _, _, x in blocks)
-    assert log[2:] == ["buffer 0 waited", "buffer 0 copied", "buffer 1 waited", "buffer 1 copied",
-                       "buffer 0 waited", "buffer 0 copied"]
-    (_, _, whole), = transfer.uploaded_blocks(h, 5, torch.device("cpu"), pinned=True)
-    assert torch.equal(whole, h) and len(made) == 2, "the whole slice needs no buffer"
+    cols = transfer.host_columns(h, pinned=True)
+    assert torch.equal(cols, h) and transfer.is_column_major(cols) and not cols.is_contiguous()
+    sent: list[tuple[int, ...]] = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: sent.append(t.shape) or to(t, *a, **k)
+                        if t.is_contiguous() else pytest.fail("a slab in two pieces"))
+    x = transfer.device_rows(cols, torch.device("cpu"), 1, 5)
+    assert torch.equal(x, h[:, 1:5]) and x.is_contiguous() and sent == [(2, 7), (2, 7)]
+    out = transfer.host_empty(5, 7, dtype=h.dtype, pinned=True).t()
+    with transfer.Downloads(torch.device("cuda")) as downloads:
+        downloads.copy_columns(out, h)
+    assert torch.equal(out, h) and log.count("record_stream") == 3, "slabs of 2, 2 and 1 columns"
+    topo = _topology(DIRECTED)
+    h, op = torch.randn(topo.num_nodes, 5), _gcn(topo, uniform_plan(100, 13).bounds, "all")
+    op.forward_blocks.column_block = 2
+    y = op.forward_blocks._matmul_through_device(transfer.host_columns(h, pinned=False), op.scaling)
+    torch.testing.assert_close(y, _gcn(topo)(h))
+    assert transfer.is_column_major(y) and not y.is_contiguous(), "the output lies as the input did"
 
 
 def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_the_rest() -> None:
     """With ``--offload all`` the device holds the input and output slices of the product running (not their
-    gradients) and one chunk; every chunk of a budget plan, forward and backward, fits what they leave."""
+    gradients), a slab of columns in transit (here all of them: the graph is small) and one chunk; every chunk of a
+    budget plan, forward and backward, fits what they leave."""
     csr = _csr(DIRECTED)
     width, n, e = 3, csr.num_nodes, csr.num_edges
     kept = graph_resident_parts(n, e, width, "all", column_block=width)
-    assert kept == {"topology": 0, "embeddings": 2 * n * width * 4}
-    assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 2 * kept["embeddings"]
+    assert kept == {"topology": 0, "embeddings": 3 * n * width * 4}
+    assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 4 * n * width * 4
     assert graph_resident_parts(n, e, width, "all", column_block=0) == graph_resident_parts(n, e, width, "topology")
     on_cpu = graph_resident_parts(n, e, width, "all", "fp32", "cpu", width)
     assert on_cpu == graph_resident_parts(n, e, width, "topology", "fp32", "cpu"), "on a CPU nothing moves"
@@ -444,15 +440,17 @@ def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_
 
 
 def test_offloaded_embeddings_visit_the_device_in_as_many_columns_as_half_the_room_holds() -> None:
-    from ntp.engine.placement import streamed_columns
+    """Half the room holds a product's input and output columns and a slab of columns in transit."""
+    from ntp.engine.placement import streamed_bytes, streamed_columns
 
-    n, width = 1_000, 64
-    one_column = 2 * n * 4  # a product's input and output column, fp32
-    assert streamed_columns(n, width, 2 * 2 * width * one_column) == 0, "room as without offload: they stay"
-    assert streamed_columns(n, width, 2 * 2 * width * one_column - 1) == width, "the whole slice through the device"
-    assert streamed_columns(n, width, 2 * 10 * one_column + 1) == 10, "half the room for the embeddings"
-    assert streamed_columns(n, width, 2 * 10 * one_column, "bf16") == 20, "bfloat16 columns take half the bytes"
-    assert streamed_columns(n, width, 1) == 1, "at least one column (the plan then says what does not fit)"
+    for n in (1_000, 1_000_000):  # a slab holds all the columns of the small graph, 4 of the large one
+        width, room = 64, lambda columns, eb=4: 2 * streamed_bytes(n, columns, eb)  # noqa: E731
+        assert streamed_bytes(n, 10, 4) == n * 4 * (20 + (10 if n == 1_000 else 4))
+        assert streamed_columns(n, width, 2 * 4 * n * width * 4) == 0, "room as without offload: they stay"
+        assert streamed_columns(n, width, 2 * 4 * n * width * 4 - 1) == width, "the whole slice through the device"
+        assert [streamed_columns(n, width, room(10) - k) for k in (0, 1)] == [10, 9], "half the room for them"
+        assert streamed_columns(n, width, room(10, 2), "bf16") == 10, "bfloat16 columns take half the bytes"
+        assert streamed_columns(n, width, 1) == 1, "at least one column (the plan then says what does not fit)"
 
 
 OFFLOADABLE = [c for c in MODELS if c["model"] != "gat"]
@@ -588,20 +586,22 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     from ntp.engine.collectives import Comm
     from ntp.engine.context import GraphContext
     from ntp.engine.partition import Partition
+    from ntp.engine.placement import streamed_bytes
 
     topo = _topology(DIRECTED)
     n, width = topo.num_nodes, 32
+    room = lambda columns: 2 * streamed_bytes(n, columns, 4)  # noqa: E731  (half of it the chunks')
     comm = Comm(Partition(n, 1, 0), torch.device("cuda", 0))
     roomy = GraphContext(topo, comm, memory_budget=10**7, width=width, offload="all")
-    whole = GraphContext(topo, comm, memory_budget=width * 2 * n * 4 * 2, width=width, offload="all")
-    short = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all")  # room for 4 columns
+    whole = GraphContext(topo, comm, memory_budget=room(width), width=width, offload="all")
+    short = GraphContext(topo, comm, memory_budget=room(4), width=width, offload="all")
     two = Comm(Partition(n, 2, 0), torch.device("cuda", 0))  # the pipelined loops exchange with another rank
-    piped = GraphContext(topo, two, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all", overlap=True)
-    alone = GraphContext(topo, comm, memory_budget=4 * 2 * n * 4 * 2, width=width, offload="all", overlap=True)
+    piped = GraphContext(topo, two, memory_budget=room(4), width=width, offload="all", overlap=True)
+    alone = GraphContext(topo, comm, memory_budget=room(4), width=width, offload="all", overlap=True)
     assert [c.column_block for c in (roomy, whole, short, piped, alone)] == [0, width, 4, width // 2, 4]
     assert roomy.home == comm.device and {c.home.type for c in (whole, short, piped)} == {"cpu"}
-    budgets = [c.plan.reason.split(":")[0].split(";")[0] for c in (short, whole)]
-    assert budgets == ["budget 3.12KB", "budget 25KB"], "the chunks get what the streamed columns leave"
+    budgets = [re.match(r"budget [\d.]+KB", c.plan.reason).group() for c in (short, whole)]  # the chunks'
+    assert budgets == ["budget 4.69KB", "budget 37.5KB"], "the chunks get what the streamed columns leave"
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
 
 
@@ -609,15 +609,17 @@ def test_a_streamed_topology_comes_in_enough_chunks_for_its_copies_to_overlap() 
     """Where products stream their topology (``--offload`` on a GPU; only planned here), a budget that holds the
     graph in one chunk still cuts :data:`STREAMED_CHUNKS` of about equal working sets, so each chunk's copy overlaps
     the compute of the one before; nothing changes on a CPU or without offload, and ``--chunk-rows`` wins."""
-    from ntp.engine.chunking import STREAMED_CHUNKS
+    from ntp.engine.chunking import STREAMED_CHUNKS, ChunkPlan
     from ntp.engine.collectives import Comm
     from ntp.engine.context import GraphContext
     from ntp.engine.partition import Partition
 
     topo = _topology(DIRECTED)
     gpu, cpu = (Comm(Partition(topo.num_nodes, 1, 0), torch.device(*d)) for d in (("cuda", 0), ("cpu",)))
-    plan = lambda comm, offload, **kw: GraphContext(topo, comm, memory_budget=10**7, width=8, offload=offload,  # noqa: E731
-                                                    **kw).plan
+
+    def plan(comm: Comm, offload: str, **kw) -> ChunkPlan:
+        return GraphContext(topo, comm, memory_budget=10**7, width=8, offload=offload, **kw).plan
+
     streamed = plan(gpu, "topology")
     assert STREAMED_CHUNKS <= streamed.num_chunks <= STREAMED_CHUNKS + 1 and "the topology streams" in streamed.reason
     assert plan(gpu, "all").bounds == streamed.bounds

@@ -9,6 +9,7 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
 from ntp.engine.loop import fit
+from ntp.engine.placement import streamed_bytes
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
@@ -40,11 +41,11 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: i
     """A budget too small for the embeddings on the device: they live in pinned host memory and each product copies
     them through the GPU (the whole 16-column slice, or blocks of 8 columns); the losses stay the CPU's. The budget
     is the NN stage's part plus the room ``streamed_columns`` needs for ``columns``: half of it holds a product's
-    input and output."""
+    input and output columns and a slab in transit (``streamed_bytes``)."""
     n = GRAPH["x"].shape[0]
     env = DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None)
     probe = setup(TrainConfig(model="gcn", arch="coupled", hidden=16, offload="all"), env, loader(GRAPH))
-    budget = f"{sum(probe.ctx.reserved.values()) + 2 * (2 * n * 4 * columns)}B"
+    budget = f"{sum(probe.ctx.reserved.values()) + 2 * streamed_bytes(n, columns, 4)}B"
     job = _job("cuda:0", arch="coupled", offload="all", memory_budget=budget)
     assert job.ctx.home.type == "cpu" and job.ctx.column_block == columns
     np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu", arch="coupled"), rtol=1e-4)
