@@ -3,7 +3,8 @@
 bf16 keeps the features, the activations, what the collectives move and what aggregation reads in bfloat16 (half
 the bytes), while parameters, optimiser state, losses and every sum stay float32: Linear layers run under
 ``torch.autocast``, sparse products accumulate in float32 (ntp.engine.aggregate.csr_matmul), normalisation
-statistics and softmaxes are taken in float32, and a model returns float32 outputs.
+statistics and softmaxes are taken in float32, and a model returns float32 outputs. On a GPU the dense products'
+own sums stay float32 too (:func:`configure`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ def autocast(precision: str, device: torch.device):
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=DTYPES[precision])
+
+
+def configure(precision: str, device: torch.device) -> None:
+    """What a run's precision sets for its whole process: under bf16 on a GPU, cuBLAS sums every product in float32
+    (torch lets it reduce split-K partial sums in bfloat16 by default; the weight gradients' products, long in the
+    rows, are where it would). Nothing under fp32 or on a CPU."""
+    if precision == "bf16" and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
 def accumulation_dtype(dt: torch.dtype) -> torch.dtype:

@@ -66,6 +66,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if env.world > 1 and cfg.mode == "single":
         raise ConfigError("--mode single runs one process; use --mode tp with several processes (or --nproc 1)")
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world))
+    precision.configure(cfg.precision, env.device)
     if cfg.overlap and env.device.type == "cpu" and env.world > 1 and env.is_main:
         _warn_cpu_overlap(env.local_world * torch.get_num_threads())
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths

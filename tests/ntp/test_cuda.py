@@ -82,3 +82,16 @@ def test_the_gpu_drops_and_scales_like_the_cpu(dtype: torch.dtype) -> None:
         y.backward(grad.to(device))
         results.append((y.detach().cpu(), leaf.grad.cpu()))
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_bf16_on_the_gpu_trains_close_to_fp32_with_float32_sums() -> None:
+    """A bf16 run on the GPU forbids cuBLAS's bfloat16 split-K reductions for its process and trains close to the
+    fp32 run (the losses of six epochs within 0.5 %; 0.004 % apart on a CPU)."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    try:
+        low = _losses("cuda:0", precision="bf16")
+        assert not matmul.allow_bf16_reduced_precision_reduction
+        np.testing.assert_allclose(low, _losses("cuda:0"), rtol=5e-3)
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before

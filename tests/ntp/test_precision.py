@@ -90,3 +90,22 @@ def test_memory_plan_counts_bf16_elements() -> None:
     assert bf16_gpu["topology"] == fp32["topology"]
     assert bf16_gpu["NN stage"] < fp32["NN stage"]  # activations halve; parameters and Adam state stay float32
     assert bf16_cpu["float32 product input"] == fp32["embeddings"] // 4  # the float32 copy CPU products multiply
+
+
+def test_bf16_on_a_gpu_keeps_cublas_sums_in_float32() -> None:
+    """Under bf16 on a GPU a run forbids cuBLAS's bfloat16 reductions of split-K partial sums (torch allows them by
+    default), so dense products sum in float32 as sparse ones do; fp32 runs and CPU runs leave the setting alone.
+    Only the process-wide setting is checked here: nothing runs on a device."""
+    from ntp.engine import precision
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    try:
+        matmul.allow_bf16_reduced_precision_reduction = True
+        for name, device in (("bf16", "cpu"), ("fp32", "cuda")):
+            precision.configure(name, torch.device(device))
+            assert matmul.allow_bf16_reduced_precision_reduction
+        precision.configure("bf16", torch.device("cuda", 0))
+        assert not matmul.allow_bf16_reduced_precision_reduction
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
