@@ -165,10 +165,11 @@ def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, m
     resident = resident or {}
     kept = sum(resident.values())
     costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes, pipelined=pipelined)
+    least = STREAMED_CHUNKS if streamed else 1
     if not memory_budget:
         budget = default_device_budget(device or torch.device("cpu"), kept)
         plan = plan_for_costs(costs, width, max(budget, int(costs.max(initial=0)))) if budget else ChunkPlan([0, num_nodes])
-        return _at_least(plan, costs, width, STREAMED_CHUNKS if streamed else 1)
+        return _at_least(plan, costs, width, least)
     try:
         plan = plan_for_costs(costs, width, memory_budget - kept)
     except MemoryPlanError:
@@ -178,7 +179,7 @@ def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, m
             f"memory budget {format_bytes(memory_budget)} cannot hold this rank: {parts or 'nothing'} stay resident "
             f"and the largest chunk (one vertex) needs {format_bytes(int(costs.max()))} more; raise --memory-budget "
             f"to at least {budget_text(need)}, or {ways_out or DEFAULT_WAYS_OUT}") from None
-    plan = _at_least(plan, costs, width, STREAMED_CHUNKS if streamed else 1)
+    plan = _at_least(plan, costs, width, least)
     return ChunkPlan(plan.bounds, f"{plan.reason} ({format_bytes(kept)} resident besides)" if kept else plan.reason)
 
 

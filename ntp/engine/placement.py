@@ -13,6 +13,8 @@ but these copies (which are no-ops).
 """
 from __future__ import annotations
 
+import bisect
+
 import torch
 
 from ntp.engine.aggregate import scales_rows
@@ -84,9 +86,8 @@ def streamed_columns(num_nodes: int, slice_width: int, room: int, precision: str
     eb = element_bytes(precision)
     if 4 * num_nodes * slice_width * eb <= room // 2:
         return 0
-    rows = room // 2 // (num_nodes * eb)  # columns of num_nodes elements that half the room holds
-    slab = slab_columns(num_nodes, eb)
-    return max(1, min(slice_width, rows // 3 if rows < 3 * slab else (rows - slab) // 2))
+    fits = bisect.bisect_right(range(1, slice_width + 1), room // 2, key=lambda c: streamed_bytes(num_nodes, c, eb))
+    return max(1, fits)
 
 
 def streamed_bytes(num_nodes: int, columns: int, element_bytes: int) -> int:

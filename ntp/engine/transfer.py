@@ -68,10 +68,10 @@ def host_columns(t: torch.Tensor, pinned: bool) -> torch.Tensor:
     reaches a device in one contiguous copy and returns in one: a block of a row-major host tensor is strided, and
     gathering and scattering such blocks on the host took most of a 0.45 s products-scale ``--offload all`` epoch
     on an H200. From a GPU, each slab of columns is transposed there and copied down in one piece."""
-    out = host_empty(t.shape[1], t.shape[0], dtype=t.dtype, pinned=pinned)
-    for a, b in _slabs(t, 0, t.shape[1]):
-        out[a:b].copy_(t[:, a:b].t())
-    return out.t()
+    out = host_empty(t.shape[1], t.shape[0], dtype=t.dtype, pinned=pinned).t()
+    with Downloads(t.device) as downloads:
+        downloads.copy_columns(out, t)
+    return out
 
 
 def device_rows(t: torch.Tensor, device: torch.device, c0: int = 0, c1: int | None = None) -> torch.Tensor:
@@ -108,9 +108,10 @@ class Downloads:
 
     def copy_columns(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """``src`` into ``dst`` of its shape, laid out column by column in host memory: a slab of columns at a time,
-        transposed on the device, then copied in one piece."""
+        on a GPU transposed there, then copied in one piece."""
         for a, b in _slabs(src, 0, src.shape[1]):
-            self.copy(dst[:, a:b].t(), src[:, a:b].t().contiguous())
+            slab = src[:, a:b].t()
+            self.copy(dst[:, a:b].t(), slab.contiguous() if self.cuda else slab)
 
     def __exit__(self, *exc) -> None:
         if self.cuda:
