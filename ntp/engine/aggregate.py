@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from ntp.engine.chunking import in_phase, streams_topology
 from ntp.engine.operators import CSR, Scaling, transpose
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
-from ntp.engine.transfer import Downloads, Staging, device_rows, host_columns, host_empty, is_column_major
+from ntp.engine.transfer import (Downloads, device_rows, host_columns, host_empty, is_column_major, pin_read_only,
+                                 streamed)
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -127,16 +128,15 @@ def edge_softmax(logits: torch.Tensor, dst: torch.Tensor, num_rows: int) -> torc
 class RowBlocks:
     """The row blocks of one unit-weight CSR matrix cut at ``bounds``, applied chunk by chunk on ``device``.
 
-    ``offload`` says what stays in host memory:
+    ``offload`` says where the topology stays:
 
     - ``"none"``: the indices are copied to the device once; chunks are views of them;
-    - ``"topology"``: each chunk's indices are copied to the device when it runs. On CUDA they go through two pinned
-      staging buffers allocated once (double buffering), on a side stream, while the previous chunk computes;
-    - ``"all"``: as ``"topology"``, and the dense input and output of a product live in host memory between
-      products (pinned on CUDA); :meth:`matmul` passes them through the device ``column_block`` columns at a time
-      (all unless the plan asked for fewer). The device holds one block's input and output only while a product runs.
+    - ``"topology"`` or ``"all"``: each chunk's indices are copied to the device when it runs, on CUDA through two
+      pinned staging buffers allocated once, on a side stream, while the previous chunk computes.
 
-    On CPU the three forms compute the same products with the same kernel; only where the inputs come from differs.
+    An input in host memory (``--offload all``; pinned on CUDA) passes through the device ``column_block`` columns
+    at a time (all unless the plan asked for fewer), over the topology wherever it stays. The device holds one
+    block's input and output only while it runs. On CPU every form computes the same products with the same kernel.
     """
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, bounds: list[int], device: torch.device,
@@ -155,6 +155,10 @@ class RowBlocks:
             if cols.dtype == torch.int32 and e1 - e0 >= 2**31:  # torch wants one index type per CSR
                 cols = cols.long()
             self._parts.append((crow.to(cols.dtype).to(device if offload == "none" else crow.device), cols))
+        self._streams = streams_topology(offload, device.type)
+        self._pinned = self._streams and pin_read_only(indices, device)  # then copied without staging
+        if self._pinned:
+            self._parts = [(crow.pin_memory(), cols) for crow, cols in self._parts]
 
     def ranges(self) -> list[tuple[int, int]]:
         return list(zip(self.bounds[:-1], self.bounds[1:]))
@@ -179,7 +183,7 @@ class RowBlocks:
 
     def _device_parts(self):
         """Each chunk's row pointers and columns on the device, in order (streamed when offloaded)."""
-        return self._stream_cuda() if streams_topology(self.offload, self.device.type) else iter(self._parts)
+        return streamed(self._parts, self.device, self._pinned) if self._streams else iter(self._parts)
 
     def _chunk_apply(self, part: tuple[torch.Tensor, torch.Tensor], r0: int, r1: int, scaling: Scaling):
         return lambda h, out=None: self._apply(part, r0, r1, h, scaling, out)
@@ -206,32 +210,6 @@ class RowBlocks:
         if scaling.diag is not None:
             y.addcmul_(scaling.diag[r0:r1, None].to(y.dtype), h[r0:r1])
         return y
-
-    def _stream_cuda(self):  # its loop is tested with no-op streams; overlap needs a GPU
-        """Each chunk's topology copied into one of two pinned staging buffers and from there to the device on a side
-        stream, one chunk ahead of the compute."""
-        copy_stream = torch.cuda.Stream(self.device)
-        compute_stream = torch.cuda.current_stream(self.device)
-        sizes = [max(p[i].numel() for p in self._parts) for i in range(2)]  # the largest chunk's row pointers, columns
-        staging = [Staging(sizes, [t.dtype for t in self._parts[0]]) for _ in range(2)]
-
-        def prefetch(j: int):
-            slot = staging[j % 2]
-            host = slot.fill(*self._parts[j])  # waits until the slot's previous copy has left it
-            copy_stream.wait_stream(compute_stream)  # never overwrite device memory the compute stream still reads
-            with torch.cuda.stream(copy_stream):
-                tensors = tuple(t.to(self.device, non_blocking=True) for t in host)
-                slot.copied.record(copy_stream)
-            return tensors, slot.copied
-
-        pending = prefetch(0) if len(self) else None
-        for j in range(len(self)):
-            tensors, done = pending
-            compute_stream.wait_event(done)
-            for t in tensors:
-                t.record_stream(compute_stream)  # allocated on the copy stream, used on the compute stream
-            pending = prefetch(j + 1) if j + 1 < len(self) else None
-            yield tensors
 
     def matmul(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
         """``M @ h``, chunk by chunk, into one preallocated output in ``h``'s memory (never a concatenation)."""

@@ -12,7 +12,7 @@ from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
 from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.operators import CSR, scaling, with_self_loops
-from ntp.engine.placement import graph_resident_parts, streamed_columns, ways_out
+from ntp.engine.placement import graph_resident_parts, offloaded_layout, ways_out
 from ntp.engine.precision import element_bytes
 from ntp.engine.topology import Topology
 from ntp.engine.transfer import moved
@@ -65,12 +65,13 @@ class GraphContext:
         """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
         topo, block = self.topology, self.column_block
         resident = {**graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width, self.offload,
-                                           self.precision, self.device.type, column_block=block),
+                                           self.precision, self.device.type, column_block=block,
+                                           topology_kept=self._offloaded[1]),
                     **self.reserved}  # the model's parts win: GAT's topology is its attention pattern
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
                          resident=resident, element_bytes=element_bytes(self.precision), ways_out=ways_out(resident),
-                         pipelined=self.pipelined, streamed=streams_topology(self.offload, self.device.type))
+                         pipelined=self.pipelined, streamed=streams_topology(self.topology_offload, self.device.type))
 
     @property
     def pipelined(self) -> bool:
@@ -83,19 +84,33 @@ class GraphContext:
         """Columns of the widest propagated matrix that this rank's column slice holds."""
         return ceil_div(max(self.width, 1), self.comm.world)
 
-    @cached_property
+    @property
     def column_block(self) -> int:
         """With ``offload="all"`` on a GPU, the columns of the column slice a product holds on the device at once,
-        its embeddings kept in host memory between products (ntp.engine.placement.streamed_columns); 0: they stay on
-        the device (as when the budget holds them, or on a CPU). The pipelined loops (``overlap``) hold the whole
-        slice."""
+        its embeddings kept in host memory between products; 0: they stay on the device (as when the budget holds
+        them, or on a CPU). The pipelined loops (``overlap``) hold the whole slice."""
+        return self._offloaded[0]
+
+    @property
+    def topology_offload(self) -> str:
+        """Where the row blocks keep the topology: ``offload``, but "none" (on the device) when ``offload="all"``
+        keeps it there beside the streamed column blocks."""
+        return "none" if self._offloaded[1] else self.offload
+
+    @cached_property
+    def _offloaded(self) -> tuple[int, bool]:
+        """``--offload all`` on a GPU: the column block and whether the topology stays on the device, from the room
+        the model leaves (ntp.engine.placement.offloaded_layout)."""
         if self.offload != "all" or self.device.type != "cuda":
-            return 0
+            return 0, False
         reserved = sum(self.reserved.values())
         room = (self.memory_budget - reserved if self.memory_budget
                 else default_device_budget(self.device, reserved))  # what the model leaves
-        block = streamed_columns(self.topology.num_nodes, self.slice_width, room, self.precision)
-        return self.slice_width if block and self.pipelined else block
+        topo = self.topology
+        max_degree = max((int(d.max()) for d in (topo.in_degrees(), topo.out_degrees()) if d.numel()), default=0)
+        block, kept = offloaded_layout(topo.num_nodes, topo.num_edges, self.slice_width, room, self.precision,
+                                       max_degree)
+        return (self.slice_width if block and self.pipelined else block), kept
 
     @property
     def home(self) -> torch.device:
@@ -188,8 +203,8 @@ class GraphContext:
     def _blocks(self) -> tuple[RowBlocks, RowBlocks]:
         """The row blocks of ``A`` and ``A^T`` that every operator scales (one object when ``A`` is symmetric)."""
         topo, bounds = self.topology, self.plan.bounds
-        blocks = lambda indptr, indices: RowBlocks(indptr, indices, bounds, self.device, self.offload,  # noqa: E731
-                                                   self.column_block)
+        blocks = lambda indptr, indices: RowBlocks(indptr, indices, bounds, self.device,  # noqa: E731
+                                                   self.topology_offload, self.column_block)
         forward = blocks(topo.indptr, topo.indices)
         return (forward, forward) if topo.symmetric else (forward, blocks(topo.t_indptr, topo.t_indices))
 

@@ -2,7 +2,9 @@
 
 Local rank 0 builds the arrays straight into files of a node-local folder (tmpfs ``/dev/shm`` where it has room,
 else the temp folder: the page cache still holds one copy); after a barrier the other local ranks map the same
-files (copy-on-write, so a stray write stays private); after a second barrier local rank 0 removes the folder. The
+files, read-only (a stray write fails at once; and a read-only page lock of a shared mapping, as ``--offload``
+takes of the topology on a GPU, keeps the one copy, where Linux gives each rank a private copy of a copy-on-write
+mapping's pages it locks); after a second barrier local rank 0 removes the folder. The
 mappings keep the memory until the last rank lets go, so nothing is left on disk, even when a rank fails later.
 ``NTP_SHARED_DIR`` chooses the folder. Measure what the node holds with PSS, not RSS (RSS counts shared pages once
 per process).
@@ -84,4 +86,4 @@ def _file_allocator(folder: Path) -> Allocator:
 def _map(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if not np.prod(shape):
         return np.empty(shape, dtype)
-    return np.load(path, mmap_mode="c")
+    return np.load(path, mmap_mode="r")

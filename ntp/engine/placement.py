@@ -3,7 +3,8 @@
 - Aggregation (the graph stage) always computes on the rank's device. With ``offload`` its topology ("topology")
   stays in host memory and streams to the device chunk by chunk (ntp.engine.aggregate.RowBlocks); with "all" the
   column-slice embeddings live in host memory too when the device cannot hold them, and visit it one product at a
-  time, a block of columns at a time (:func:`streamed_columns` decides).
+  time, a block of columns at a time, while the topology stays on the device if blocks of useful width fit beside
+  it (:func:`offloaded_layout` decides).
 - The NN stage (row layout: features, MLP activations, parameters) runs on the device, or on the CPU when its row
   block does not fit in device memory beside what aggregation keeps there (``nn_device="auto"``), or where the
   user says. Moving rows between the stages is a copy that autograd reverses in the backward.
@@ -18,7 +19,7 @@ import bisect
 import torch
 
 from ntp.engine.aggregate import scales_rows
-from ntp.engine.chunking import DEVICE_MARGIN, format_bytes
+from ntp.engine.chunking import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, format_bytes
 from ntp.engine.partition import ceil_div
 from ntp.engine.precision import element_bytes
 from ntp.engine.transfer import slab_columns
@@ -34,6 +35,9 @@ INDEX_BYTES = 4
 #: Device bytes per vertex besides: the row pointers of both directions (32-bit per chunk) and an operator's three
 #: scaling vectors.
 ROW_RESIDENT_BYTES = 2 * 4 + 3 * 4
+#: Bytes of a row of a streamed column block, at least, beside a topology kept on the device: one memory sector of a
+#: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
+SECTOR_BYTES = 32
 #: fp32 copies per parameter: the weight, its gradient and Adam's two moments.
 PARAMETER_COPIES = 4
 #: float32 values per edge (self-loops included) that one head of one attention layer holds at its peak: the scores
@@ -59,16 +63,19 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
 
 
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
-                         device_type: str = "cuda", column_block: int = 1) -> dict[str, int]:
-    """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded,
-    and the column-slice embeddings (input, output and their gradients), or, with ``offload == "all"`` on a GPU,
-    what a product streaming ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on
-    the device; the default, one column, is the least before the plan has chosen). A product on the resident slice
+                         device_type: str = "cuda", column_block: int = 1,
+                         topology_kept: bool = False) -> dict[str, int]:
+    """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded (or
+    ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice embeddings (input,
+    output and their gradients), or, with ``offload == "all"`` on a GPU, what a product streaming ``column_block``
+    columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the device; the default, one column, is
+    the least before the plan has chosen). A product on the resident slice
     multiplies a float32 copy of its input where it makes one: a bfloat16 input's on a CPU, or rows scaled once
     (ntp.engine.aggregate.scales_rows: on a GPU, float32 inputs; on a CPU, dense graphs)."""
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0
-    parts = {"topology": 0 if offload != "none" else 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES,
+    on_device = offload == "none" or topology_kept
+    parts = {"topology": device_topology_bytes(num_nodes, num_edges) if on_device else 0,
              "embeddings": streamed_bytes(num_nodes, column_block, eb) if streamed else 4 * num_nodes * slice_width * eb}
     copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
                                                                             device_type, precision)
@@ -77,23 +84,60 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     return parts
 
 
-def streamed_columns(num_nodes: int, slice_width: int, room: int, precision: str = "fp32") -> int:
-    """``--offload all`` on a GPU: how many columns of the column slice a product holds on the device at once, given
-    ``room`` (what the budget leaves besides the NN stage; half of it is the chunks'). 0 when the slice's embeddings
-    fit there as without offload (moving them through host memory would only add copies: products keep nothing for
-    the backward, so the device holds the same either way); else all columns when one product's
-    (:func:`streamed_bytes`) fit, or as many as do, at least one."""
+def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int, precision: str = "fp32",
+                     max_degree: int = 0) -> tuple[int, bool]:
+    """``--offload all`` on a GPU, given ``room`` (what the budget leaves besides the NN stage): how many columns of
+    the column slice a product holds on the device at once, and whether the topology stays there meanwhile.
+
+    0 columns when the slice's embeddings fit there as without offload (half the room; moving them through host
+    memory would only add copies: products keep nothing for the backward, so the device holds the same either way).
+    Else the slice streams, in the widest blocks the room holds (:func:`offload_room`), at least one column. The
+    topology stays when blocks a memory sector wide (:data:`SECTOR_BYTES`; or the whole slice, if narrower) fit
+    beside it: each block then reads it from device memory instead of streaming it over the bus once more (an H200
+    streamed a 120M-edge topology in about the time of a whole product)."""
     eb = element_bytes(precision)
     if 4 * num_nodes * slice_width * eb <= room // 2:
-        return 0
-    fits = bisect.bisect_right(range(1, slice_width + 1), room // 2, key=lambda c: streamed_bytes(num_nodes, c, eb))
-    return max(1, fits)
+        return 0, False
+    widest = lambda kept: bisect.bisect_right(  # noqa: E731
+        range(1, slice_width + 1), room,
+        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree))
+    beside = widest(True)
+    if beside >= min(slice_width, SECTOR_BYTES // eb):
+        return beside, True
+    return max(1, widest(False)), False
+
+
+def offload_room(num_nodes: int, num_edges: int, columns: int, precision: str = "fp32", topology_kept: bool = False,
+                 max_degree: int = 0) -> int:
+    """Device bytes ``--offload all`` needs besides the NN stage to stream ``columns`` columns at a time: the
+    product's (:func:`streamed_bytes`), a chunk (about an eighth of the chunks' working set, as they number
+    :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
+    and the topology where it stays."""
+    eb = element_bytes(precision)
+    row = eb * columns + ROW_BYTES
+    chunks = max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS,
+                 (max_degree + 1) * EDGE_BYTES + row)
+    topology = device_topology_bytes(num_nodes, num_edges) if topology_kept else 0
+    return streamed_bytes(num_nodes, columns, eb) + chunks + topology
+
+
+def device_topology_bytes(num_nodes: int, num_edges: int) -> int:
+    """Device bytes of the topology of both directions, kept there between products."""
+    return 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES
 
 
 def streamed_bytes(num_nodes: int, columns: int, element_bytes: int) -> int:
     """Device bytes of a product that streams ``columns`` columns at a time: their input and output, and one slab
     of columns on its way (ntp.engine.transfer.slab_columns)."""
     return num_nodes * element_bytes * (2 * columns + min(columns, slab_columns(num_nodes, element_bytes)))
+
+
+def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
+    """One line for the worker log: how ``--offload all`` moves the column slice through the device."""
+    blocks = ceil_div(slice_width, column_block)
+    where = "stays on the device" if topology_kept else f"streams {blocks} time(s) a product"
+    return (f"--offload all: the {slice_width}-column slice lives in host memory and passes through the device in "
+            f"{blocks} block(s) of up to {column_block} columns; the topology {where}")
 
 
 def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:

@@ -11,6 +11,7 @@ The arrays come from an allocator, so the ranks of one node can build them once 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -72,7 +73,9 @@ class Topology:
     @staticmethod
     def from_arrays(arrays: dict[str, np.ndarray]) -> "Topology":
         """The topology of :func:`build` (or of shared arrays with the same names)."""
-        t = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        with warnings.catch_warnings():  # arrays a machine's ranks share are mapped read-only: nothing writes them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = {k: torch.from_numpy(v) for k, v in arrays.items()}
         symmetric = "t_indices" not in t
         return Topology(t["indptr"], t["indices"], t["indptr"] if symmetric else t["t_indptr"],
                         t["indices"] if symmetric else t["t_indices"], t.get("self_loops"))

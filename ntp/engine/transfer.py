@@ -3,6 +3,10 @@ speed and overlap with compute, and side streams that carry them while the compu
 every helper reduces to an ordinary copy (host and device are the same memory)."""
 from __future__ import annotations
 
+import ctypes
+import mmap
+import weakref
+
 import torch
 
 
@@ -123,11 +127,76 @@ class Staging:
     to the device passes through them so the copy is asynchronous. :meth:`fill` reuses them only after the copy
     recorded on ``copied`` has left them."""
 
-    def __init__(self, numels: list[int], dtypes: list[torch.dtype]) -> None:
-        self.buffers = [host_empty(n, dtype=dt, pinned=True) for n, dt in zip(numels, dtypes)]
+    def __init__(self, numels: list[int], dtypes: list[torch.dtype], allocate: bool = True) -> None:
+        """``allocate``: False gives no buffers, only the event (the tensors copied are pinned already)."""
+        self.buffers = [host_empty(n, dtype=dt, pinned=True) for n, dt in zip(numels, dtypes)] if allocate else []
         self.copied = torch.cuda.Event()
 
     def fill(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``tensors`` copied into the buffers (views of their shapes), once the previous copy out has finished."""
         self.copied.synchronize()
         return tuple(b[: t.numel()].view(t.shape).copy_(t) for b, t in zip(self.buffers, tensors))
+
+
+def streamed(parts: list[tuple[torch.Tensor, ...]], device: torch.device, pinned: bool = False):
+    """Each part's tensors on ``device``, in order, copied on a side stream one part ahead of the compute. From
+    where they lie when ``pinned`` (their host memory is page-locked: :func:`pin_read_only`), else through two
+    pinned staging buffers allocated once (double buffering). Its loop is tested with no-op streams."""
+    copy_stream = torch.cuda.Stream(device)
+    compute_stream = torch.cuda.current_stream(device)
+    sizes = [max(p[i].numel() for p in parts) for i in range(len(parts[0]))] if parts else []
+    slots = [Staging(sizes, [t.dtype for t in parts[0]], allocate=not pinned) for _ in range(2)]
+
+    def prefetch(j: int):
+        slot = slots[j % 2]
+        host = parts[j] if pinned else slot.fill(*parts[j])  # fill waits until the slot's last copy has left it
+        copy_stream.wait_stream(compute_stream)  # never overwrite device memory the compute stream still reads
+        with torch.cuda.stream(copy_stream):
+            tensors = tuple(t.to(device, non_blocking=True) for t in host)
+            slot.copied.record(copy_stream)
+        return tensors, slot.copied
+
+    pending = prefetch(0) if parts else None
+    for j in range(len(parts)):
+        tensors, done = pending
+        compute_stream.wait_event(done)
+        for t in tensors:
+            t.record_stream(compute_stream)  # allocated on the copy stream, used on the compute stream
+        pending = prefetch(j + 1) if j + 1 < len(parts) else None
+        yield tensors
+
+
+#: cuMemHostRegister's flag: the device only reads the pages, so they are locked without write access (a
+#: copy-on-write mapping of the shared topology stays the one copy a machine's ranks share)
+_READ_ONLY = 0x08
+_driver_lib = None
+
+
+def pin_read_only(t: torch.Tensor, device: torch.device) -> bool:
+    """Page-lock the host memory of ``t`` for ``device`` to read (the CUDA driver's cuMemHostRegister, read-only),
+    until ``t`` is collected: copies from it then run at the bus's speed without a staging copy. False where the
+    driver refuses (no read-only registration on this system, pages already registered): the caller stages. The
+    driver's API, not the runtime's: a refusal there would stay as the runtime's last error, which the next kernel
+    launch raises."""
+    lib = _driver()
+    if lib is None or not t.numel() or t.device.type != "cpu":
+        return False
+    torch.cuda.synchronize(device)  # the device's context is current on this thread
+    start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
+    end = -(-(t.data_ptr() + t.numel() * t.element_size()) // mmap.PAGESIZE) * mmap.PAGESIZE
+    register = getattr(lib, "cuMemHostRegister_v2", None) or lib.cuMemHostRegister
+    if register(ctypes.c_void_p(start), ctypes.c_size_t(end - start), ctypes.c_uint(_READ_ONLY)):
+        return False
+    weakref.finalize(t, lib.cuMemHostUnregister, ctypes.c_void_p(start))
+    return True
+
+
+def _driver():
+    """The CUDA driver library (None without a GPU)."""
+    global _driver_lib
+    if _driver_lib is None:
+        try:
+            _driver_lib = ctypes.CDLL("libcuda.so.1") if torch.cuda.is_available() else False
+        except OSError:
+            _driver_lib = False
+    return _driver_lib or None

@@ -341,17 +341,24 @@ def _no_op_streams(monkeypatch) -> list[str]:
     return log
 
 
-@pytest.mark.parametrize("offload", ["topology", "all"])
-def test_cuda_streaming_loop_feeds_each_chunk_its_own_data(offload: str, monkeypatch) -> None:
-    """The CUDA streaming loop (side-stream prefetch of each chunk's topology) with no-op streams, on CPU tensors."""
+@pytest.mark.parametrize("offload, pinned", [("topology", False), ("all", False), ("topology", True)])
+def test_cuda_streaming_loop_feeds_each_chunk_its_own_data(offload: str, pinned: bool, monkeypatch) -> None:
+    """The CUDA streaming loop (side-stream prefetch of each chunk's topology) with no-op streams, on CPU tensors:
+    through the staging buffers, or straight from a topology whose pages are locked (``pinned``)."""
+    import ntp.engine.transfer as transfer
+
     _no_op_streams(monkeypatch)
+    staged: list[int] = []
+    fill = transfer.Staging.fill
+    monkeypatch.setattr(transfer.Staging, "fill", lambda slot, *t: staged.append(1) or fill(slot, *t))
     topo = _topology(DIRECTED)
     h = torch.randn(topo.num_nodes, 5)
     whole = _gcn(topo)(h)
     op = _gcn(topo, uniform_plan(100, 13).bounds, offload)
     blocks = op.forward_blocks
-    parts = [tuple(t.clone() for t in p) for p in blocks._stream_cuda()]
+    parts = [tuple(t.clone() for t in p) for p in transfer.streamed(blocks._parts, torch.device("cpu"), pinned)]
     assert len(parts) == len(blocks) and all(len(p) == 2 for p in parts)
+    assert len(staged) == (0 if pinned else len(blocks)), "a pinned topology is copied from where it lies"
     for (a, b), part in zip(blocks.ranges(), parts):
         torch.testing.assert_close(blocks._apply(part, a, b, h, op.scaling), whole[a:b])
         into = torch.full((b - a, 5), float("nan"))  # the output's rows: written in place, nothing else returned
@@ -439,18 +446,48 @@ def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_
         make_plan(in_deg, out_deg, memory_budget=kept["embeddings"], width=width, resident=kept)
 
 
-def test_offloaded_embeddings_visit_the_device_in_as_many_columns_as_half_the_room_holds() -> None:
-    """Half the room holds a product's input and output columns and a slab of columns in transit."""
-    from ntp.engine.placement import streamed_bytes, streamed_columns
+def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_holds() -> None:
+    """A product streaming a block of columns holds their input and output and a slab of columns in transit; beside
+    them the chunks get an eighth of their working set (they number STREAMED_CHUNKS; the costliest row at least),
+    and the topology where it stays. The blocks are the widest that this leaves room for."""
+    from ntp.engine.chunking import STREAMED_CHUNKS
+    from ntp.engine.placement import device_topology_bytes, offload_room, offloaded_layout, streamed_bytes
 
     for n in (1_000, 1_000_000):  # a slab holds all the columns of the small graph, 4 of the large one
-        width, room = 64, lambda columns, eb=4: 2 * streamed_bytes(n, columns, eb)  # noqa: E731
+        e, width = 20 * n, 64
         assert streamed_bytes(n, 10, 4) == n * 4 * (20 + (10 if n == 1_000 else 4))
-        assert streamed_columns(n, width, 2 * 4 * n * width * 4) == 0, "room as without offload: they stay"
-        assert streamed_columns(n, width, 2 * 4 * n * width * 4 - 1) == width, "the whole slice through the device"
-        assert [streamed_columns(n, width, room(10) - k) for k in (0, 1)] == [10, 9], "half the room for them"
-        assert streamed_columns(n, width, room(10, 2), "bf16") == 10, "bfloat16 columns take half the bytes"
-        assert streamed_columns(n, width, 1) == 1, "at least one column (the plan then says what does not fit)"
+        chunks = ((e + n) * EDGE_BYTES + n * (4 * 10 + ROW_BYTES)) // STREAMED_CHUNKS
+        assert offload_room(n, e, 10) == streamed_bytes(n, 10, 4) + chunks
+        hub = (e + 1) * EDGE_BYTES + 4 * 10 + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
+        assert offload_room(n, e, 10, max_degree=e) == streamed_bytes(n, 10, 4) + hub
+        assert offload_room(n, e, 10, topology_kept=True) == offload_room(n, e, 10) + device_topology_bytes(n, e)
+        assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4) == (0, False), "room as without offload: they stay"
+        assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4 - 1) == (width, True), "the whole slice streams"
+        streamed = [offloaded_layout(n, e, width, offload_room(n, e, 7) - k) for k in (0, 1)]
+        assert streamed == [(7, False), (6, False)], "the widest blocks the room holds"
+        assert offloaded_layout(n, e, width, offload_room(n, e, 10, "bf16"), "bf16") == (10, False)
+        assert offloaded_layout(n, e, width, 1) == (1, False), "at least one column (the plan then says what does not fit)"
+
+
+def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_fit_beside_it() -> None:
+    """A streamed slice's blocks read the topology once each: from device memory if it stays there, over the bus
+    if it streams. It stays when the room it leaves holds blocks a memory sector wide (8 float32 columns, 16
+    bfloat16) or the whole slice, if narrower; otherwise it streams as before, in wider blocks."""
+    from ntp.engine.placement import describe_streaming, offload_room, offloaded_layout
+
+    n, e, width = 10_000, 50_000, 64
+    room = lambda columns, precision="fp32", e=e: offload_room(n, e, columns, precision, True)  # noqa: E731
+    assert offloaded_layout(n, e, width, room(width)) == (width, True), "the whole slice beside the topology"
+    assert offloaded_layout(n, e, width, room(8)) == (8, True)
+    block, kept = offloaded_layout(n, e, width, room(8) - 1)
+    assert not kept and block > 8, "wider blocks, each streaming the topology"
+    assert offloaded_layout(n, e, width, room(16, "bf16"), "bf16") == (16, True)
+    assert offloaded_layout(n, e, width, room(16, "bf16") - 1, "bf16")[1] is False
+    sparse = n  # a slice narrower than a sector stays with the topology only whole
+    assert offloaded_layout(n, sparse, 4, room(4, e=sparse)) == (4, True)
+    assert offloaded_layout(n, sparse, 4, room(4, e=sparse) - 1)[1] is False
+    assert describe_streaming(8, 64, True).endswith("in 8 block(s) of up to 8 columns; the topology stays on the device")
+    assert describe_streaming(36, 64, False).endswith("the topology streams 2 time(s) a product")
 
 
 OFFLOADABLE = [c for c in MODELS if c["model"] != "gat"]
@@ -581,27 +618,34 @@ def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
 
 
 def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_short() -> None:
-    """The plan of a CUDA rank (only planned here: nothing runs on a device) with ``--offload all``: the whole slice
-    when the budget holds it, fewer columns when not, and the chunks get what the streamed columns leave."""
+    """The plan of a CUDA rank (only planned here: nothing runs on a device) with ``--offload all``: the slice stays
+    on the device when the budget holds it, else streams in the widest blocks the room holds, over a topology that
+    stays on the device where blocks of 8 columns fit beside it; the chunks get what the blocks (and the topology,
+    where it stays) leave."""
+    from ntp.engine.chunking import STREAMED_CHUNKS, format_bytes
     from ntp.engine.collectives import Comm
     from ntp.engine.context import GraphContext
     from ntp.engine.partition import Partition
-    from ntp.engine.placement import streamed_bytes
+    from ntp.engine.placement import device_topology_bytes, offload_room, streamed_bytes
 
     topo = _topology(DIRECTED)
-    n, width = topo.num_nodes, 32
-    room = lambda columns: 2 * streamed_bytes(n, columns, 4)  # noqa: E731  (half of it the chunks')
+    n, e, width = topo.num_nodes, topo.num_edges, 32
     comm = Comm(Partition(n, 1, 0), torch.device("cuda", 0))
     roomy = GraphContext(topo, comm, memory_budget=10**7, width=width, offload="all")
-    whole = GraphContext(topo, comm, memory_budget=room(width), width=width, offload="all")
-    short = GraphContext(topo, comm, memory_budget=room(4), width=width, offload="all")
+    short = GraphContext(topo, comm, memory_budget=offload_room(n, e, 4), width=width, offload="all")
     two = Comm(Partition(n, 2, 0), torch.device("cuda", 0))  # the pipelined loops exchange with another rank
-    piped = GraphContext(topo, two, memory_budget=room(4), width=width, offload="all", overlap=True)
-    alone = GraphContext(topo, comm, memory_budget=room(4), width=width, offload="all", overlap=True)
-    assert [c.column_block for c in (roomy, whole, short, piped, alone)] == [0, width, 4, width // 2, 4]
-    assert roomy.home == comm.device and {c.home.type for c in (whole, short, piped)} == {"cpu"}
-    budgets = [re.match(r"budget [\d.]+KB", c.plan.reason).group() for c in (short, whole)]  # the chunks'
-    assert budgets == ["budget 4.69KB", "budget 37.5KB"], "the chunks get what the streamed columns leave"
+    piped = GraphContext(topo, two, memory_budget=offload_room(n, e, 4), width=width, offload="all", overlap=True)
+    alone = GraphContext(topo, comm, memory_budget=offload_room(n, e, 4), width=width, offload="all", overlap=True)
+    wide = GraphContext(topo, comm, memory_budget=offload_room(n, e, width, topology_kept=True), width=width,
+                        offload="all")
+    assert [c.column_block for c in (roomy, short, piped, alone, wide)] == [0, 4, width // 2, 4, width]
+    assert [c.topology_offload for c in (roomy, short, wide)] == ["all", "all", "none"]
+    assert roomy.home == comm.device and {c.home.type for c in (short, piped, wide)} == {"cpu"}
+    chunks = offload_room(n, e, 4) - streamed_bytes(n, 4, 4)  # what the chunks get
+    assert f"budget {format_bytes(chunks)}" in short.plan.reason and short.plan.num_chunks >= STREAMED_CHUNKS
+    kept = device_topology_bytes(n, e) + streamed_bytes(n, width, 4)
+    assert f"budget {format_bytes(wide.memory_budget - kept)}" in wide.plan.reason
+    assert "the topology streams" not in wide.plan.reason
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
 
 

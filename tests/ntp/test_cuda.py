@@ -9,7 +9,7 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
 from ntp.engine.loop import fit
-from ntp.engine.placement import streamed_bytes
+from ntp.engine.placement import offload_room
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
@@ -19,15 +19,15 @@ pytestmark = [pytest.mark.gpu,
 GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
 
 
-def _job(device: str, **options):
+def _job(device: str, graph: dict = GRAPH, **options):
     env = DistEnv(0, 1, 0, 1, torch.device(device), None)
-    job = setup(TrainConfig(model="gcn", epochs=6, hidden=16, dropout=0.0, seed=1, **options), env, loader(GRAPH))
+    job = setup(TrainConfig(model="gcn", epochs=6, hidden=16, dropout=0.0, seed=1, **options), env, loader(graph))
     fit(job, sinks=[])
     return job
 
 
-def _losses(device: str, **options) -> list[float]:
-    return [r.loss for r in _job(device, **options).history]
+def _losses(device: str, graph: dict = GRAPH, **options) -> list[float]:
+    return [r.loss for r in _job(device, graph, **options).history]
 
 
 @pytest.mark.parametrize("options", [dict(), dict(chunk_rows=64), dict(chunk_rows=64, offload="topology"),
@@ -36,18 +36,21 @@ def test_one_gpu_rank_trains_like_the_cpu(options: dict) -> None:
     np.testing.assert_allclose(_losses("cuda:0", **options), _losses("cpu"), rtol=1e-4)
 
 
-@pytest.mark.parametrize("columns", [16, 8])
-def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: int) -> None:
+@pytest.mark.parametrize("columns, topology_kept", [(8, False), (16, True), (8, True)])
+def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: int, topology_kept: bool) -> None:
     """A budget too small for the embeddings on the device: they live in pinned host memory and each product copies
-    them through the GPU (the whole 16-column slice, or blocks of 8 columns); the losses stay the CPU's. The budget
-    is the NN stage's part plus the room ``streamed_columns`` needs for ``columns``: half of it holds a product's
-    input and output columns and a slab in transit (``streamed_bytes``)."""
+    them through the GPU (the whole 16-column slice, or blocks of 8 columns), over a topology kept on the device or
+    streamed per block; the losses stay the CPU's. The budget is the NN stage's part plus the room ``--offload all``
+    needs for ``columns`` (``offload_room``: the block's columns and a slab in transit, the chunks, and the topology
+    where it stays; blocks of 8 columns stay with the topology only if the budget counts it)."""
     n = GRAPH["x"].shape[0]
     env = DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None)
     probe = setup(TrainConfig(model="gcn", arch="coupled", hidden=16, offload="all"), env, loader(GRAPH))
-    budget = f"{sum(probe.ctx.reserved.values()) + 2 * streamed_bytes(n, columns, 4)}B"
+    room = offload_room(n, probe.ctx.topology.num_edges, columns, topology_kept=topology_kept)
+    budget = f"{sum(probe.ctx.reserved.values()) + room}B"
     job = _job("cuda:0", arch="coupled", offload="all", memory_budget=budget)
     assert job.ctx.home.type == "cpu" and job.ctx.column_block == columns
+    assert (job.ctx.device_topology_bytes() > 0) == topology_kept
     np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu", arch="coupled"), rtol=1e-4)
 
 
@@ -95,3 +98,28 @@ def test_bf16_on_the_gpu_trains_close_to_fp32_with_float32_sums() -> None:
         np.testing.assert_allclose(low, _losses("cuda:0"), rtol=5e-3)
     finally:
         matmul.allow_bf16_reduced_precision_reduction = before
+
+
+def test_a_streamed_topology_is_copied_from_its_own_locked_pages(tmp_path) -> None:
+    """``--offload topology``: the host topology's pages are locked once, read-only, so each chunk goes to the GPU
+    without a staging copy; a read-only mapping of it (as the ranks of a machine share it) gains no private copy of
+    its pages; and the run trains as on the CPU."""
+    from ntp.engine.transfer import pin_read_only
+
+    path = tmp_path / "indices.npy"
+    np.save(path, np.arange(4 << 20, dtype=np.int32))  # 16 MiB
+    mapped = torch.from_numpy(np.load(path, mmap_mode="r+"))  # shared, as local rank 0 maps it
+    before = _private_dirty()
+    assert pin_read_only(mapped, torch.device("cuda:0")) and mapped.is_pinned()
+    assert _private_dirty() - before < 1 << 20, "its pages stay the file's"
+    on_gpu = mapped[1000:3_000_000].to("cuda:0", non_blocking=True)
+    assert torch.equal(on_gpu.cpu(), mapped[1000:3_000_000])
+    graph = random_graph(n=20_000, d=17, classes=5, avg_degree=10, seed=5)  # topology arrays of their own pages
+    job = _job("cuda:0", graph, chunk_rows=4096, offload="topology")
+    assert all(blocks._pinned for blocks in job.ctx._blocks)
+    np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu", graph), rtol=1e-4)
+
+
+def _private_dirty() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Private_Dirty:"))
