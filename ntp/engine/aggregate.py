@@ -131,8 +131,9 @@ class RowBlocks:
     ``offload`` says where the topology stays:
 
     - ``"none"``: the indices are copied to the device once; chunks are views of them;
-    - ``"topology"`` or ``"all"``: each chunk's indices are copied to the device when it runs, on CUDA through two
-      pinned staging buffers allocated once, on a side stream, while the previous chunk computes.
+    - ``"topology"`` or ``"all"``: each chunk's indices are copied to the device when it runs, on CUDA on a side
+      stream while the previous chunk computes, from the host topology's pages locked read-only once (or, where the
+      driver refuses, through two pinned staging buffers: ntp.engine.transfer.streamed).
 
     An input in host memory (``--offload all``; pinned on CUDA) passes through the device ``column_block`` columns
     at a time (all unless the plan asked for fewer), over the topology wherever it stays. The device holds one

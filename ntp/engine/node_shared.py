@@ -4,8 +4,8 @@ Local rank 0 builds the arrays straight into files of a node-local folder (tmpfs
 else the temp folder: the page cache still holds one copy); after a barrier the other local ranks map the same
 files, read-only (a stray write fails at once; and a read-only page lock of a shared mapping, as ``--offload``
 takes of the topology on a GPU, keeps the one copy, where Linux gives each rank a private copy of a copy-on-write
-mapping's pages it locks); after a second barrier local rank 0 removes the folder. The
-mappings keep the memory until the last rank lets go, so nothing is left on disk, even when a rank fails later.
+mapping's pages it locks); after a second barrier local rank 0 removes the folder. The mappings keep the memory
+until the last rank lets go, so nothing is left on disk, even when a rank fails later.
 ``NTP_SHARED_DIR`` chooses the folder. Measure what the node holds with PSS, not RSS (RSS counts shared pages once
 per process).
 """

@@ -142,9 +142,11 @@ def streamed(parts: list[tuple[torch.Tensor, ...]], device: torch.device, pinned
     """Each part's tensors on ``device``, in order, copied on a side stream one part ahead of the compute. From
     where they lie when ``pinned`` (their host memory is page-locked: :func:`pin_read_only`), else through two
     pinned staging buffers allocated once (double buffering). Its loop is tested with no-op streams."""
+    if not parts:
+        return
     copy_stream = torch.cuda.Stream(device)
     compute_stream = torch.cuda.current_stream(device)
-    sizes = [max(p[i].numel() for p in parts) for i in range(len(parts[0]))] if parts else []
+    sizes = [max(p[i].numel() for p in parts) for i in range(len(parts[0]))]
     slots = [Staging(sizes, [t.dtype for t in parts[0]], allocate=not pinned) for _ in range(2)]
 
     def prefetch(j: int):
@@ -156,7 +158,7 @@ def streamed(parts: list[tuple[torch.Tensor, ...]], device: torch.device, pinned
             slot.copied.record(copy_stream)
         return tensors, slot.copied
 
-    pending = prefetch(0) if parts else None
+    pending = prefetch(0)
     for j in range(len(parts)):
         tensors, done = pending
         compute_stream.wait_event(done)
