@@ -168,8 +168,8 @@ def streamed(parts: list[tuple[torch.Tensor, ...]], device: torch.device, pinned
         yield tensors
 
 
-#: cuMemHostRegister's flag: the device only reads the pages, so they are locked without write access (a
-#: copy-on-write mapping of the shared topology stays the one copy a machine's ranks share)
+#: cuMemHostRegister's flag: the device only reads the pages, so they are locked without write access (a shared
+#: mapping of the topology stays the one copy a machine's ranks share; ntp.engine.node_shared maps it so)
 _READ_ONLY = 0x08
 _driver_lib = None
 
