@@ -6,12 +6,17 @@
 ntp runs its own training step (ntp.engine.loop.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
 layers, decoupled = MLP then 2 propagation steps). PyG runs GCNConv(cached=True) / GATConv on edge_index (the way
 its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout,
-threads; features of the store (synthetic: 128 wide). ntp's coupled model runs once more with --dropout 0: the
-difference is dropout's share of its epoch.
+threads; features of the store (synthetic: 128 wide). ntp's coupled model also runs with --dropout 0 and with
+NTP_NATIVE=0 (CPU dropout in torch's ops, without its one-pass C kernel), epoch by epoch in turn with the default:
+the differences are dropout's share of the epoch with the kernel and with torch's ops.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +27,8 @@ from common import (add_graph_arguments, add_single_process_arguments, base_pars
                     load_arrays, report, run_dgl, single_process_settings, time_median)
 
 
-def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int,
-              dropout: float = 0.5) -> float:
+def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, dropout: float = 0.5):
+    """One epoch of ntp's training step on ``store`` (a call runs the next epoch)."""
     from ntp.config import TrainConfig
     from ntp.engine.dist import init_distributed
     from ntp.engine.loop import train_step
@@ -33,7 +38,45 @@ def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threa
                       dropout=dropout, threads=threads, mode="single")
     job = setup(cfg, init_distributed(60))
     epoch = iter(range(10**6))
-    return time_median(lambda: train_step(job, next(epoch)), repeats)[0]
+    return lambda: train_step(job, next(epoch))
+
+
+def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int) -> float:
+    return time_median(ntp_job(store, model, arch, hidden, heads, threads), repeats)[0]
+
+
+def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int) -> dict:
+    """The coupled epoch, and dropout's share of it with the C kernel and with torch's ops: the three runs (kernel,
+    torch's ops, no dropout) take turns epoch by epoch, since a shared box drifts more between runs than within."""
+    runs = {"kernel": ntp_job(store, model, "coupled", hidden, heads, threads),
+            "torch_ops": ntp_job(store, model, "coupled", hidden, heads, threads),
+            "none": ntp_job(store, model, "coupled", hidden, heads, threads, dropout=0.0)}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for turn in range(repeats + 1):  # the first turn warms up
+        for name, step in runs.items():
+            with torch_ops_dropout() if name == "torch_ops" else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - t0)
+    kernel, torch_ops, none = (statistics.median(times[name][1:]) for name in runs)
+    return {"ntp_coupled_s": kernel, "ntp_coupled_dropout_share": 1 - none / kernel,
+            "ntp_coupled_torch_ops_dropout_share": 1 - none / torch_ops}
+
+
+@contextlib.contextmanager
+def torch_ops_dropout():
+    """ntp's CPU dropout without its C kernel (NTP_NATIVE=0): the masks drawn, then applied by torch's ops."""
+    from ntp.engine import native
+
+    before = os.environ.get("NTP_NATIVE")
+    os.environ["NTP_NATIVE"] = "0"
+    native.library.cache_clear()
+    try:
+        yield
+    finally:
+        os.environ.pop("NTP_NATIVE")
+        os.environ.update({} if before is None else {"NTP_NATIVE": before})
+        native.library.cache_clear()
 
 
 def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int) -> float:
@@ -79,10 +122,8 @@ def main() -> None:
         for model in args.models:
             row = {"graph": gname, "model": model, "nodes": len(a["indptr"]) - 1, "edges": len(a["indices"]),
                    "hidden": args.hidden, "threads": threads}
-            row["ntp_coupled_s"] = ntp_epoch(store, model, "coupled", args.hidden, args.heads, threads, repeats)
+            row.update(dropout_shares(store, model, args.hidden, args.heads, threads, repeats))
             row["ntp_decoupled_s"] = ntp_epoch(store, model, "decoupled", args.hidden, args.heads, threads, repeats)
-            no_dropout = ntp_epoch(store, model, "coupled", args.hidden, args.heads, threads, repeats, dropout=0.0)
-            row["ntp_coupled_dropout_share"] = 1 - no_dropout / row["ntp_coupled_s"]
             row["pyg_s"] = pyg_epoch(a, model, args.hidden, args.heads, repeats)
             if dgl_py is not None:
                 with tempfile.TemporaryDirectory() as tmp:

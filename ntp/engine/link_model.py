@@ -24,7 +24,7 @@ from torch import nn
 from ntp.config import TrainConfig
 from ntp.engine.collectives import Comm, gather, reduce_scatter_rows
 from ntp.engine.context import GraphContext
-from ntp.engine.layers import dropped, keep_mask
+from ntp.engine.dropout import drop
 from ntp.engine.linear import Linear
 from ntp.engine.models import build_model
 from ntp.engine.partition import Partition
@@ -136,7 +136,7 @@ def _relu_pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream:
     ranks."""
     if p == 0.0:
         return F.relu(x)
-    return dropped(x, keep_mask(rows, x.shape[1], p, stream, x.device), p, relu=True)
+    return drop(x, p, stream, rows[0], relu=True)
 
 
 class DotDecoder(nn.Module):

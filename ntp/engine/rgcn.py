@@ -28,7 +28,7 @@ from torch import nn
 
 from ntp.config import TrainConfig
 from ntp.engine.collectives import gather, split
-from ntp.engine.layers import dropped, keep_mask
+from ntp.engine.dropout import drop
 from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.linear import Linear, matmul
 from ntp.engine.partition import Partition
@@ -46,9 +46,7 @@ def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str,
     global row, column) only."""
     if p == 0.0:
         return F.relu(x) if relu else x
-    r0 = hc.row_offset(node_type)
-    mask = keep_mask((r0, r0 + x.shape[0]), x.shape[1], p, _dropout_stream(hc, node_type, layer), x.device)
-    return dropped(x, mask, p, relu)
+    return drop(x, p, _dropout_stream(hc, node_type, layer), hc.row_offset(node_type), relu)
 
 
 def embedding_tables(module: nn.Module) -> list[SlicedEmbedding]:
@@ -220,8 +218,7 @@ def relu_column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type:
     """ReLU, then :func:`hetero_dropout`'s mask, on a column slice (all rows of the type)."""
     if p == 0.0:
         return F.relu(h)
-    mask = keep_mask((0, h.shape[0]), width, p, _dropout_stream(hc, node_type, layer), h.device)
-    return dropped(h, mask[:, cols[0]:cols[1]], p, relu=True)
+    return drop(h, p, _dropout_stream(hc, node_type, layer), 0, relu=True, column=cols[0], width=width)
 
 
 class CoupledRGCN(nn.Module):

@@ -64,7 +64,7 @@ def test_a_bare_cuda_device_is_the_current_gpu() -> None:
 def test_the_gpu_draws_the_window_masks_the_cpu_draws() -> None:
     """The CUDA dropout mask (windows of a hashed table) is integer arithmetic: the same bits on either device, so a
     run's masks can be checked on the CPU."""
-    from ntp.engine.layers import keep_mask, window_keep_mask
+    from ntp.engine.dropout import keep_mask, window_keep_mask
 
     for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3)):
         gpu = keep_mask(rows, width, p, stream, torch.device("cuda:0"))
@@ -75,7 +75,7 @@ def test_the_gpu_draws_the_window_masks_the_cpu_draws() -> None:
 def test_the_gpu_drops_and_scales_like_the_cpu(dtype: torch.dtype) -> None:
     """CUDA applies a mask in one fused pass (torch's dropout backward kernel), the CPU in a conversion and two
     products: the same values forward and backward."""
-    from ntp.engine.layers import dropped
+    from ntp.engine.dropout import dropped
 
     x, grad, keep = torch.randn(1000, 37).to(dtype), torch.randn(1000, 37).to(dtype), torch.rand(1000, 37) > 0.3
     results = []

@@ -9,8 +9,8 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
-from ntp.engine import layers
-from ntp.engine.layers import dropped, hash_keep_mask, philox_keep_mask, window_keep_mask
+from ntp.engine import dropout, native
+from ntp.engine.dropout import drop, dropped, hash_keep_mask, keep_mask, philox_keep_mask, window_keep_mask
 from ntp.engine.partition import Partition
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -47,11 +47,11 @@ def test_philox_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads: 
     try:
         torch.set_num_threads(1)
         one = philox_keep_mask(rows, width, p, stream)
-        monkeypatch.setattr(layers, "_PHILOX_BLOCK", 1000)  # cut even this small mask: 37 000 elements
+        monkeypatch.setattr(dropout, "_PHILOX_BLOCK", 1000)  # cut even this small mask: 37 000 elements
         torch.set_num_threads(threads)
         assert torch.equal(philox_keep_mask(rows, width, p, stream), one)
-        drawn_by, draw = [], layers._philox_block
-        monkeypatch.setattr(layers, "_philox_block",
+        drawn_by, draw = [], dropout._philox_block
+        monkeypatch.setattr(dropout, "_philox_block",
                             lambda *a: (drawn_by.append(threading.current_thread().name), draw(*a)))
         assert torch.equal(philox_keep_mask(rows, width, p, stream), one)
         assert len(set(drawn_by)) == len(drawn_by) == threads, f"blocks not drawn at once: {drawn_by}"
@@ -89,6 +89,71 @@ def test_relu_then_dropout_in_one_mask() -> None:
     assert all(torch.equal(a, b) for a, b in zip(*results))
     assert [dtype for fused, dtype in saved if fused] == [torch.bool]
     assert [dtype for fused, dtype in saved if not fused] == [torch.float32, torch.bool], "ReLU's output, the mask"
+
+
+def test_the_one_pass_kernel_is_built_and_can_be_switched_off(monkeypatch) -> None:
+    """``pip install`` builds the C kernel (CPU dropout in one pass); ``NTP_NATIVE=0`` takes torch's ops."""
+    assert native.library() is not None, "ntp.engine._native is not built: pip install -e . builds it"
+    monkeypatch.setenv("NTP_NATIVE", "0")
+    native.library.cache_clear()
+    try:
+        assert native.library() is None
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+
+
+#: (rows, columns, first row, first column, mask width): whole rows; a column slice of a wider mask (R-GCN's
+#: column layout); rows that end inside a Philox block; no rows
+LAYOUTS = [(1013, 37, 17, 0, None), (333, 20, 0, 5, 41), (64, 64, 3, 0, None), (0, 5, 0, 0, None)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda la: "x".join(map(str, la[:2])) + f"@{la[2]},{la[3]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("p", RATES)
+def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(monkeypatch, layout, dtype, relu,
+                                                                         p: float) -> None:
+    """The C kernel draws each keep flag from the same Philox field :func:`philox_keep_mask` reads, so ``drop``
+    equals ``dropped(x, keep_mask(...))``: values (NaN, infinities and -0 included) and gradients, for any cut of
+    the rows among threads, strided rows, and a column slice of a wider mask; it keeps one boolean mask for the
+    backward (and writes none when no gradient is wanted)."""
+    n, w, row, col, width = layout
+    stream = 2**70 + 5
+    base = torch.randn(n, w + 3, dtype=dtype)  # x is its columns 1..w: rows strided
+    if n:
+        base[0, 1:4] = torch.tensor([float("nan"), -0.0, float("inf")])
+    keep = keep_mask((row, row + n), width or w, p, stream, CPU)[:, col : col + w]
+    grad = torch.randn(n, w, dtype=dtype)
+    monkeypatch.setattr(dropout, "_PHILOX_BLOCK", 500)  # rows cut among 3 threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        results, saved = [], []
+        for one_pass in (True, False):
+            leaf = base.clone().requires_grad_()
+            x = leaf[:, 1 : w + 1]
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((one_pass, t.dtype)) or t, lambda t: t):
+                y = drop(x, p, stream, row, relu, column=col, width=width) if one_pass else dropped(x, keep, p, relu)
+            y.backward(grad)
+            results.append((y.detach(), leaf.grad))
+        (y1, g1), (y2, g2) = results
+        torch.testing.assert_close(y1, y2, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(g1, g2, rtol=0, atol=0, equal_nan=True)
+        assert [dt for one_pass, dt in saved if one_pass] == [torch.bool]
+        no_grad = drop(base[:, 1 : w + 1], p, stream, row, relu, column=col, width=width)  # no mask written
+        torch.testing.assert_close(no_grad, y1, rtol=0, atol=0, equal_nan=True)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_world_size_drops_the_same_elements_in_one_pass(world: int) -> None:
+    n, width, stream = 1013, 37, 77
+    x = torch.randn(n, width)
+    parts = [drop(x[slice(*Partition(n, world, r).rows())], 0.4, stream, Partition(n, world, r).rows()[0], True)
+             for r in range(world)]
+    assert torch.equal(torch.cat(parts), drop(x, 0.4, stream, 0, True))
 
 
 @pytest.mark.parametrize("gen", GENERATORS.values(), ids=GENERATORS.keys())

@@ -1,0 +1,287 @@
+"""Dropout on row-layout activations whose masks are a function of (stream, global row, column) alone, so every
+world size drops the same elements: drawn in one vectorised pass (Philox on a CPU, windows of a hashed table on
+CUDA), and on a CPU drawn and applied in one pass by the C kernel where it is built (ntp.engine.native)."""
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ntp.engine import native
+from ntp.engine.context import GraphContext
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
+    """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix. Element ``(r, c)`` is a
+    function of ``(stream, r, c)`` alone, so every world size draws the same mask for the same element, in one
+    vectorised pass: Philox at the element's counter on CPU, windows of a hashed table on CUDA (no per-tile
+    kernels)."""
+    if device.type == "cpu":
+        return philox_keep_mask(rows, width, p, stream)
+    return window_keep_mask(rows, width, p, stream, device)
+
+
+#: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
+_PHILOX_BLOCK = 1 << 20
+
+
+def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
+    """Element ``(r, c)`` keeps when its field of Philox4x64's output keyed by ``stream`` (the ``bits`` bits from
+    bit ``(r * width + c) * bits``) is at least ``p * 2^bits`` (:func:`_philox_field`). Large masks are cut into up
+    to one block per torch thread, drawn at once (each generator jumps straight to its block's first word: the
+    mask does not depend on the cut)."""
+    start, stop = rows
+    bits, threshold = _philox_field(p)
+    first, last = start * width, stop * width
+    lo, hi = first - first % 8, -(-last // 8) * 8  # whole bytes of single bits: blocks start at multiples of 8
+    flags = np.empty(hi - lo, dtype=bool)
+    key = _splitmix64(stream)
+    _in_parallel([functools.partial(_philox_block, flags[a - lo : b - lo], a, b, key, bits, threshold)
+                  for a, b in _cuts(lo, hi, 8)])
+    return torch.from_numpy(flags[first - lo : last - lo].reshape(stop - start, width))
+
+
+def _philox_field(p: float) -> tuple[int, int]:
+    """The bits of Philox's output one element's keep flag reads, and the least value that keeps: 1 bit for
+    p = 0.5 (the default: a sixteenth of the draws of 16-bit fields), 8 when ``p * 256`` is whole, else 16 (exact
+    to 2^-16)."""
+    bits = next((bits for bits in (1, 8) if (p * 2**bits).is_integer()), 16)
+    return bits, min(int(p * 2**bits), 2**bits - 1)
+
+
+def _cuts(lo: int, hi: int, align: int, unit: int = 1) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut at multiples of ``align`` into up to one part per torch thread, each at least
+    ``_PHILOX_BLOCK`` elements (``unit`` elements per index)."""
+    parts = max(1, min(torch.get_num_threads(), (hi - lo) * unit // _PHILOX_BLOCK))
+    cuts = [lo + (hi - lo) * i // parts // align * align for i in range(parts)] + [hi]
+    return list(zip(cuts, cuts[1:]))
+
+
+def _in_parallel(calls: list) -> None:
+    """Runs the first call here and each other on a helper thread of its own, and waits for them all."""
+    handed = [_helper(i).run(call) for i, call in enumerate(calls[1:])]
+    calls[0]()
+    for done in handed:
+        done.result()
+
+
+class _Helper:
+    """A thread that runs what it is handed, one call at a time. Each part of a mask goes to its own helper, so the
+    parts really run at once (numpy's draws and the C kernel release the GIL; a ThreadPoolExecutor hands a task to
+    any idle thread: in an epoch one of its threads drew every block)."""
+
+    def __init__(self, name: str) -> None:
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def run(self, call) -> Future:
+        done: Future = Future()
+        self._inbox.put((call, done))
+        return done
+
+    def _serve(self) -> None:
+        while True:
+            call, done = self._inbox.get()
+            try:
+                done.set_result(call())
+            except BaseException as e:  # handed to the caller by done.result()
+                done.set_exception(e)
+
+
+_helpers: list[_Helper] = []
+
+
+def _helper(i: int) -> _Helper:
+    while len(_helpers) <= i:
+        _helpers.append(_Helper(f"ntp-dropout-{len(_helpers)}"))
+    return _helpers[i]
+
+
+def _philox_block(out: np.ndarray, first: int, last: int, key: int, bits: int, threshold: int) -> None:
+    """The keep flags of elements ``first:last`` (multiples of 8) into ``out`` (numpy draws, unpacks and compares
+    without the GIL). A Philox counter gives 256 bits."""
+    b0, b1 = first * bits // 8, last * bits // 8
+    counter = b0 // 32
+    gen = np.random.Philox(key=key)
+    gen.advance(counter)
+    raw = gen.random_raw(-(-b1 // 8) - 4 * counter).view(np.uint8)[b0 - 32 * counter : b1 - 32 * counter]
+    if bits == 1:
+        raw = np.unpackbits(raw, bitorder="little")
+    elif bits == 16:
+        raw = raw.view("<u2")
+    np.greater_equal(raw, threshold, out=out)
+
+
+#: entries of the keep table whose windows a CUDA mask's rows are (a power of two; about 0.1 ms to draw on a GPU)
+_TABLE_ENTRIES = 1 << 22
+
+
+def window_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
+    """Row ``r`` of the mask is the ``width`` entries of a keep table (drawn for ``stream`` by
+    :func:`hash_keep_mask`, 4M entries whatever the graph) that start at a hash of ``(stream, r)``, rounded down to a
+    multiple of 8: one gather of 8-entry words instead of a dozen hash passes over each element (entry by entry, the
+    gather took 0.75 ms for 2.4M x 100 on an H200; as words it left the epoch profile's top 25). Two rows' windows
+    overlap with probability about ``2 width / 4M``; everything else is as independent as the hash."""
+    words = -(-width // 8)
+    table = hash_keep_mask((0, -(-(_TABLE_ENTRIES + 8 * words) // 64)), 64, p, stream, device).flatten()
+    salt = _splitmix64(stream) ^ 0xA5A5A5A5A5A5A5A5
+    start = _row_hash(rows, salt, device).bitwise_and_(_TABLE_ENTRIES // 8 - 1)
+    packed = table.view(torch.int64).unfold(0, words, 1)[start.long()]  # [rows, words]: 8 entries a word
+    return packed.view(torch.bool)[:, :width]
+
+
+def _row_hash(rows: tuple[int, int], stream: int, device: torch.device) -> torch.Tensor:
+    """A well-mixed int32 per global row of ``rows``, a function of ``(stream, row)``."""
+    s = _splitmix64(stream)
+    r = torch.arange(rows[0], rows[1], device=device, dtype=torch.int64)
+    return _fmix32(_to_int32((r * 0x9E3779B1 + (s & 0xFFFFFFFF)) & 0xFFFFFFFF)) ^ _to_int32(torch.tensor(s >> 32))
+
+
+def hash_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
+    """Element ``(r, c)`` keeps when 24 bits of ``fmix32(key(stream, r) ^ key(c))`` (MurmurHash3's finaliser, in
+    wrapping int32 arithmetic) are at least ``p * 2^24``: a few elementwise kernels on any device."""
+    row_key = _row_hash(rows, stream, device)
+    col_key = _fmix32(torch.arange(width, device=device, dtype=torch.int32) * 0x27D4EB2F + 0x165667B1)
+    bits = _fmix32(row_key[:, None] ^ col_key[None, :])
+    return bits.bitwise_and_(0xFFFFFF) >= int(round(p * (1 << 24)))
+
+
+def _to_int32(x: torch.Tensor) -> torch.Tensor:
+    """The int32 with the same low 32 bits as the non-negative int64 ``x``."""
+    return (x & 0xFFFFFFFF).sub_(x.ge(1 << 31).long() << 32).to(torch.int32)
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ ((x >> 16) & 0xFFFF)  # masked: int32 shifts are arithmetic
+    x = x * -2048144789  # 0x85EBCA6B as int32; products wrap
+    x = x ^ ((x >> 13) & 0x7FFFF)
+    x = x * -1028477387  # 0xC2B2AE35
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
+class RowDropout(nn.Module):
+    """Dropout on row-layout activations whose mask depends on (seed, step, layer, global row, column) only."""
+
+    def __init__(self, p: float, layer_id: int) -> None:
+        super().__init__()
+        self.p = p
+        self.layer_id = layer_id
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext, relu: bool = False) -> torch.Tensor:
+        """Dropout of ``x``, or with ``relu`` of ``relu(x)`` (see :func:`drop`)."""
+        if not self.training or self.p == 0.0:
+            return F.relu(x) if relu else x
+        stream = (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
+        return drop(x, self.p, stream, ctx.row_offset, relu)
+
+
+def drop(x: torch.Tensor, p: float, stream: int, first_row: int, relu: bool = False, *, column: int = 0,
+         width: int | None = None) -> torch.Tensor:
+    """Dropout of ``x`` (with ``relu``, of ``relu(x)``), whose element ``(i, j)`` is element
+    ``(first_row + i, column + j)`` of the ``stream``'s mask ``width`` wide (``x``'s own width by default). A CPU
+    float32 or bfloat16 ``x`` is drawn and dropped in one pass by the C kernel where it is built; elsewhere the mask
+    is drawn (:func:`keep_mask`), then applied (:func:`dropped`): the same values."""
+    width = x.shape[1] if width is None else width
+    if x.device.type == "cpu" and x.dtype in native.DTYPE_CODES and native.library() is not None:
+        return _NativeDropped.apply(x, p, stream, first_row * width + column, width, relu)
+    keep = keep_mask((first_row, first_row + x.shape[0]), width, p, stream, x.device)
+    return dropped(x, keep[:, column : column + x.shape[1]], p, relu)
+
+
+def dropped(x: torch.Tensor, keep: torch.Tensor, p: float, relu: bool = False) -> torch.Tensor:
+    """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``. Autograd keeps only
+    the boolean mask (a float copy of it would hold 4x the bytes). With ``relu`` it is ``relu(x)`` dropped, in the
+    same autograd node: one mask kept, and no ReLU output."""
+    return _Dropped.apply(x, keep.to(x.device), 1.0 / (1.0 - p), relu)
+
+
+class _Dropped(torch.autograd.Function):
+    """The forward and the backward are the same masked scale. ReLU, where asked, runs in place on the dropped values,
+    and the backward's mask is then the nonzero entries of the result (those both masks kept): on a CPU casting the
+    non-negative result to bool costs a third of the comparison ``x > 0``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float, relu: bool) -> torch.Tensor:  # type: ignore[override]
+        y = _masked_scale(x, keep, scale)
+        if relu:
+            keep = y.relu_().bool()
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (keep,) = ctx.saved_tensors
+        return _masked_scale(grad, keep, ctx.scale), None, None, None
+
+
+def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x * keep * scale``. On a CPU the mask's bytes become floats first (one vectorised conversion), then one
+    pass writes ``0 + scale * mask * x`` over them: a product with a uint8 or bool operand converts element by
+    element and took 1.5-2x as long. On CUDA it is one pass: the kernel of torch's own dropout backward, which
+    computes exactly this."""
+    if x.device.type == "cpu":
+        mask = keep.view(torch.uint8).to(x.dtype)
+        return torch.addcmul(torch.zeros((), dtype=x.dtype), mask, x, value=scale, out=mask)
+    return torch.ops.aten.native_dropout_backward(x, keep, scale)
+
+
+class _NativeDropped(torch.autograd.Function):
+    """:class:`_Dropped` with the mask drawn as it is applied, by the C kernel (``csrc/dropout.c``), rows cut among
+    the torch threads: one pass reads ``x`` and writes the result and, only where a gradient is wanted, the
+    backward's mask (the nonzero results with ``relu``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float, stream: int, first: int, width: int, relu: bool) -> torch.Tensor:  # type: ignore[override]
+        if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
+            x = x.contiguous()
+        y = torch.empty(x.shape, dtype=x.dtype)
+        mask = torch.empty(x.shape, dtype=torch.bool) if ctx.needs_input_grad[0] else None
+        bits, threshold = _philox_field(p)
+        ctx.scale, ctx.code = 1.0 / (1.0 - p), native.DTYPE_CODES[x.dtype]
+        lib, cols, item, key = native.library(), x.shape[1], x.element_size(), _splitmix64(stream)
+
+        def rows(a: int, b: int) -> None:
+            at = a * cols
+            lib.ntp_dropout(ctx.code, x.data_ptr() + a * x.stride(0) * item, x.stride(0), y.data_ptr() + at * item,
+                            None if mask is None else mask.data_ptr() + at, b - a, cols, first + a * width, width,
+                            key, bits, threshold, ctx.scale, relu)
+
+        if x.numel():
+            _in_parallel([functools.partial(rows, a, b) for a, b in _cuts(0, x.shape[0], 1, cols)])
+        ctx.save_for_backward(mask)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (mask,) = ctx.saved_tensors
+        grad = grad.contiguous()
+        out, lib, item = torch.empty_like(grad), native.library(), grad.element_size()
+
+        def elements(a: int, b: int) -> None:
+            lib.ntp_masked_scale(ctx.code, grad.data_ptr() + a * item, mask.data_ptr() + a, out.data_ptr() + a * item,
+                                 b - a, ctx.scale)
+
+        if grad.numel():
+            _in_parallel([functools.partial(elements, a, b) for a, b in _cuts(0, grad.numel(), 1)])
+        return out, None, None, None, None, None
+
+
+def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:
+    """One :class:`RowDropout` before each of ``layers`` layers: ``input_p`` on the first one's input, ``p`` after."""
+    return nn.ModuleList(RowDropout(rate, i) for i, rate in enumerate([input_p] + [p] * (layers - 1)))
