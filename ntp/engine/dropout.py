@@ -64,10 +64,14 @@ def _philox_field(p: float) -> tuple[int, int]:
     return bits, min(int(p * 2**bits), 2**bits - 1)
 
 
-def _cuts(lo: int, hi: int, align: int, unit: int = 1) -> list[tuple[int, int]]:
-    """``[lo, hi)`` cut at multiples of ``align`` into up to one part per torch thread, each at least
-    ``_PHILOX_BLOCK`` elements (``unit`` elements per index)."""
-    parts = max(1, min(torch.get_num_threads(), (hi - lo) * unit // _PHILOX_BLOCK))
+def _parts(elements: int) -> int:
+    """Into how many parts ``elements`` are cut: up to one per torch thread, each at least ``_PHILOX_BLOCK``."""
+    return max(1, min(torch.get_num_threads(), elements // _PHILOX_BLOCK))
+
+
+def _cuts(lo: int, hi: int, align: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut at multiples of ``align`` into :func:`_parts`."""
+    parts = _parts(hi - lo)
     cuts = [lo + (hi - lo) * i // parts // align * align for i in range(parts)] + [hi]
     return list(zip(cuts, cuts[1:]))
 
@@ -82,8 +86,8 @@ def _in_parallel(calls: list) -> None:
 
 class _Helper:
     """A thread that runs what it is handed, one call at a time. Each part of a mask goes to its own helper, so the
-    parts really run at once (numpy's draws and the C kernel release the GIL; a ThreadPoolExecutor hands a task to
-    any idle thread: in an epoch one of its threads drew every block)."""
+    parts really run at once (numpy's draws release the GIL; a ThreadPoolExecutor hands a task to any idle thread:
+    in an epoch one of its threads drew every block)."""
 
     def __init__(self, name: str) -> None:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -190,14 +194,19 @@ class RowDropout(nn.Module):
         return drop(x, self.p, stream, ctx.row_offset, relu)
 
 
+def one_pass(x: torch.Tensor) -> bool:
+    """Whether the C kernel drops ``x``: a CPU float32 or bfloat16 tensor, where the kernel is built."""
+    return x.device.type == "cpu" and x.dtype in native.DTYPE_CODES and native.library() is not None
+
+
 def drop(x: torch.Tensor, p: float, stream: int, first_row: int, relu: bool = False, *, column: int = 0,
          width: int | None = None) -> torch.Tensor:
     """Dropout of ``x`` (with ``relu``, of ``relu(x)``), whose element ``(i, j)`` is element
-    ``(first_row + i, column + j)`` of the ``stream``'s mask ``width`` wide (``x``'s own width by default). A CPU
-    float32 or bfloat16 ``x`` is drawn and dropped in one pass by the C kernel where it is built; elsewhere the mask
-    is drawn (:func:`keep_mask`), then applied (:func:`dropped`): the same values."""
+    ``(first_row + i, column + j)`` of the ``stream``'s mask ``width`` wide (``x``'s own width by default). Where
+    :func:`one_pass`, drawn and dropped in one pass by the C kernel; elsewhere the mask is drawn (:func:`keep_mask`),
+    then applied (:func:`dropped`): the same values."""
     width = x.shape[1] if width is None else width
-    if x.device.type == "cpu" and x.dtype in native.DTYPE_CODES and native.library() is not None:
+    if one_pass(x):
         return _NativeDropped.apply(x, p, stream, first_row * width + column, width, relu)
     keep = keep_mask((first_row, first_row + x.shape[0]), width, p, stream, x.device)
     return dropped(x, keep[:, column : column + x.shape[1]], p, relu)
@@ -242,44 +251,38 @@ def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Te
 
 
 class _NativeDropped(torch.autograd.Function):
-    """:class:`_Dropped` with the mask drawn as it is applied, by the C kernel (``csrc/dropout.c``), rows cut among
-    the torch threads: one pass reads ``x`` and writes the result and, only where a gradient is wanted, the
-    backward's mask (the nonzero results with ``relu``)."""
+    """:class:`_Dropped` with the mask drawn as it is applied, by the C kernel (``csrc/dropout.c``) on torch's
+    threads: one pass reads ``x`` and writes the result and, only where a gradient is wanted, the backward's mask
+    (the nonzero results with ``relu``)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float, stream: int, first: int, width: int, relu: bool) -> torch.Tensor:  # type: ignore[override]
-        if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
-            x = x.contiguous()
         y = torch.empty(x.shape, dtype=x.dtype)
         mask = torch.empty(x.shape, dtype=torch.bool) if ctx.needs_input_grad[0] else None
-        bits, threshold = _philox_field(p)
-        ctx.scale, ctx.code = 1.0 / (1.0 - p), native.DTYPE_CODES[x.dtype]
-        lib, cols, item, key = native.library(), x.shape[1], x.element_size(), _splitmix64(stream)
-
-        def rows(a: int, b: int) -> None:
-            at = a * cols
-            lib.ntp_dropout(ctx.code, x.data_ptr() + a * x.stride(0) * item, x.stride(0), y.data_ptr() + at * item,
-                            None if mask is None else mask.data_ptr() + at, b - a, cols, first + a * width, width,
-                            key, bits, threshold, ctx.scale, relu)
-
-        if x.numel():
-            _in_parallel([functools.partial(rows, a, b) for a, b in _cuts(0, x.shape[0], 1, cols)])
+        _drop_rows(x, y, mask, p, stream, first, width, relu)
         ctx.save_for_backward(mask)
+        ctx.scale, ctx.code = 1.0 / (1.0 - p), native.DTYPE_CODES[x.dtype]
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
         grad = grad.contiguous()
-        out, lib, item = torch.empty_like(grad), native.library(), grad.element_size()
-
-        def elements(a: int, b: int) -> None:
-            lib.ntp_masked_scale(ctx.code, grad.data_ptr() + a * item, mask.data_ptr() + a, out.data_ptr() + a * item,
-                                 b - a, ctx.scale)
-
-        if grad.numel():
-            _in_parallel([functools.partial(elements, a, b) for a, b in _cuts(0, grad.numel(), 1)])
+        out = torch.empty_like(grad)
+        native.library().ntp_masked_scale(_parts(grad.numel()), ctx.code, grad.data_ptr(), mask.data_ptr(),
+                                          out.data_ptr(), grad.numel(), ctx.scale)
         return out, None, None, None, None, None
+
+
+def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: float, stream: int, first: int,
+               width: int, relu: bool) -> None:
+    """The C kernel's dropout of ``x`` into the contiguous ``y`` (and the backward's mask into ``mask``, if given)."""
+    if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
+        x = x.contiguous()
+    bits, threshold = _philox_field(p)
+    native.library().ntp_dropout(_parts(x.numel()), native.DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0),
+                                 y.data_ptr(), None if mask is None else mask.data_ptr(), x.shape[0], x.shape[1],
+                                 first, width, _splitmix64(stream), bits, threshold, 1.0 / (1.0 - p), relu)
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

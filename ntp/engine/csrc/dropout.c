@@ -1,7 +1,7 @@
 /* Dropout on a CPU in one pass: each element's keep flag is drawn from Philox4x64-10 at the element's global index
  * (the same stream numpy's Philox gives ntp.engine.dropout.philox_keep_mask, so both paths draw the same mask), and
  * the dropped, scaled (and optionally ReLU'd) value and the backward's mask are written as the flags are drawn.
- * Loaded with ctypes (no Python API): every call runs without the GIL, on the rows it is given. */
+ * Loaded with ctypes (no Python API): every call runs without the GIL. */
 #include <stdint.h>
 #include <string.h>
 
@@ -104,10 +104,10 @@ VECTOR_CLONES static void apply_bf16(const uint16_t *x, uint16_t *y, uint8_t *ma
 }
 
 /* Rows [0, rows) of x (row stride ldx) dropped into the contiguous y, and their backward mask into mask (contiguous;
- * NULL when no gradient is wanted). Element (i, j) is the global element first + i * width + j. dtype: 0 float32,
- * 1 bfloat16. */
-void ntp_dropout(int dtype, const void *x, int64_t ldx, void *y, uint8_t *mask, int64_t rows, int64_t cols,
-                 int64_t first, int64_t width, uint64_t key, int bits, uint32_t threshold, float scale, int relu) {
+ * NULL when no gradient is wanted). Element (i, j) is the global element first + i * width + j. */
+static void dropout_rows(int dtype, const char *x, int64_t ldx, char *y, uint8_t *mask, int64_t rows, int64_t cols,
+                         int64_t first, int64_t width, uint64_t key, int bits, uint32_t threshold, float scale,
+                         int relu) {
     uint8_t keep[CHUNK];
     size_t item = dtype ? 2 : 4;
     if (ldx == cols && cols == width) { /* whole rows: one run of elements */
@@ -118,8 +118,8 @@ void ntp_dropout(int dtype, const void *x, int64_t ldx, void *y, uint8_t *mask, 
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j += CHUNK) {
             int64_t n = cols - j < CHUNK ? cols - j : CHUNK, at = r * cols + j;
-            const char *xs = (const char *)x + (size_t)(r * ldx + j) * item;
-            char *ys = (char *)y + (size_t)at * item;
+            const char *xs = x + (size_t)(r * ldx + j) * item;
+            char *ys = y + (size_t)at * item;
             keep_flags(keep, first + r * width + j, n, key, bits, threshold);
             if (dtype)
                 apply_bf16((const uint16_t *)xs, (uint16_t *)ys, mask ? mask + at : 0, keep, n, scale, relu);
@@ -128,22 +128,50 @@ void ntp_dropout(int dtype, const void *x, int64_t ldx, void *y, uint8_t *mask, 
         }
 }
 
-/* out = 0 + (mask ? scale : 0) * g over n contiguous elements: the backward of ntp_dropout */
-VECTOR_CLONES void ntp_masked_scale(int dtype, const void *g, const uint8_t *mask, void *out, int64_t n, float scale) {
+/* out = 0 + (mask ? scale : 0) * g over n contiguous elements */
+VECTOR_CLONES static void masked_scale(int dtype, const char *g, const uint8_t *mask, char *out, int64_t n,
+                                       float scale) {
     const int relu = 0;
     if (dtype) {
-        const uint16_t *gs = g;
-        uint16_t *os = out;
+        const uint16_t *gs = (const uint16_t *)g;
+        uint16_t *os = (uint16_t *)out;
         for (int64_t i = 0; i < n; i++) {
             DROPPED(v, mask[i], from_bf16(gs[i]));
             os[i] = to_bf16(v);
         }
     } else {
-        const float *gs = g;
-        float *os = out;
+        const float *gs = (const float *)g;
+        float *os = (float *)out;
         for (int64_t i = 0; i < n; i++) {
             DROPPED(v, mask[i], gs[i]);
             os[i] = v;
         }
+    }
+}
+
+/* The entry points cut their rows (elements) into `parts` runs, one per thread of OpenMP's pool: torch's own pool
+ * where torch loaded libgomp, so the kernel's threads are the ones torch's operators just left spinning, not
+ * threads competing with them for the cores. dtype: 0 float32, 1 bfloat16. */
+
+/* dropout_rows over rows [0, rows) of x */
+void ntp_dropout(int parts, int dtype, const void *x, int64_t ldx, void *y, uint8_t *mask, int64_t rows, int64_t cols,
+                 int64_t first, int64_t width, uint64_t key, int bits, uint32_t threshold, float scale, int relu) {
+    size_t item = dtype ? 2 : 4;
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int part = 0; part < parts; part++) {
+        int64_t a = rows * part / parts, b = rows * (part + 1) / parts;
+        dropout_rows(dtype, (const char *)x + (size_t)(a * ldx) * item, ldx, (char *)y + (size_t)(a * cols) * item,
+                     mask ? mask + a * cols : 0, b - a, cols, first + a * width, width, key, bits, threshold, scale,
+                     relu);
+    }
+}
+
+/* the backward of ntp_dropout: masked_scale over n elements */
+void ntp_masked_scale(int parts, int dtype, const void *g, const uint8_t *mask, void *out, int64_t n, float scale) {
+    size_t item = dtype ? 2 : 4;
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int part = 0; part < parts; part++) {
+        int64_t a = n * part / parts, b = n * (part + 1) / parts;
+        masked_scale(dtype, (const char *)g + (size_t)a * item, mask + a, (char *)out + (size_t)a * item, b - a, scale);
     }
 }
