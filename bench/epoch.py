@@ -7,8 +7,8 @@ ntp runs its own training step (ntp.engine.loop.setup + train_step, --mode singl
 layers, decoupled = MLP then 2 propagation steps). PyG runs GCNConv(cached=True) / GATConv on edge_index (the way
 its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout,
 threads; features of the store (synthetic: 128 wide). ntp's coupled model also runs with NTP_NATIVE=0 (CPU dropout
-in torch's ops, without its one-pass C kernel), in turns with the default; both report dropout's share of their
-epoch, timed inside the epoch.
+in torch's ops, without its C kernel) and with --dropout 0, in turns with the default: the differences are dropout's
+share of the epoch with the kernel and with torch's ops.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import contextlib
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -46,55 +45,27 @@ def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threa
 
 
 def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int) -> dict:
-    """The coupled epoch, and dropout's share of it with the C kernel and with torch's ops: the time inside dropout's
-    forwards and backwards over the time of the same epochs (a difference with a --dropout 0 run would be two
-    medians taken minutes apart on a shared box, which drifts by more than dropout costs). An upper bound: ReLU runs
-    inside dropout. The two runs take turns of 5 epochs, after one to settle, ``repeats`` turns each."""
+    """The coupled epoch with dropout by the C kernel (the input's inside the first product), by torch's ops
+    (NTP_NATIVE=0) and without dropout, and dropout's share of the first two. The runs take turns of 5 epochs after
+    one to settle, ``repeats`` turns each; a share is the median over turns of the turn's difference from the run
+    without dropout, over the median epoch (a shared box drifts between turns by more than dropout costs)."""
     runs = {"kernel": ntp_job(store, model, "coupled", hidden, heads, threads),
-            "torch_ops": ntp_job(store, model, "coupled", hidden, heads, threads)}
-    epochs: dict[str, list[float]] = {name: [] for name in runs}
-    shares: dict[str, list[float]] = {name: [] for name in runs}
+            "torch_ops": ntp_job(store, model, "coupled", hidden, heads, threads),
+            "none": ntp_job(store, model, "coupled", hidden, heads, threads, dropout=0.0)}
+    turns: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, step in runs.items():
-            with torch_ops_dropout() if name == "torch_ops" else contextlib.nullcontext(), timed_dropout() as inside:
-                step()
-                for _ in range(5):
-                    inside.clear()
-                    t0 = time.perf_counter()
-                    step()
-                    epochs[name].append(time.perf_counter() - t0)
-                    shares[name].append(sum(inside) / epochs[name][-1])
-    return {"ntp_coupled_s": statistics.median(epochs["kernel"]),
-            "ntp_coupled_dropout_share": statistics.median(shares["kernel"]),
-            "ntp_coupled_torch_ops_s": statistics.median(epochs["torch_ops"]),
-            "ntp_coupled_torch_ops_dropout_share": statistics.median(shares["torch_ops"])}
+            with torch_ops_dropout() if name == "torch_ops" else contextlib.nullcontext():
+                turns[name].append(time_median(step, 5)[0])
 
+    def share(name: str) -> float:
+        extra = statistics.median(t - none for t, none in zip(turns[name], turns["none"]))
+        return extra / statistics.median(turns[name])
 
-@contextlib.contextmanager
-def timed_dropout():
-    """A list that collects the wall time of every dropout forward (``ntp.engine.dropout.drop``) and backward."""
-    from ntp.engine import dropout
-
-    inside: list[float] = []
-
-    def timed(fn):
-        def run(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                inside.append(time.perf_counter() - t0)
-        return run
-
-    patched = [(dropout, "drop"), (dropout._Dropped, "backward"), (dropout._NativeDropped, "backward")]
-    originals = [getattr(owner, name) for owner, name in patched]
-    for (owner, name), fn in zip(patched, originals):
-        setattr(owner, name, staticmethod(timed(fn)) if isinstance(owner, type) else timed(fn))
-    try:
-        yield inside
-    finally:
-        for (owner, name), fn in zip(patched, originals):
-            setattr(owner, name, staticmethod(fn) if isinstance(owner, type) else fn)
+    return {"ntp_coupled_s": statistics.median(turns["kernel"]), "ntp_coupled_dropout_share": share("kernel"),
+            "ntp_coupled_no_dropout_s": statistics.median(turns["none"]),
+            "ntp_coupled_torch_ops_s": statistics.median(turns["torch_ops"]),
+            "ntp_coupled_torch_ops_dropout_share": share("torch_ops")}
 
 
 @contextlib.contextmanager

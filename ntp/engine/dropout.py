@@ -15,6 +15,7 @@ from torch import nn
 
 from ntp.engine import native
 from ntp.engine.context import GraphContext
+from ntp.engine.linear import linear
 
 _MASK64 = (1 << 64) - 1
 
@@ -64,14 +65,18 @@ def _philox_field(p: float) -> tuple[int, int]:
     return bits, min(int(p * 2**bits), 2**bits - 1)
 
 
-def _parts(elements: int) -> int:
-    """Into how many parts ``elements`` are cut: up to one per torch thread, each at least ``_PHILOX_BLOCK``."""
-    return max(1, min(torch.get_num_threads(), elements // _PHILOX_BLOCK))
+def _parts(elements: int, least: int) -> int:
+    """Into how many parts ``elements`` are cut: up to one per torch thread, each at least ``least`` elements."""
+    return max(1, min(torch.get_num_threads(), elements // least))
+
+
+#: elements per OpenMP thread below which the C kernel runs on one (a parallel region costs microseconds)
+_KERNEL_PART = 1 << 16
 
 
 def _cuts(lo: int, hi: int, align: int) -> list[tuple[int, int]]:
     """``[lo, hi)`` cut at multiples of ``align`` into :func:`_parts`."""
-    parts = _parts(hi - lo)
+    parts = _parts(hi - lo, _PHILOX_BLOCK)
     cuts = [lo + (hi - lo) * i // parts // align * align for i in range(parts)] + [hi]
     return list(zip(cuts, cuts[1:]))
 
@@ -190,8 +195,20 @@ class RowDropout(nn.Module):
         """Dropout of ``x``, or with ``relu`` of ``relu(x)`` (see :func:`drop`)."""
         if not self.training or self.p == 0.0:
             return F.relu(x) if relu else x
-        stream = (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
-        return drop(x, self.p, stream, ctx.row_offset, relu)
+        return drop(x, self.p, self._stream(ctx), ctx.row_offset, relu)
+
+    def linear(self, x: torch.Tensor, ctx: GraphContext, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``linear(self(x, ctx), weight, bias)``. Where ``x`` needs no gradient (the features) and the C kernel
+        drops it in float32, block by block of rows (:class:`_DroppedLinear`): no dropped copy of ``x`` is made or
+        kept."""
+        if (not self.training or self.p == 0.0 or x.requires_grad or x.dtype != torch.float32 or not one_pass(x)
+                or torch.is_autocast_enabled("cpu")):
+            return linear(self(x, ctx), weight, bias)
+        return _DroppedLinear.apply(x, weight, bias, self.p, self._stream(ctx), ctx.row_offset * x.shape[1])
+
+    def _stream(self, ctx: GraphContext) -> int:
+        return (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
 
 
 def one_pass(x: torch.Tensor) -> bool:
@@ -268,9 +285,9 @@ class _NativeDropped(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
         grad = grad.contiguous()
-        out = torch.empty_like(grad)
-        native.library().ntp_masked_scale(_parts(grad.numel()), ctx.code, grad.data_ptr(), mask.data_ptr(),
-                                          out.data_ptr(), grad.numel(), ctx.scale)
+        out, n = torch.empty_like(grad), grad.numel()
+        native.library().ntp_masked_scale(_parts(n, _KERNEL_PART), ctx.code, grad.data_ptr(), mask.data_ptr(),
+                                          out.data_ptr(), n, ctx.scale)
         return out, None, None, None, None, None
 
 
@@ -280,9 +297,53 @@ def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: f
     if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
         x = x.contiguous()
     bits, threshold = _philox_field(p)
-    native.library().ntp_dropout(_parts(x.numel()), native.DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0),
-                                 y.data_ptr(), None if mask is None else mask.data_ptr(), x.shape[0], x.shape[1],
-                                 first, width, _splitmix64(stream), bits, threshold, 1.0 / (1.0 - p), relu)
+    native.library().ntp_dropout(_parts(x.numel(), _KERNEL_PART), native.DTYPE_CODES[x.dtype], x.data_ptr(),
+                                 x.stride(0), y.data_ptr(), None if mask is None else mask.data_ptr(), x.shape[0],
+                                 x.shape[1], first, width, _splitmix64(stream), bits, threshold, 1.0 / (1.0 - p), relu)
+
+
+#: rows the fused input layer drops and multiplies at a time (8192 x 128 float32 is 4 MB: it stays in cache)
+_LINEAR_ROWS = 8192
+
+
+class _DroppedLinear(torch.autograd.Function):
+    """``x`` dropped (whole rows, from the global element ``first``), then ``linear(., weight, bias)``, for an ``x``
+    that needs no gradient, in blocks of rows: each block is dropped into one buffer and multiplied into its rows of
+    the output, and the backward drops each block again for the weight's gradient. The dropped copy of ``x`` (read
+    once, written once and read twice in the plain order) is never made: 100k x 128 -> 64, forward and backward at
+    one thread, 54.7 -> 46.3 ms."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float, stream: int,  # type: ignore[override]
+                first: int) -> torch.Tensor:
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+        for a, block in _dropped_blocks(x, p, stream, first):
+            rows = out[a : a + block.shape[0]]
+            torch.mm(block, weight.t(), out=rows) if bias is None else torch.addmm(bias, block, weight.t(), out=rows)
+        ctx.save_for_backward(x, weight)
+        ctx.dropout, ctx.has_bias = (p, stream, first), bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        grad_weight = grad_bias = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros_like(weight)
+            for a, block in _dropped_blocks(x, *ctx.dropout):
+                grad_weight.addmm_(grad[a : a + block.shape[0]].t(), block)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return None, grad_weight, grad_bias, None, None, None
+
+
+def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int):
+    """(first row, the rows from it dropped) for each block of ``_LINEAR_ROWS`` rows of ``x``, in one buffer."""
+    buffer = torch.empty(min(x.shape[0], _LINEAR_ROWS), x.shape[1], dtype=x.dtype)
+    for a in range(0, x.shape[0], _LINEAR_ROWS):
+        block = buffer[: min(_LINEAR_ROWS, x.shape[0] - a)]
+        _drop_rows(x[a : a + block.shape[0]], block, None, p, stream, first + a * x.shape[1], x.shape[1], False)
+        yield a, block
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

@@ -19,7 +19,8 @@ from torch import nn
 from ntp.engine.collectives import all_gather_rows
 from ntp.config import TrainConfig
 from ntp.engine.context import GraphContext
-from ntp.engine.layers import MLP, layer_dropouts
+from ntp.engine.dropout import RowDropout, layer_dropouts
+from ntp.engine.layers import MLP
 from ntp.engine.linear import Linear, linear
 from ntp.engine.metrics import ATTENTION
 from ntp.engine.precision import autocast
@@ -109,13 +110,14 @@ class DecoupledGNN(GraphModel):
 
 
 # -- coupled architecture (naive tensor parallelism) ---------------------------------------------------------------
-def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``P (x W^T)`` for the propagation ``name``, propagated at the narrower of the input and output widths (exact
-    by linearity): fewer columns to split, aggregate and gather; and on the input features, which need no gradient,
-    no backward product at all."""
+def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: torch.Tensor,
+                      dropout: RowDropout | None = None) -> torch.Tensor:
+    """``P (dropout(x) W^T)`` for the propagation ``name``, propagated at the narrower of the input and output widths
+    (exact by linearity): fewer columns to split, aggregate and gather; and on the input features, which need no
+    gradient, no backward product at all."""
     if weight.shape[1] < weight.shape[0]:
-        return linear(ctx.propagate_rows(name, x, 1), weight)
-    return ctx.propagate_rows(name, linear(x, weight), 1)
+        return linear(ctx.propagate_rows(name, dropout(x, ctx) if dropout is not None else x, 1), weight)
+    return ctx.propagate_rows(name, dropout.linear(x, ctx, weight) if dropout is not None else linear(x, weight), 1)
 
 
 class GCNLayer(nn.Module):
@@ -126,8 +128,8 @@ class GCNLayer(nn.Module):
         self.lin = Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        return propagated_linear(ctx, "gcn", x, self.lin.weight) + self.bias
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
+        return propagated_linear(ctx, "gcn", x, self.lin.weight, dropout) + self.bias
 
 
 class SAGELayer(nn.Module):
@@ -138,7 +140,8 @@ class SAGELayer(nn.Module):
         self.lin_l = Linear(in_dim, out_dim)
         self.lin_r = Linear(in_dim, out_dim, bias=False)
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
+        x = dropout(x, ctx) if dropout is not None else x  # two products read it
         agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
         return agg + self.lin_l.bias + self.lin_r(x)
 
@@ -151,8 +154,8 @@ class GINLayer(nn.Module):
         self.lin1 = Linear(in_dim, hidden)
         self.lin2 = Linear(hidden, out_dim)
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight)
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
+        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout)
         return self.lin2(F.relu(agg + self.lin1.bias))
 
 
@@ -166,8 +169,8 @@ class GATLayer(nn.Module):
         self.attention = EdgeAttention(heads, head_dim)
         self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim))
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        z = self.lin(x)
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
+        z = dropout.linear(x, ctx, self.lin.weight) if dropout is not None else self.lin(x)
         alpha = self.attention(z, ctx)
         width = self.heads * self.head_dim
         h = propagate_heads(ctx, alpha, ctx.to_graph(z), width, self.head_dim)
@@ -207,10 +210,9 @@ class CoupledGNN(GraphModel):
         raise ValueError(f"model {cfg.model} has no coupled form")
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        x = self.dropouts[0](x, ctx)
         last, gat = len(self.layers) - 1, self.model == "gat"
         for i, layer in enumerate(self.layers):
-            x = layer(x, ctx)
+            x = layer(x, ctx, self.dropouts[0]) if i == 0 else layer(x, ctx)  # the input's dropout inside its product
             if i < last:  # ReLU inside the next dropout's mask; GAT's ELU is not a mask
                 x = self.dropouts[i + 1](F.elu(x) if gat else x, ctx, relu=not gat)
         return x

@@ -125,7 +125,8 @@ def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(monkey
         base[0, 1:4] = torch.tensor([float("nan"), -0.0, float("inf")])
     keep = keep_mask((row, row + n), width or w, p, stream, CPU)[:, col : col + w]
     grad = torch.randn(n, w, dtype=dtype)
-    monkeypatch.setattr(dropout, "_PHILOX_BLOCK", 500)  # rows cut among 3 threads
+    monkeypatch.setattr(dropout, "_PHILOX_BLOCK", 500)  # rows cut among 3 threads, masks and kernel alike
+    monkeypatch.setattr(dropout, "_KERNEL_PART", 500)
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -154,6 +155,30 @@ def test_every_world_size_drops_the_same_elements_in_one_pass(world: int) -> Non
     parts = [drop(x[slice(*Partition(n, world, r).rows())], 0.4, stream, Partition(n, world, r).rows()[0], True)
              for r in range(world)]
     assert torch.equal(torch.cat(parts), drop(x, 0.4, stream, 0, True))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("p", RATES)
+def test_the_input_layer_drops_its_rows_inside_the_product(monkeypatch, bias: bool, p: float) -> None:
+    """``RowDropout.linear`` on features (no gradient) is ``linear(dropout(x))`` with the weight's and bias's
+    gradients, block by block of rows, and keeps no dropped copy: only the features themselves and the weight are
+    saved for the backward."""
+    monkeypatch.setattr(dropout, "_LINEAR_ROWS", 300)  # 4 blocks, the last one short
+    x, grad = torch.randn(1013, 37), torch.randn(1013, 11)
+    ctx = type("Ctx", (), {"seed": 3, "step": 5, "row_offset": 29})()
+    layer = dropout.RowDropout(p, 0)
+    results, saved, weights = [], [], []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(37, 11, bias=bias)
+        weights.append(lin.weight.data_ptr())
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((fused, t)) or t, lambda t: t):
+            y = layer.linear(x, ctx, lin.weight, lin.bias) if fused else lin(layer(x, ctx))
+        y.backward(grad)
+        results.append((y.detach(), lin.weight.grad, lin.bias.grad if bias else torch.zeros(())))
+    for a, b in zip(*results):  # the weight's gradient sums the blocks in another order
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert {t.data_ptr() for fused, t in saved if fused} == {x.data_ptr(), weights[0]}, "no dropped copy kept"
 
 
 @pytest.mark.parametrize("gen", GENERATORS.values(), ids=GENERATORS.keys())
