@@ -182,7 +182,7 @@ class GATLayer(nn.Module):
 
 class CoupledGNN(GraphModel):
     """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last); the first layer's input
-    dropout is ``cfg.first_dropout``."""
+    dropout is ``cfg.first_dropout``, and the first layer applies it (inside its product where that comes first)."""
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
