@@ -197,14 +197,17 @@ class RowDropout(nn.Module):
             return F.relu(x) if relu else x
         return drop(x, self.p, self._stream(ctx), ctx.row_offset, relu)
 
-    def linear(self, x: torch.Tensor, ctx: GraphContext, weight: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``linear(self(x, ctx), weight, bias)``. Where ``x`` needs no gradient (the features) and the C kernel
-        drops it in float32, block by block of rows (:class:`_DroppedLinear`): no dropped copy of ``x`` is made or
-        kept."""
+    def linear(self, x: torch.Tensor, ctx: GraphContext, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               module: nn.Module | None = None) -> torch.Tensor:
+        """``linear(self(x, ctx), weight, bias)``, or ``module(self(x, ctx))`` for the Linear ``module`` these are the
+        parameters of (its hooks see the call: an embedding export hooks a decoupled model's Linears). Where ``x``
+        needs no gradient (the features), the C kernel drops it in float32 and no hook waits on ``module``, block by
+        block of rows (:class:`_DroppedLinear`): no dropped copy of ``x`` is made or kept."""
+        hooked = module is not None and bool(module._forward_hooks or module._forward_pre_hooks)
         if (not self.training or self.p == 0.0 or x.requires_grad or x.dtype != torch.float32 or not one_pass(x)
-                or torch.is_autocast_enabled("cpu")):
-            return linear(self(x, ctx), weight, bias)
+                or torch.is_autocast_enabled("cpu") or hooked):
+            x = self(x, ctx)
+            return module(x) if module is not None else linear(x, weight, bias)
         return _DroppedLinear.apply(x, weight, bias, self.p, self._stream(ctx), ctx.row_offset * x.shape[1])
 
     def _stream(self, ctx: GraphContext) -> int:

@@ -72,7 +72,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         last = len(self.linears) - 1
         for i, linear in enumerate(self.linears):
-            x = self.dropouts[0].linear(x, ctx, linear.weight, linear.bias) if i == 0 else linear(x)
+            x = self.dropouts[0].linear(x, ctx, linear.weight, linear.bias, linear) if i == 0 else linear(x)
             if i < last:
                 norm = self.norms[i]
                 x = x if isinstance(norm, nn.Identity) else norm(x, ctx)

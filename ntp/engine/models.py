@@ -170,7 +170,7 @@ class GATLayer(nn.Module):
         self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim))
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
-        z = dropout.linear(x, ctx, self.lin.weight) if dropout is not None else self.lin(x)
+        z = dropout.linear(x, ctx, self.lin.weight, module=self.lin) if dropout is not None else self.lin(x)
         alpha = self.attention(z, ctx)
         width = self.heads * self.head_dim
         h = propagate_heads(ctx, alpha, ctx.to_graph(z), width, self.head_dim)

@@ -181,6 +181,18 @@ def test_the_input_layer_drops_its_rows_inside_the_product(monkeypatch, bias: bo
     assert {t.data_ptr() for fused, t in saved if fused} == {x.data_ptr(), weights[0]}, "no dropped copy kept"
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_the_input_layer_calls_its_linear_where_a_hook_waits_on_it(training: bool) -> None:
+    """An embedding export hooks a decoupled model's Linears (ntp.engine.predict): the first one is called, and its
+    hook sees the layer's output, in training and in evaluation."""
+    x = torch.randn(50, 9)
+    ctx = type("Ctx", (), {"seed": 3, "step": 5, "row_offset": 0})()
+    layer, lin, seen = dropout.RowDropout(0.5, 0).train(training), torch.nn.Linear(9, 4), []
+    lin.register_forward_hook(lambda module, inputs, output: seen.append(output))
+    y = layer.linear(x, ctx, lin.weight, lin.bias, module=lin)
+    assert len(seen) == 1 and seen[0] is y
+
+
 @pytest.mark.parametrize("gen", GENERATORS.values(), ids=GENERATORS.keys())
 @pytest.mark.parametrize("p", [0.1, 0.25, 0.5, 0.9])
 def test_keep_rate_and_independence(gen, p: float) -> None:
