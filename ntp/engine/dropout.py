@@ -1,6 +1,7 @@
 """Dropout on row-layout activations whose masks are a function of (stream, global row, column) alone, so every
 world size drops the same elements: drawn in one vectorised pass (Philox on a CPU, windows of a hashed table on
-CUDA), and on a CPU drawn and applied in one pass by the C kernel where it is built (ntp.engine.native)."""
+CUDA), and on a CPU drawn and applied in one pass by the C kernel where it is built (ntp.engine.native), the input
+features' inside the first product (:meth:`RowDropout.linear`)."""
 from __future__ import annotations
 
 import functools
