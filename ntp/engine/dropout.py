@@ -4,7 +4,6 @@ CUDA), and on a CPU drawn and applied in one pass by the C kernel where it is bu
 features' inside the first product (:meth:`RowDropout.linear`)."""
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 from concurrent.futures import Future
@@ -45,16 +44,21 @@ _PHILOX_BLOCK = 1 << 20
 def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
     """Element ``(r, c)`` keeps when its field of Philox4x64's output keyed by ``stream`` (the ``bits`` bits from
     bit ``(r * width + c) * bits``) is at least ``p * 2^bits`` (:func:`_philox_field`). Large masks are cut into up
-    to one block per torch thread, drawn at once (each generator jumps straight to its block's first word: the
-    mask does not depend on the cut)."""
+    to one block per torch thread, drawn at once: the first here, the others by helper threads (each generator jumps
+    straight to its block's first word: the mask does not depend on the cut)."""
     start, stop = rows
     bits, threshold = _philox_field(p)
     first, last = start * width, stop * width
     lo, hi = first - first % 8, -(-last // 8) * 8  # whole bytes of single bits: blocks start at multiples of 8
     flags = np.empty(hi - lo, dtype=bool)
+    parts = _parts(hi - lo, _PHILOX_BLOCK)
+    cuts = [lo + (hi - lo) * i // parts // 8 * 8 for i in range(parts)] + [hi]
     key = _splitmix64(stream)
-    _in_parallel([functools.partial(_philox_block, flags[a - lo : b - lo], a, b, key, bits, threshold)
-                  for a, b in _cuts(lo, hi, 8)])
+    blocks = [(flags[a - lo : b - lo], a, b, key, bits, threshold) for a, b in zip(cuts, cuts[1:])]
+    handed = [_helper(i).run(_philox_block, *block) for i, block in enumerate(blocks[1:])]
+    _philox_block(*blocks[0])
+    for done in handed:
+        done.result()
     return torch.from_numpy(flags[first - lo : last - lo].reshape(stop - start, width))
 
 
@@ -75,40 +79,25 @@ def _parts(elements: int, least: int) -> int:
 _KERNEL_PART = 1 << 16
 
 
-def _cuts(lo: int, hi: int, align: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` cut at multiples of ``align`` into :func:`_parts`."""
-    parts = _parts(hi - lo, _PHILOX_BLOCK)
-    cuts = [lo + (hi - lo) * i // parts // align * align for i in range(parts)] + [hi]
-    return list(zip(cuts, cuts[1:]))
-
-
-def _in_parallel(calls: list) -> None:
-    """Runs the first call here and each other on a helper thread of its own, and waits for them all."""
-    handed = [_helper(i).run(call) for i, call in enumerate(calls[1:])]
-    calls[0]()
-    for done in handed:
-        done.result()
-
-
 class _Helper:
-    """A thread that runs what it is handed, one call at a time. Each part of a mask goes to its own helper, so the
-    parts really run at once (numpy's draws release the GIL; a ThreadPoolExecutor hands a task to any idle thread:
-    in an epoch one of its threads drew every block)."""
+    """A thread that runs what it is handed, one call at a time. Each block of a mask goes to its own helper, so
+    the blocks really run at once (a ThreadPoolExecutor hands a task to any idle thread: in an epoch one of its
+    threads drew every block)."""
 
     def __init__(self, name: str) -> None:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._serve, name=name, daemon=True).start()
 
-    def run(self, call) -> Future:
+    def run(self, fn, *args) -> Future:
         done: Future = Future()
-        self._inbox.put((call, done))
+        self._inbox.put((fn, args, done))
         return done
 
     def _serve(self) -> None:
         while True:
-            call, done = self._inbox.get()
+            fn, args, done = self._inbox.get()
             try:
-                done.set_result(call())
+                done.set_result(fn(*args))
             except BaseException as e:  # handed to the caller by done.result()
                 done.set_exception(e)
 
