@@ -1,7 +1,7 @@
 """Dropout on row-layout activations whose masks are a function of (stream, global row, column) alone, so every
 world size drops the same elements: drawn in one vectorised pass (Philox on a CPU, windows of a hashed table on
-CUDA), and on a CPU drawn and applied in one pass by the C kernel where it is built (ntp.engine.native), the input
-features' inside the first product (:meth:`RowDropout.linear`)."""
+CUDA), and on a CPU drawn and applied in one pass by the C kernel where it is built (ntp.engine.native), inside the
+product that follows the dropout where there is one (:meth:`RowDropout.linear`)."""
 from __future__ import annotations
 
 import queue
@@ -188,17 +188,18 @@ class RowDropout(nn.Module):
         return drop(x, self.p, self._stream(ctx), ctx.row_offset, relu)
 
     def linear(self, x: torch.Tensor, ctx: GraphContext, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               module: nn.Module | None = None) -> torch.Tensor:
-        """``linear(self(x, ctx), weight, bias)``, or ``module(self(x, ctx))`` for the Linear ``module`` these are the
-        parameters of (its hooks see the call: an embedding export hooks a decoupled model's Linears). Where ``x``
-        needs no gradient (the features), the C kernel drops it in float32 and no hook waits on ``module``, block by
-        block of rows (:class:`_DroppedLinear`): no dropped copy of ``x`` is made or kept."""
+               module: nn.Module | None = None, relu: bool = False) -> torch.Tensor:
+        """``linear(self(x, ctx, relu), weight, bias)``, or ``module(self(x, ctx, relu))`` for the Linear ``module``
+        these are the parameters of (its hooks see the call: an embedding export hooks a decoupled model's Linears).
+        On a CPU in float32, where the C kernel is built, ``x`` outgrows ``_FUSED_LEAST_BYTES`` and no hook waits on
+        ``module``, block by block of rows (:class:`_DroppedLinear`): no dropped copy of ``x`` and no mask is made or
+        kept."""
         hooked = module is not None and bool(module._forward_hooks or module._forward_pre_hooks)
-        if (not self.training or self.p == 0.0 or x.requires_grad or x.dtype != torch.float32 or not one_pass(x)
-                or torch.is_autocast_enabled("cpu") or hooked):
-            x = self(x, ctx)
+        if (not self.training or self.p == 0.0 or x.dtype != torch.float32 or not one_pass(x)
+                or x.numel() * x.element_size() < _FUSED_LEAST_BYTES or torch.is_autocast_enabled("cpu") or hooked):
+            x = self(x, ctx, relu)
             return module(x) if module is not None else linear(x, weight, bias)
-        return _DroppedLinear.apply(x, weight, bias, self.p, self._stream(ctx), ctx.row_offset * x.shape[1])
+        return _DroppedLinear.apply(x, weight, bias, self.p, self._stream(ctx), ctx.row_offset * x.shape[1], relu)
 
     def _stream(self, ctx: GraphContext) -> int:
         return (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
@@ -271,17 +272,22 @@ class _NativeDropped(torch.autograd.Function):
         mask = torch.empty(x.shape, dtype=torch.bool) if ctx.needs_input_grad[0] else None
         _drop_rows(x, y, mask, p, stream, first, width, relu)
         ctx.save_for_backward(mask)
-        ctx.scale, ctx.code = 1.0 / (1.0 - p), native.DTYPE_CODES[x.dtype]
+        ctx.scale = 1.0 / (1.0 - p)
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
         grad = grad.contiguous()
-        out, n = torch.empty_like(grad), grad.numel()
-        native.library().ntp_masked_scale(_parts(n, _KERNEL_PART), ctx.code, grad.data_ptr(), mask.data_ptr(),
-                                          out.data_ptr(), n, ctx.scale)
-        return out, None, None, None, None, None
+        return _masked_scale_into(grad, mask, torch.empty_like(grad), ctx.scale), None, None, None, None, None
+
+
+def _masked_scale_into(grad: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
+    """The C kernel's ``grad * mask * scale`` into ``out`` (contiguous, like ``grad`` and ``mask``; may be ``grad``)."""
+    n = grad.numel()
+    native.library().ntp_masked_scale(_parts(n, _KERNEL_PART), native.DTYPE_CODES[grad.dtype], grad.data_ptr(),
+                                      mask.data_ptr(), out.data_ptr(), n, scale)
+    return out
 
 
 def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: float, stream: int, first: int,
@@ -295,48 +301,66 @@ def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: f
                                  x.shape[1], first, width, _splitmix64(stream), bits, threshold, 1.0 / (1.0 - p), relu)
 
 
-#: rows the fused input layer drops and multiplies at a time (8192 x 128 float32 is 4 MB: it stays in cache)
-_LINEAR_ROWS = 8192
+#: bytes of ``x`` from which :class:`_DroppedLinear` pays: a smaller dropped copy stays in cache for the product, and
+#: the second pass over ``x`` in the backward costs more than the copy (tolokers' hidden layer, 3 MB, 64 -> 2 columns:
+#: 2.0 ms against 1.8 at one thread; cornell5's, 4.8 MB, and its 19 MB of features: even; 26 MB and more: faster)
+_FUSED_LEAST_BYTES = 8 << 20
+
+#: bytes of the block of rows :class:`_DroppedLinear` drops and multiplies at a time: it stays in cache (8 MB
+#: blocks of cornell5's 249 features took up to twice as long; 2 MB blocks of 128 or 249 columns were the fastest)
+_BLOCK_BYTES = 2 << 20
 
 
 class _DroppedLinear(torch.autograd.Function):
-    """``x`` dropped (whole rows, from the global element ``first``), then ``linear(., weight, bias)``, for an ``x``
-    that needs no gradient, in blocks of rows: each block is dropped into one buffer and multiplied into its rows of
-    the output, and the backward drops each block again for the weight's gradient. The dropped copy of ``x`` (written
-    once and read twice in the plain order) is never made: 100k x 128 -> 64, forward and backward at one thread,
-    55-58 -> 46-50 ms, the time of the product without dropout."""
+    """``linear(x dropped, weight, bias)`` (with ``relu``, of ``relu(x)`` dropped; whole rows, from the global element
+    ``first``) in blocks of rows: each block is dropped into one buffer that the product reads from cache, into its
+    rows of the output. Autograd keeps ``x`` itself: the backward drops each block again for the weight's gradient
+    and, where ``x`` wants one, draws the block's mask to scale ``x``'s gradient in place, block by block. Neither
+    the dropped copy (written once, read twice in the plain order) nor its mask is ever made whole. Forward and
+    backward at one thread (``bench/dropout.py``): the features, 100k x 128 -> 64, 63.8 ms with the dropped copy,
+    54.4 this way, 52.6 without dropout; a hidden layer with its ReLU, 100k x 64 -> 16, 20.0, 16.9 and 16.9."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float, stream: int,  # type: ignore[override]
-                first: int) -> torch.Tensor:
+                first: int, relu: bool) -> torch.Tensor:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        for a, block in _dropped_blocks(x, p, stream, first):
+        for a, block, _ in _dropped_blocks(x, p, stream, first, relu, masks=False):
             rows = out[a : a + block.shape[0]]
             torch.mm(block, weight.t(), out=rows) if bias is None else torch.addmm(bias, block, weight.t(), out=rows)
         ctx.save_for_backward(x, weight)
-        ctx.dropout, ctx.has_bias = (p, stream, first), bias is not None
+        ctx.dropout, ctx.has_bias = (p, stream, first, relu), bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, weight = ctx.saved_tensors
-        grad_weight = grad_bias = None
-        if ctx.needs_input_grad[1]:
-            grad_weight = torch.zeros_like(weight)
-            for a, block in _dropped_blocks(x, *ctx.dropout):
-                grad_weight.addmm_(grad[a : a + block.shape[0]].t(), block)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum(0)
-        return None, grad_weight, grad_bias, None, None, None
+        wants_x, wants_weight = ctx.needs_input_grad[:2]
+        grad_x = torch.empty(x.shape, dtype=x.dtype) if wants_x else None
+        grad_weight = torch.zeros_like(weight) if wants_weight else None
+        if wants_x or wants_weight:
+            for a, block, mask in _dropped_blocks(x, *ctx.dropout, masks=wants_x):
+                rows = grad[a : a + block.shape[0]]
+                if wants_weight:
+                    grad_weight.addmm_(rows.t(), block)
+                if wants_x:
+                    into = grad_x[a : a + block.shape[0]]
+                    _masked_scale_into(torch.mm(rows, weight, out=into), mask, into, 1.0 / (1.0 - ctx.dropout[0]))
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
-def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int):
-    """(first row, the rows from it dropped) for each block of ``_LINEAR_ROWS`` rows of ``x``, in one buffer."""
-    buffer = torch.empty(min(x.shape[0], _LINEAR_ROWS), x.shape[1], dtype=x.dtype)
-    for a in range(0, x.shape[0], _LINEAR_ROWS):
-        block = buffer[: min(_LINEAR_ROWS, x.shape[0] - a)]
-        _drop_rows(x[a : a + block.shape[0]], block, None, p, stream, first + a * x.shape[1], x.shape[1], False)
-        yield a, block
+def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int, relu: bool, masks: bool):
+    """(first row, the rows from it dropped, their backward mask if ``masks``) for each block of ``_BLOCK_BYTES`` of
+    ``x``'s rows, in one buffer (and one for the masks)."""
+    step = max(64, _BLOCK_BYTES // (x.shape[1] * x.element_size()))
+    rows = min(x.shape[0], step)
+    buffer = torch.empty(rows, x.shape[1], dtype=x.dtype)
+    mask_buffer = torch.empty(rows, x.shape[1], dtype=torch.bool) if masks else None
+    for a in range(0, x.shape[0], step):
+        n = min(step, x.shape[0] - a)
+        block, mask = buffer[:n], mask_buffer[:n] if masks else None
+        _drop_rows(x[a : a + n], block, mask, p, stream, first + a * x.shape[1], x.shape[1], relu)
+        yield a, block, mask
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

@@ -71,10 +71,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         last = len(self.linears) - 1
-        for i, linear in enumerate(self.linears):
-            x = self.dropouts[0].linear(x, ctx, linear.weight, linear.bias, linear) if i == 0 else linear(x)
-            if i < last:
-                norm = self.norms[i]
-                x = x if isinstance(norm, nn.Identity) else norm(x, ctx)
-                x = self.dropouts[i + 1](x, ctx, relu=self.activation)
+        for i, (linear, dropout) in enumerate(zip(self.linears, self.dropouts)):
+            # the activation before a dropout is in its mask, and both run inside the product (RowDropout.linear)
+            x = dropout.linear(x, ctx, linear.weight, linear.bias, linear, relu=i > 0 and self.activation)
+            if i < last and not isinstance(self.norms[i], nn.Identity):
+                x = self.norms[i](x, ctx)
         return x

@@ -111,13 +111,16 @@ class DecoupledGNN(GraphModel):
 
 # -- coupled architecture (naive tensor parallelism) ---------------------------------------------------------------
 def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: torch.Tensor,
-                      dropout: RowDropout | None = None) -> torch.Tensor:
-    """``P (dropout(x) W^T)`` for the propagation ``name``, propagated at the narrower of the input and output widths
-    (exact by linearity): fewer columns to split, aggregate and gather; and on the input features, which need no
-    gradient, no backward product at all."""
+                      dropout: RowDropout | None = None, relu: bool = False) -> torch.Tensor:
+    """``P (dropout(x) W^T)`` (with ``relu``, of ``relu(x)`` dropped) for the propagation ``name``, propagated at the
+    narrower of the input and output widths (exact by linearity): fewer columns to split, aggregate and gather; and
+    on the input features, which need no gradient, no backward product at all. Multiplied first, the dropout runs
+    inside the product (:meth:`RowDropout.linear`)."""
     if weight.shape[1] < weight.shape[0]:
-        return linear(ctx.propagate_rows(name, dropout(x, ctx) if dropout is not None else x, 1), weight)
-    return ctx.propagate_rows(name, dropout.linear(x, ctx, weight) if dropout is not None else linear(x, weight), 1)
+        x = dropout(x, ctx, relu) if dropout is not None else x
+        return linear(ctx.propagate_rows(name, x, 1), weight)
+    z = dropout.linear(x, ctx, weight, relu=relu) if dropout is not None else linear(x, weight)
+    return ctx.propagate_rows(name, z, 1)
 
 
 class GCNLayer(nn.Module):
@@ -128,8 +131,8 @@ class GCNLayer(nn.Module):
         self.lin = Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
-        return propagated_linear(ctx, "gcn", x, self.lin.weight, dropout) + self.bias
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        return propagated_linear(ctx, "gcn", x, self.lin.weight, dropout, relu) + self.bias
 
 
 class SAGELayer(nn.Module):
@@ -140,8 +143,8 @@ class SAGELayer(nn.Module):
         self.lin_l = Linear(in_dim, out_dim)
         self.lin_r = Linear(in_dim, out_dim, bias=False)
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
-        x = dropout(x, ctx) if dropout is not None else x  # two products read it
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        x = dropout(x, ctx, relu)  # two products read it
         agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
         return agg + self.lin_l.bias + self.lin_r(x)
 
@@ -154,8 +157,8 @@ class GINLayer(nn.Module):
         self.lin1 = Linear(in_dim, hidden)
         self.lin2 = Linear(hidden, out_dim)
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
-        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout)
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout, relu)
         return self.lin2(F.relu(agg + self.lin1.bias))
 
 
@@ -169,8 +172,8 @@ class GATLayer(nn.Module):
         self.attention = EdgeAttention(heads, head_dim)
         self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim))
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout | None = None) -> torch.Tensor:
-        z = dropout.linear(x, ctx, self.lin.weight, module=self.lin) if dropout is not None else self.lin(x)
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        z = dropout.linear(x, ctx, self.lin.weight, module=self.lin, relu=relu)
         alpha = self.attention(z, ctx)
         width = self.heads * self.head_dim
         h = propagate_heads(ctx, alpha, ctx.to_graph(z), width, self.head_dim)
@@ -182,7 +185,8 @@ class GATLayer(nn.Module):
 
 class CoupledGNN(GraphModel):
     """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last); the first layer's input
-    dropout is ``cfg.first_dropout``, and the first layer applies it (inside its product where that comes first)."""
+    dropout is ``cfg.first_dropout``. Each layer applies its input's dropout, with the ReLU before it in the same
+    mask, inside its product where that comes first (:func:`propagated_linear`)."""
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -210,11 +214,10 @@ class CoupledGNN(GraphModel):
         raise ValueError(f"model {cfg.model} has no coupled form")
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        last, gat = len(self.layers) - 1, self.model == "gat"
-        for i, layer in enumerate(self.layers):
-            x = layer(x, ctx, self.dropouts[0]) if i == 0 else layer(x, ctx)  # the input's dropout inside its product
-            if i < last:  # ReLU inside the next dropout's mask; GAT's ELU is not a mask
-                x = self.dropouts[i + 1](F.elu(x) if gat else x, ctx, relu=not gat)
+        gat = self.model == "gat"
+        for i, (layer, dropout) in enumerate(zip(self.layers, self.dropouts)):
+            x = F.elu(x) if gat and i > 0 else x  # ReLU is the dropout's mask; GAT's ELU is not a mask
+            x = layer(x, ctx, dropout, relu=i > 0 and not gat)
         return x
 
 

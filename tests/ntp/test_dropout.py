@@ -157,28 +157,37 @@ def test_every_world_size_drops_the_same_elements_in_one_pass(world: int) -> Non
     assert torch.equal(torch.cat(parts), drop(x, 0.4, stream, 0, True))
 
 
+@pytest.mark.parametrize("hidden", [False, True], ids=["features", "hidden"])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("p", RATES)
-def test_the_input_layer_drops_its_rows_inside_the_product(monkeypatch, bias: bool, p: float) -> None:
-    """``RowDropout.linear`` on features (no gradient) is ``linear(dropout(x))`` with the weight's and bias's
-    gradients, block by block of rows, and keeps no dropped copy: only the features themselves and the weight are
-    saved for the backward."""
-    monkeypatch.setattr(dropout, "_LINEAR_ROWS", 300)  # 4 blocks, the last one short
+def test_the_dropout_runs_inside_the_product(monkeypatch, hidden: bool, bias: bool, p: float) -> None:
+    """``RowDropout.linear`` is ``linear(dropout(x))`` block by block of rows, for the features (no gradient) and for
+    a hidden layer (ReLU in the mask, ``x``'s gradient too): the same values and gradients, and no dropped copy or
+    mask kept: only ``x`` itself and the weight are saved for the backward."""
+    monkeypatch.setattr(dropout, "_BLOCK_BYTES", 300 * 37 * 4)  # 4 blocks, the last one short
+    monkeypatch.setattr(dropout, "_FUSED_LEAST_BYTES", 0)
     x, grad = torch.randn(1013, 37), torch.randn(1013, 11)
     ctx = type("Ctx", (), {"seed": 3, "step": 5, "row_offset": 29})()
     layer = dropout.RowDropout(p, 0)
-    results, saved, weights = [], [], []
+    results, saved, kept = [], [], set()
     for fused in (True, False):
         torch.manual_seed(0)
         lin = torch.nn.Linear(37, 11, bias=bias)
-        weights.append(lin.weight.data_ptr())
+        leaf = x.clone().requires_grad_(hidden)
+        kept = kept or {leaf.data_ptr(), lin.weight.data_ptr()}
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((fused, t)) or t, lambda t: t):
-            y = layer.linear(x, ctx, lin.weight, lin.bias) if fused else lin(layer(x, ctx))
+            if fused:
+                y = layer.linear(leaf, ctx, lin.weight, lin.bias, relu=hidden)
+            else:
+                y = lin(layer(leaf, ctx, relu=hidden))
         y.backward(grad)
-        results.append((y.detach(), lin.weight.grad, lin.bias.grad if bias else torch.zeros(())))
+        results.append((y.detach(), lin.weight.grad, lin.bias.grad if bias else torch.zeros(()),
+                        leaf.grad if hidden else torch.zeros(())))
     for a, b in zip(*results):  # the weight's gradient sums the blocks in another order
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    assert {t.data_ptr() for fused, t in saved if fused} == {x.data_ptr(), weights[0]}, "no dropped copy kept"
+    if hidden:
+        assert (results[0][3] == 0).float().mean() > p, "ReLU and the dropout both mask x's gradient"
+    assert {t.data_ptr() for fused, t in saved if fused} == kept, "no dropped copy or mask kept"
 
 
 @pytest.mark.parametrize("training", [True, False])
