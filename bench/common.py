@@ -1,6 +1,7 @@
 """Shared helpers of the benchmark scripts: graphs, timing, the DGL environment, MLflow logging, tables."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -148,6 +149,22 @@ def time_median(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[f
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), times
+
+
+@contextlib.contextmanager
+def torch_ops_dropout():
+    """ntp's CPU dropout without its C kernel (NTP_NATIVE=0): the masks drawn, then applied by torch's ops."""
+    from ntp.engine import native
+
+    before = os.environ.get("NTP_NATIVE")
+    os.environ["NTP_NATIVE"] = "0"
+    native.library.cache_clear()
+    try:
+        yield
+    finally:
+        os.environ.pop("NTP_NATIVE")
+        os.environ.update({} if before is None else {"NTP_NATIVE": before})
+        native.library.cache_clear()
 
 
 def machine() -> dict[str, Any]:

@@ -13,7 +13,6 @@ share of the epoch with the kernel and with torch's ops.
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from common import (add_graph_arguments, add_single_process_arguments, base_parser, graph_selection, graph_stores,
-                    load_arrays, report, run_dgl, single_process_settings, time_median)
+                    load_arrays, report, run_dgl, single_process_settings, time_median, torch_ops_dropout)
 
 
 def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, dropout: float = 0.5):
@@ -45,7 +44,7 @@ def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threa
 
 
 def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int) -> dict:
-    """The coupled epoch with dropout by the C kernel (the input's inside the first product), by torch's ops
+    """The coupled epoch with dropout by the C kernel (inside the products after it), by torch's ops
     (NTP_NATIVE=0) and without dropout, and dropout's share of the first two. The runs take turns of 5 epochs after
     one to settle, ``repeats`` turns each; a share is the median over turns of the turn's difference from the run
     without dropout, over the median epoch (a shared box drifts between turns by more than dropout costs)."""
@@ -66,22 +65,6 @@ def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: in
             "ntp_coupled_no_dropout_s": statistics.median(turns["none"]),
             "ntp_coupled_torch_ops_s": statistics.median(turns["torch_ops"]),
             "ntp_coupled_torch_ops_dropout_share": share("torch_ops")}
-
-
-@contextlib.contextmanager
-def torch_ops_dropout():
-    """ntp's CPU dropout without its C kernel (NTP_NATIVE=0): the masks drawn, then applied by torch's ops."""
-    from ntp.engine import native
-
-    before = os.environ.get("NTP_NATIVE")
-    os.environ["NTP_NATIVE"] = "0"
-    native.library.cache_clear()
-    try:
-        yield
-    finally:
-        os.environ.pop("NTP_NATIVE")
-        os.environ.update({} if before is None else {"NTP_NATIVE": before})
-        native.library.cache_clear()
 
 
 def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int) -> float:

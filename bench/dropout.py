@@ -1,0 +1,114 @@
+"""Dropout alone: one layer's dropout and product, forward and backward, in each way ntp can run them on a CPU.
+
+    python bench/dropout.py --threads 1
+    python bench/dropout.py --threads 2 --layers input:128:64 hidden:64:16 hidden:64:64
+
+A layer is ``kind:in:out`` on ``--rows`` rows: ``input`` drops features (no gradient), ``hidden`` drops ReLU's
+output and sends the gradient back to its input. Each way takes turns with the others (a shared box drifts between
+runs by more than dropout costs) and reports its median time and the bytes autograd keeps for the backward:
+
+- ``none``: the product alone (``hidden``: after torch's ReLU): what ``--dropout 0`` runs;
+- ``ntp``: what ``RowDropout.linear`` runs: the dropout inside the product, block by block, from 8 MB of input
+  (``dropout._FUSED_LEAST_BYTES``), below it ``copy``;
+- ``copy``: the C kernel's dropped copy, then the product (SAGE, and layers that propagate first);
+- ``torch_ops``: the mask drawn, then applied by torch's ops (``NTP_NATIVE=0``, or no C compiler at install).
+
+``cost`` is ``ntp`` over ``none``, less one: what dropout adds to the layer.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+from common import base_parser, report, same_allocator, torch_ops_dropout
+
+
+def layer_runs(kind: str, rows: int, width_in: int, width_out: int) -> dict:
+    """The ways to run one layer: each a call that runs it forward and backward, and returns the saved bytes."""
+    from ntp.engine.dropout import RowDropout
+    from ntp.engine.linear import Linear
+
+    hidden = kind == "hidden"
+    x = torch.randn(rows, width_in)
+    grad = torch.randn(rows, width_out)
+    lin = Linear(width_in, width_out)
+    ctx = SimpleNamespace(seed=0, step=0, row_offset=0)
+    step = iter(range(10**9))
+
+    def run(forward) -> int:
+        ctx.step, lin.weight.grad, lin.bias.grad = next(step), None, None
+        leaf = x.detach().requires_grad_(hidden)
+        saved: dict[int, int] = {}  # storage -> bytes: a tensor saved twice is kept once
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.update({_storage(t): _nbytes(t)}) or t,
+                                                      lambda t: t):
+            y = forward(leaf)
+        y.backward(grad)
+        return sum(n for at, n in saved.items() if at not in (_storage(x), _storage(lin.weight)))
+
+    none, drop = RowDropout(0.0, 0), RowDropout(0.5, 0)
+    ways = {"none": lambda leaf: lin(none(leaf, ctx, hidden)),
+            "ntp": lambda leaf: drop.linear(leaf, ctx, lin.weight, lin.bias, relu=hidden),
+            "copy": lambda leaf: lin(drop(leaf, ctx, hidden))}
+    runs = {name: (lambda f=f: run(f)) for name, f in ways.items()}
+
+    def torch_ops() -> int:
+        with torch_ops_dropout():
+            return run(ways["ntp"])
+
+    runs["torch_ops"] = torch_ops
+    return runs
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def measure(kind: str, rows: int, width_in: int, width_out: int, repeats: int) -> dict:
+    runs = layer_runs(kind, rows, width_in, width_out)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    saved = {name: fn() for name, fn in runs.items()}  # a warm-up
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    row = {"layer": f"{kind} {width_in}->{width_out}", "rows": rows, "threads": torch.get_num_threads()}
+    row.update({f"{name}_ms": v for name, v in ms.items()})
+    row["cost"] = ms["ntp"] / ms["none"] - 1
+    row.update({f"{name}_saved_MB": saved[name] / 2**20 for name in ("none", "ntp", "copy")})
+    return row
+
+
+def main() -> None:
+    p = base_parser(__doc__)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--layers", nargs="+", default=["input:128:64", "hidden:64:16", "hidden:64:64"],
+                   help="kind:in:out, kind input (features, no gradient) or hidden (after ReLU)")
+    p.add_argument("--allocator", choices=["hugepages", "default"], default="hugepages",
+                   help="large blocks in transparent huge pages, as ntp's ranks get them (default)")
+    args = p.parse_args()
+    same_allocator(args.allocator)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats = args.repeats or (7 if args.quick else 21)
+    rows = []
+    for spec in args.layers:
+        kind, width_in, width_out = spec.split(":")
+        if kind not in ("input", "hidden"):
+            raise SystemExit(f"--layers {spec}: the kind is input or hidden")
+        rows.append(measure(kind, args.rows, int(width_in), int(width_out), repeats))
+        print(rows[-1], flush=True)
+    report("dropout", rows, {"rows": args.rows, "repeats": repeats, "threads": torch.get_num_threads(),
+                             "allocator": args.allocator, "p": 0.5})
+
+
+if __name__ == "__main__":
+    main()
