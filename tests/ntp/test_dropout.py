@@ -228,3 +228,20 @@ def test_input_dropout_is_its_own_rate(arch: str, model: str) -> None:
         job = setup(cfg, SINGLE, loader(GRAPH))
         train, evaluate = job.model.train()(job.x, job.ctx), job.model.eval()(job.x, job.ctx)
         assert torch.allclose(train, evaluate) != dropped
+
+
+@pytest.mark.parametrize("arch", ["coupled", "decoupled"])
+def test_the_models_drop_inside_their_products(monkeypatch, arch: str) -> None:
+    """A 2-layer GCN's dropouts (the features', and the hidden layer's with its ReLU) run inside the products after
+    them where their input is large enough: autograd then keeps no mask; below the size, the hidden one keeps its
+    mask (the dropped copy's path)."""
+    cfg = TrainConfig(model="gcn", arch=arch, nn_layers=2, hidden=64, dropout=0.5, mode="single")
+    job = setup(cfg, SINGLE, loader(GRAPH))
+    masks = {}
+    for least in (0, 1 << 40):
+        monkeypatch.setattr(dropout, "_FUSED_LEAST_BYTES", least)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+            job.model.train()(job.x, job.ctx).sum().backward()
+        masks[least] = saved.count(torch.bool)
+    assert masks == {0: 0, 1 << 40: 1}
