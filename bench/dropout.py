@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
-from common import base_parser, report, same_allocator, torch_ops_dropout
+from common import ALLOCATORS, base_parser, report, same_allocator, torch_ops_dropout
 
 
 def layer_runs(kind: str, rows: int, width_in: int, width_out: int) -> dict:
@@ -92,7 +92,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--layers", nargs="+", default=["input:128:64", "hidden:64:16", "hidden:64:64"],
                    help="kind:in:out, kind input (features, no gradient) or hidden (after ReLU)")
-    p.add_argument("--allocator", choices=["hugepages", "default"], default="hugepages",
+    p.add_argument("--allocator", choices=list(ALLOCATORS), default="hugepages",
                    help="large blocks in transparent huge pages, as ntp's ranks get them (default)")
     args = p.parse_args()
     same_allocator(args.allocator)
