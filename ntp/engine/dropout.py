@@ -317,8 +317,8 @@ class _DroppedLinear(torch.autograd.Function):
     rows of the output. Autograd keeps ``x`` itself: the backward drops each block again for the weight's gradient
     and, where ``x`` wants one, draws the block's mask to scale ``x``'s gradient in place, block by block. Neither
     the dropped copy (written once, read twice in the plain order) nor its mask is ever made whole. Forward and
-    backward at one thread (``bench/dropout.py``): the features, 100k x 128 -> 64, 71.1 ms with the dropped copy,
-    54.3 this way, 55.1 without dropout; a hidden layer with its ReLU, 100k x 64 -> 16, 21.3, 17.9 and 18.0."""
+    backward at one thread (``bench/dropout.py``): the features, 100k x 128 -> 64, 62.8 ms with the dropped copy,
+    51.9 this way, 52.0 without dropout; a hidden layer with its ReLU, 100k x 64 -> 16, 18.0, 17.2 and 17.3."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float, stream: int,  # type: ignore[override]
