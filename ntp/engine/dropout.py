@@ -328,7 +328,7 @@ class _DroppedLinear(torch.autograd.Function):
             rows = out[a : a + block.shape[0]]
             torch.mm(block, weight.t(), out=rows) if bias is None else torch.addmm(bias, block, weight.t(), out=rows)
         ctx.save_for_backward(x, weight)
-        ctx.dropout, ctx.has_bias = (p, stream, first, relu), bias is not None
+        ctx.dropout, ctx.scale, ctx.has_bias = (p, stream, first, relu), 1.0 / (1.0 - p), bias is not None
         return out
 
     @staticmethod
@@ -344,7 +344,7 @@ class _DroppedLinear(torch.autograd.Function):
                     grad_weight.addmm_(rows.t(), block)
                 if wants_x:
                     into = grad_x[a : a + block.shape[0]]
-                    _masked_scale_into(torch.mm(rows, weight, out=into), mask, into, 1.0 / (1.0 - ctx.dropout[0]))
+                    _masked_scale_into(torch.mm(rows, weight, out=into), mask, into, ctx.scale)
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
