@@ -1,4 +1,4 @@
-"""Live tensor bytes of a piece of work, counted exactly: every dense storage an operator creates is added when
+"""Live tensor bytes of a piece of work, counted exactly: every dense storage an operator creates (not a view of an input) is added when
 it appears and subtracted when it is freed (what a GPU's caching allocator would hold, less its rounding), so the
 memory plan's estimates can be checked on a CPU."""
 from __future__ import annotations
@@ -20,8 +20,9 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {_storage_address(t) for t in tree_flatten((args, kwargs))[0] if _dense(t)}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            if _dense(t) and _storage_address(t) not in inputs:  # a view of an input (made before, maybe) is no new storage
                 self._count(t.untyped_storage())
         return out
 
@@ -36,3 +37,11 @@ class LiveBytes(TorchDispatchMode):
     def _free(self, key: int, size: int) -> None:
         self._seen.discard(key)
         self.live -= size
+
+
+def _dense(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout == torch.strided
+
+
+def _storage_address(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
