@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Future
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -14,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ntp.engine import native
-from ntp.engine.context import GraphContext
 from ntp.engine.linear import linear
 
 _MASK64 = (1 << 64) - 1
@@ -173,6 +173,15 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 16) & 0xFFFF)
 
 
+class Position(Protocol):
+    """What a mask depends on besides the layer: the run's seed, the step, and the rank's first global row (a
+    ntp.engine.context.GraphContext, which this module does not import: the context's memory plan asks it)."""
+
+    seed: int
+    step: int
+    row_offset: int
+
+
 class RowDropout(nn.Module):
     """Dropout on row-layout activations whose mask depends on (seed, step, layer, global row, column) only."""
 
@@ -181,28 +190,44 @@ class RowDropout(nn.Module):
         self.p = p
         self.layer_id = layer_id
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext, relu: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: Position, relu: bool = False) -> torch.Tensor:
         """Dropout of ``x``, or with ``relu`` of ``relu(x)`` (see :func:`drop`)."""
         if not self.training or self.p == 0.0:
             return F.relu(x) if relu else x
         return drop(x, self.p, self._stream(ctx), ctx.row_offset, relu)
 
-    def linear(self, x: torch.Tensor, ctx: GraphContext, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    def linear(self, x: torch.Tensor, ctx: Position, weight: torch.Tensor, bias: torch.Tensor | None = None,
                module: nn.Module | None = None, relu: bool = False) -> torch.Tensor:
         """``linear(self(x, ctx, relu), weight, bias)``, or ``module(self(x, ctx, relu))`` for the Linear ``module``
         these are the parameters of (its hooks see the call: an embedding export hooks a decoupled model's Linears).
-        On a CPU in float32, where the C kernel is built, ``x`` outgrows ``_FUSED_LEAST_BYTES`` and no hook waits on
-        ``module``, block by block of rows (:class:`_DroppedLinear`): no dropped copy of ``x`` and no mask is made or
-        kept."""
+        Where :func:`drops_inside_product` and no hook waits on ``module``, block by block of rows
+        (:class:`_DroppedLinear`): no dropped copy of ``x`` and no mask is made or kept."""
         hooked = module is not None and bool(module._forward_hooks or module._forward_pre_hooks)
-        if (not self.training or self.p == 0.0 or x.dtype != torch.float32 or not one_pass(x)
-                or x.numel() * x.element_size() < _FUSED_LEAST_BYTES or torch.is_autocast_enabled("cpu") or hooked):
+        if (not self.training or self.p == 0.0 or torch.is_autocast_enabled("cpu") or hooked
+                or not drops_inside_product(x.device.type, x.dtype, x.numel() * x.element_size())):
             x = self(x, ctx, relu)
             return module(x) if module is not None else linear(x, weight, bias)
         return _DroppedLinear.apply(x, weight, bias, self.p, self._stream(ctx), ctx.row_offset * x.shape[1], relu)
 
-    def _stream(self, ctx: GraphContext) -> int:
+    def _stream(self, ctx: Position) -> int:
         return (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
+
+
+def drops_inside_product(device_type: str, dtype: torch.dtype, nbytes: int) -> bool:
+    """Whether :meth:`RowDropout.linear` drops an input of ``nbytes`` inside the product (keeping no dropped copy,
+    no mask): a CPU float32 input of ``_FUSED_LEAST_BYTES`` or more, where the C kernel is built."""
+    return (device_type == "cpu" and dtype == torch.float32 and nbytes >= _FUSED_LEAST_BYTES
+            and native.library() is not None)
+
+
+def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: int) -> int:
+    """The most bytes :meth:`RowDropout.linear` holds for the dropped copy of a ``rows`` x ``width`` input (the
+    memory plan's figure; ``rows``: the largest row block, the others have one fewer): the whole copy, or inside the
+    product a block of rows and its mask."""
+    item = dtype.itemsize
+    if drops_inside_product(device_type, dtype, (rows - 1) * width * item):
+        return min(rows, _block_rows(width, item)) * width * (item + 1)
+    return rows * width * item
 
 
 def one_pass(x: torch.Tensor) -> bool:
@@ -352,7 +377,7 @@ class _DroppedLinear(torch.autograd.Function):
 def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int, relu: bool, masks: bool):
     """(first row, the rows from it dropped, their backward mask if ``masks``) for each block of ``_BLOCK_BYTES`` of
     ``x``'s rows, in one buffer (and one for the masks)."""
-    step = max(64, _BLOCK_BYTES // (x.shape[1] * x.element_size()))
+    step = _block_rows(x.shape[1], x.element_size())
     rows = min(x.shape[0], step)
     buffer = torch.empty(rows, x.shape[1], dtype=x.dtype)
     mask_buffer = torch.empty(rows, x.shape[1], dtype=torch.bool) if masks else None
@@ -361,6 +386,10 @@ def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int, relu: bo
         block, mask = buffer[:n], mask_buffer[:n] if masks else None
         _drop_rows(x[a : a + n], block, mask, p, stream, first + a * x.shape[1], x.shape[1], relu)
         yield a, block, mask
+
+
+def _block_rows(width: int, item: int) -> int:
+    return max(64, _BLOCK_BYTES // (width * item))
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

@@ -20,16 +20,14 @@ import torch
 
 from ntp.engine.aggregate import scales_rows
 from ntp.engine.chunking import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, format_bytes
+from ntp.engine.dropout import dropped_copy_bytes
 from ntp.engine.partition import ceil_div
-from ntp.engine.precision import element_bytes
+from ntp.engine.precision import dtype, element_bytes
 from ntp.engine.transfer import slab_columns
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.
 ACTIVATION_COPIES = 4
-#: copies per input feature element: the features and their dropped copy (no gradient flows into them). Measured:
-#: 1.0 without input dropout, 2.0 with it (tests/ntp/test_memory_estimate.py counts a step's live tensor bytes).
-FEATURE_COPIES = 2
 #: Device bytes per edge of each direction of the topology (ntp.engine.topology: 32-bit indices, no values).
 INDEX_BYTES = 4
 #: Device bytes per vertex besides: the row pointers of both directions (32-bit per chunk) and an operator's three
@@ -55,11 +53,15 @@ def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
 
 
 def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int,
-                   precision: str = "fp32") -> int:
-    """Device memory of the NN stage on ``rows`` rows: the input features, activations of every layer, and the
-    (float32) parameters."""
-    elements = in_dim * FEATURE_COPIES + (hidden * (layers - 1) + out_dim) * ACTIVATION_COPIES
-    return element_bytes(precision) * rows * elements + 4 * params * PARAMETER_COPIES
+                   precision: str = "fp32", device_type: str = "cuda") -> int:
+    """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
+    features and their dropped copy (no gradient flows into them; ntp.engine.dropout.dropped_copy_bytes: a block of
+    it where their dropout runs inside the first product), activations of every layer, and the (float32)
+    parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor bytes against it."""
+    eb = element_bytes(precision)
+    features = eb * rows * in_dim + dropped_copy_bytes(device_type, dtype(precision), rows, in_dim)
+    activations = eb * rows * (hidden * (layers - 1) + out_dim) * ACTIVATION_COPIES
+    return features + activations + 4 * params * PARAMETER_COPIES
 
 
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
@@ -174,7 +176,8 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type)
     parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     rows = ceil_div(num_nodes, world)
-    nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision)
+    nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
+                              device_type)
     parts["NN stage"] = nn_bytes if nn_on_device else 0
     return parts
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
+from ntp.engine import dropout, native
 from tests.ntp.graphs import random_graph
 from tests.ntp.spawn import run_on_ranks
 
@@ -25,13 +26,15 @@ ATTENTION_CONFIGS = [dict(arch="coupled", model="gat", hidden=64, heads=4, dropo
 DENSE = 64
 
 
-def _graph(avg_degree: int) -> dict:
-    return random_graph(n=N, d=FEATURES, classes=CLASSES, avg_degree=avg_degree, seed=3)
+def _graph(avg_degree: int, features: int = FEATURES) -> dict:
+    return random_graph(n=N, d=features, classes=CLASSES, avg_degree=avg_degree, seed=3)
 
 
-def measured_and_estimated(options: dict, env=None) -> tuple[int, int]:
-    """A training step's peak live bytes plus the features it starts from, and the plan's estimate of both (GAT's
-    pattern is built in the first step and so is not counted on either side)."""
+def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
+                           features: int = FEATURES) -> tuple[int, int]:
+    """A training step's peak live bytes plus the features it starts from, and the plan's estimate of both for a
+    rank on a ``device_type`` device (GAT's pattern is built in the first step and so is not counted on either
+    side)."""
     from ntp.engine.dist import DistEnv
     from ntp.engine.loop import train_step
     from ntp.engine.placement import rank_resident_parts
@@ -41,14 +44,14 @@ def measured_and_estimated(options: dict, env=None) -> tuple[int, int]:
 
     env = env or DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
     cfg = TrainConfig(mode="tp", epochs=2, seed=1, **options)
-    graph = _graph(DENSE if cfg.model == "gat" else 8)
+    graph = _graph(DENSE if cfg.model == "gat" else 8, features)
     job = setup(cfg, env, loader(graph))
     train_step(job, 0)  # the optimizer's state exists from here on
     live = LiveBytes()
     with live:
         train_step(job, 1)
-    parts = rank_resident_parts(cfg, num_nodes=N, num_edges=graph["edge_index"].shape[1], feature_dim=FEATURES,
-                                out_dim=CLASSES, world=env.world, nn_on_device=True, device_type="cuda",
+    parts = rank_resident_parts(cfg, num_nodes=N, num_edges=graph["edge_index"].shape[1], feature_dim=features,
+                                out_dim=CLASSES, world=env.world, nn_on_device=True, device_type=device_type,
                                 params=sum(p.numel() for p in job.model.parameters()))
     estimate = parts["NN stage"] + parts["embeddings"] + parts.get("attention", 0)
     return live.peak + job.x.numel() * job.x.element_size(), estimate
@@ -71,3 +74,14 @@ def test_the_estimate_covers_a_training_step_on_each_of_two_ranks() -> None:
     for options in CONFIGS[:2] + ATTENTION_CONFIGS[:1]:
         for rank, (measured, estimate) in enumerate(run_on_ranks(_two_rank_worker, 2, options, timeout=180)):
             assert estimate >= measured, f"rank {rank}, {options}: the plan counts {estimate}, a step allocates {measured}"
+
+
+@pytest.mark.skipif(native.library() is None, reason="the C kernel is not built (NTP_NATIVE=0)")
+def test_features_dropped_inside_the_product_are_counted_once() -> None:
+    """A CPU float32 rank drops features of 8 MB or more inside the first product (no copy of them): the plan counts
+    them once there, and still covers the step. 14.4 MB of features are most of this step: a copy kept by the model
+    would outgrow the estimate, one counted by the plan would exceed the step by more than half the features."""
+    wide = 1_200
+    measured, estimate = measured_and_estimated(dict(arch="coupled", model="gcn", hidden=16, dropout=0.5),
+                                                device_type="cpu", features=wide)
+    assert measured <= estimate < measured + 4 * N * wide // 2, (measured, estimate)
