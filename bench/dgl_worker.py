@@ -54,22 +54,22 @@ def main():
         x = torch.from_numpy(d["x"])
         y = torch.from_numpy(d["y"])
         train = torch.from_numpy(d["train"])
-        hid, classes, heads = p["hidden"], p["classes"], p["heads"]
+        hid, classes, heads, rate = p["hidden"], p["classes"], p["heads"], p.get("dropout", 0.5)
         torch.manual_seed(0)
         if p["model"] == "gcn":
             layers = torch.nn.ModuleList([GraphConv(x.shape[1], hid, allow_zero_in_degree=True),
                                           GraphConv(hid, classes, allow_zero_in_degree=True)])
 
             def forward():
-                h = torch.relu(layers[0](g, torch.nn.functional.dropout(x, 0.5)))
-                return layers[1](g, torch.nn.functional.dropout(h, 0.5))
+                h = torch.relu(layers[0](g, torch.nn.functional.dropout(x, rate)))
+                return layers[1](g, torch.nn.functional.dropout(h, rate))
         else:
             layers = torch.nn.ModuleList([GATConv(x.shape[1], hid // heads, heads, allow_zero_in_degree=True),
                                           GATConv(hid // heads * heads, classes, 1, allow_zero_in_degree=True)])
 
             def forward():
-                h = torch.nn.functional.elu(layers[0](g, torch.nn.functional.dropout(x, 0.5)).flatten(1))
-                return layers[1](g, torch.nn.functional.dropout(h, 0.5)).mean(1)
+                h = torch.nn.functional.elu(layers[0](g, torch.nn.functional.dropout(x, rate)).flatten(1))
+                return layers[1](g, torch.nn.functional.dropout(h, rate)).mean(1)
         opt = torch.optim.Adam(layers.parameters(), lr=0.01)
 
         def step():

@@ -1,7 +1,7 @@
 """Dropout alone: one layer's dropout and product, forward and backward, in each way ntp can run them on a CPU.
 
     python bench/dropout.py --threads 1
-    python bench/dropout.py --threads 2 --layers input:128:64 hidden:64:16 hidden:64:64
+    python bench/dropout.py --threads 2 --layers input:128:64 hidden:64:16 hidden:64:64 --rate 0.5 0.3
 
 A layer is ``kind:in:out`` on ``--rows`` rows: ``input`` drops features (no gradient), ``hidden`` drops ReLU's
 output and sends the gradient back to its input. Each way takes turns with the others (a shared box drifts between
@@ -27,7 +27,7 @@ import torch
 from common import ALLOCATORS, base_parser, report, same_allocator, torch_ops_dropout
 
 
-def layer_runs(kind: str, rows: int, width_in: int, width_out: int) -> dict:
+def layer_runs(kind: str, rows: int, width_in: int, width_out: int, rate: float) -> dict:
     """The ways to run one layer: each a call that runs it forward and backward, and returns the saved bytes."""
     from ntp.engine.dropout import RowDropout
     from ntp.engine.linear import Linear
@@ -49,7 +49,7 @@ def layer_runs(kind: str, rows: int, width_in: int, width_out: int) -> dict:
         y.backward(grad)
         return sum(n for at, n in saved.items() if at not in (_storage(x), _storage(lin.weight)))
 
-    none, drop = RowDropout(0.0, 0), RowDropout(0.5, 0)
+    none, drop = RowDropout(0.0, 0), RowDropout(rate, 0)
     ways = {"none": lambda leaf: lin(none(leaf, ctx, hidden)),
             "ntp": lambda leaf: drop.linear(leaf, ctx, lin.weight, lin.bias, relu=hidden),
             "copy": lambda leaf: lin(drop(leaf, ctx, hidden))}
@@ -65,8 +65,8 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-def measure(kind: str, rows: int, width_in: int, width_out: int, repeats: int) -> dict:
-    runs = layer_runs(kind, rows, width_in, width_out)
+def measure(kind: str, rows: int, width_in: int, width_out: int, rate: float, repeats: int) -> dict:
+    runs = layer_runs(kind, rows, width_in, width_out, rate)
     times: dict[str, list[float]] = {name: [] for name in runs}
     saved = {}
     for turn in range(repeats + 1):  # the first turn warms up
@@ -78,7 +78,7 @@ def measure(kind: str, rows: int, width_in: int, width_out: int, repeats: int) -
             if turn:
                 times[name].append(elapsed)
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
-    row = {"layer": f"{kind} {width_in}->{width_out}", "rows": rows, "threads": torch.get_num_threads()}
+    row = {"layer": f"{kind} {width_in}->{width_out}", "rows": rows, "p": rate, "threads": torch.get_num_threads()}
     row.update({f"{name}_ms": v for name, v in ms.items()})
     row["cost"] = ms["ntp"] / ms["none"] - 1
     row.update({f"{name}_saved_MB": saved[name] / 2**20 for name in ("none", "ntp", "copy")})
@@ -90,6 +90,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--layers", nargs="+", default=["input:128:64", "hidden:64:16", "hidden:64:64"],
                    help="kind:in:out, kind input (features, no gradient) or hidden (after ReLU)")
+    p.add_argument("--rate", type=float, nargs="+", default=[0.5],
+                   help="dropout rates (0.5, the default, draws 1 random bit an element; 8 or 16 bits for others)")
     p.add_argument("--allocator", choices=list(ALLOCATORS), default="hugepages",
                    help="large blocks in transparent huge pages, as ntp's ranks get them (default)")
     args = p.parse_args()
@@ -102,10 +104,11 @@ def main() -> None:
         kind, width_in, width_out = spec.split(":")
         if kind not in ("input", "hidden"):
             raise SystemExit(f"--layers {spec}: the kind is input or hidden")
-        rows.append(measure(kind, args.rows, int(width_in), int(width_out), repeats))
-        print(rows[-1], flush=True)
+        for rate in args.rate:
+            rows.append(measure(kind, args.rows, int(width_in), int(width_out), rate, repeats))
+            print(rows[-1], flush=True)
     report("dropout", rows, {"rows": args.rows, "repeats": repeats, "threads": torch.get_num_threads(),
-                             "allocator": args.allocator, "p": 0.5})
+                             "allocator": args.allocator, "rates": args.rate})
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@
 
 ntp runs its own training step (ntp.engine.loop.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
 layers, decoupled = MLP then 2 propagation steps). PyG runs GCNConv(cached=True) / GATConv on edge_index (the way
-its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout,
-threads; features of the store (synthetic: 128 wide). ntp's coupled model also runs with NTP_NATIVE=0 (CPU dropout
-in torch's ops, without its C kernel) and with --dropout 0, in turns with the default: the differences are dropout's
-share of the epoch with the kernel and with torch's ops.
+its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout
+rate (``--dropout``, 0.5 by default), threads; features of the store (synthetic: 128 wide). ntp's coupled model also
+runs with NTP_NATIVE=0 (CPU dropout in torch's ops, without its C kernel) and with no dropout, in turns with the
+default: the differences are dropout's share of the epoch with the kernel and with torch's ops.
 """
 from __future__ import annotations
 
@@ -39,17 +39,19 @@ def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads
     return lambda: train_step(job, next(epoch))
 
 
-def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int) -> float:
-    return time_median(ntp_job(store, model, arch, hidden, heads, threads), repeats)[0]
+def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int,
+              dropout: float) -> float:
+    return time_median(ntp_job(store, model, arch, hidden, heads, threads, dropout), repeats)[0]
 
 
-def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int) -> dict:
+def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int,
+                   dropout: float) -> dict:
     """The coupled epoch with dropout by the C kernel (inside the products after it), by torch's ops
     (NTP_NATIVE=0) and without dropout, and dropout's share of the first two. The runs take turns of 5 epochs after
     one to settle, ``repeats`` turns each; a share is the median over turns of the turn's difference from the run
     without dropout, over the median epoch (a shared box drifts between turns by more than dropout costs)."""
-    runs = {"kernel": ntp_job(store, model, "coupled", hidden, heads, threads),
-            "torch_ops": ntp_job(store, model, "coupled", hidden, heads, threads),
+    runs = {"kernel": ntp_job(store, model, "coupled", hidden, heads, threads, dropout),
+            "torch_ops": ntp_job(store, model, "coupled", hidden, heads, threads, dropout),
             "none": ntp_job(store, model, "coupled", hidden, heads, threads, dropout=0.0)}
     turns: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
@@ -67,7 +69,7 @@ def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: in
             "ntp_coupled_torch_ops_dropout_share": share("torch_ops")}
 
 
-def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int) -> float:
+def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int, dropout: float) -> float:
     from torch_geometric.nn import GATConv, GCNConv
 
     n = len(a["indptr"]) - 1
@@ -86,8 +88,8 @@ def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int) -> flo
 
     def step():
         opt.zero_grad()
-        h = act(layers[0](F.dropout(x, 0.5), ei))
-        out = layers[1](F.dropout(h, 0.5), ei)
+        h = act(layers[0](F.dropout(x, dropout), ei))
+        out = layers[1](F.dropout(h, dropout), ei)
         F.cross_entropy(out[train], y[train]).backward()
         opt.step()
 
@@ -100,6 +102,9 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["gcn", "gat"])
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.5,
+                   help="every framework's dropout rate (ntp's CPU masks read 1 random bit an element at 0.5, 8 where "
+                        "rate * 256 is whole, else 16)")
     add_single_process_arguments(p)
     args = p.parse_args()
     size, graphs = graph_selection(args, full_size="big")
@@ -110,9 +115,10 @@ def main() -> None:
         for model in args.models:
             row = {"graph": gname, "model": model, "nodes": len(a["indptr"]) - 1, "edges": len(a["indices"]),
                    "hidden": args.hidden, "threads": threads}
-            row.update(dropout_shares(store, model, args.hidden, args.heads, threads, repeats))
-            row["ntp_decoupled_s"] = ntp_epoch(store, model, "decoupled", args.hidden, args.heads, threads, repeats)
-            row["pyg_s"] = pyg_epoch(a, model, args.hidden, args.heads, repeats)
+            row.update(dropout_shares(store, model, args.hidden, args.heads, threads, repeats, args.dropout))
+            row["ntp_decoupled_s"] = ntp_epoch(store, model, "decoupled", args.hidden, args.heads, threads, repeats,
+                                               args.dropout)
+            row["pyg_s"] = pyg_epoch(a, model, args.hidden, args.heads, repeats, args.dropout)
             if dgl_py is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     npz = Path(tmp) / "g.npz"
@@ -120,6 +126,7 @@ def main() -> None:
                              train=a["train"][a["y"][a["train"]] >= 0])
                     res = run_dgl(dgl_py, "dgl_worker.py", {"task": "epoch", "npz": str(npz), "model": model,
                                                             "hidden": args.hidden, "heads": args.heads,
+                                                            "dropout": args.dropout,
                                                             "classes": a["classes"], "threads": threads,
                                                             "repeats": repeats})
                 row["dgl_s"] = res["seconds"] if res else None
@@ -128,8 +135,8 @@ def main() -> None:
                 row["dgl/ntp_coupled"] = row["dgl_s"] / row["ntp_coupled_s"]
             rows.append(row)
             print(row, flush=True)
-    report("epoch", rows, {"size": size, "hidden": args.hidden, "heads": args.heads, "repeats": repeats,
-                           "threads": threads, "dgl": dgl_note, "allocator": args.allocator})
+    report("epoch", rows, {"size": size, "hidden": args.hidden, "heads": args.heads, "dropout": args.dropout,
+                           "repeats": repeats, "threads": threads, "dgl": dgl_note, "allocator": args.allocator})
 
 
 if __name__ == "__main__":
