@@ -1,176 +1,20 @@
-"""Dropout on row-layout activations whose masks are a function of (stream, global row, column) alone, so every
-world size drops the same elements: drawn in one vectorised pass (Philox on a CPU, windows of a hashed table on
-CUDA), and on a CPU drawn and applied in one pass by the C kernel where it is built (ntp.engine.native), inside the
-product that follows the dropout where there is one (:meth:`RowDropout.linear`)."""
+"""Dropout on row-layout activations with masks every world size draws alike (ntp.engine.masks). On a CPU the C
+kernel (ntp.engine.native), where it is built, draws and applies a mask in one pass, inside the product that follows
+the dropout where there is one (:meth:`RowDropout.linear`); elsewhere the mask is drawn, then applied."""
 from __future__ import annotations
 
-import queue
-import threading
-from concurrent.futures import Future
 from typing import Protocol
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ntp.engine import native
 from ntp.engine.linear import linear
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
-    """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix. Element ``(r, c)`` is a
-    function of ``(stream, r, c)`` alone, so every world size draws the same mask for the same element, in one
-    vectorised pass: Philox at the element's counter on CPU, windows of a hashed table on CUDA (no per-tile
-    kernels)."""
-    if device.type == "cpu":
-        return philox_keep_mask(rows, width, p, stream)
-    return window_keep_mask(rows, width, p, stream, device)
-
-
-#: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
-_PHILOX_BLOCK = 1 << 20
-
-
-def philox_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int) -> torch.Tensor:
-    """Element ``(r, c)`` keeps when its field of Philox4x64's output keyed by ``stream`` (the ``bits`` bits from
-    bit ``(r * width + c) * bits``) is at least ``p * 2^bits`` (:func:`_philox_field`). Large masks are cut into up
-    to one block per torch thread, drawn at once: the first here, the others by helper threads (each generator jumps
-    straight to its block's first word: the mask does not depend on the cut)."""
-    start, stop = rows
-    bits, threshold = _philox_field(p)
-    first, last = start * width, stop * width
-    lo, hi = first - first % 8, -(-last // 8) * 8  # whole bytes of single bits: blocks start at multiples of 8
-    flags = np.empty(hi - lo, dtype=bool)
-    parts = _parts(hi - lo, _PHILOX_BLOCK)
-    cuts = [lo + (hi - lo) * i // parts // 8 * 8 for i in range(parts)] + [hi]
-    key = _splitmix64(stream)
-    blocks = [(flags[a - lo : b - lo], a, b, key, bits, threshold) for a, b in zip(cuts, cuts[1:])]
-    handed = [_helper(i).run(_philox_block, *block) for i, block in enumerate(blocks[1:])]
-    _philox_block(*blocks[0])
-    for done in handed:
-        done.result()
-    return torch.from_numpy(flags[first - lo : last - lo].reshape(stop - start, width))
-
-
-def _philox_field(p: float) -> tuple[int, int]:
-    """The bits of Philox's output one element's keep flag reads, and the least value that keeps: 1 bit for
-    p = 0.5 (the default: a sixteenth of the draws of 16-bit fields), 8 when ``p * 256`` is whole, else 16 (exact
-    to 2^-16)."""
-    bits = next((bits for bits in (1, 8) if (p * 2**bits).is_integer()), 16)
-    return bits, min(int(p * 2**bits), 2**bits - 1)
-
-
-def _parts(elements: int, least: int) -> int:
-    """Into how many parts ``elements`` are cut: up to one per torch thread, each at least ``least`` elements."""
-    return max(1, min(torch.get_num_threads(), elements // least))
-
+from ntp.engine.masks import field, keep_mask, stream_key, thread_parts
 
 #: elements per OpenMP thread below which the C kernel runs on one (a parallel region costs microseconds)
 _KERNEL_PART = 1 << 16
-
-
-class _Helper:
-    """A thread that runs what it is handed, one call at a time. Each block of a mask goes to its own helper, so
-    the blocks really run at once (a ThreadPoolExecutor hands a task to any idle thread: in an epoch one of its
-    threads drew every block)."""
-
-    def __init__(self, name: str) -> None:
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
-
-    def run(self, fn, *args) -> Future:
-        done: Future = Future()
-        self._inbox.put((fn, args, done))
-        return done
-
-    def _serve(self) -> None:
-        while True:
-            fn, args, done = self._inbox.get()
-            try:
-                done.set_result(fn(*args))
-            except BaseException as e:  # handed to the caller by done.result()
-                done.set_exception(e)
-
-
-_helpers: list[_Helper] = []
-
-
-def _helper(i: int) -> _Helper:
-    while len(_helpers) <= i:
-        _helpers.append(_Helper(f"ntp-dropout-{len(_helpers)}"))
-    return _helpers[i]
-
-
-def _philox_block(out: np.ndarray, first: int, last: int, key: int, bits: int, threshold: int) -> None:
-    """The keep flags of elements ``first:last`` (multiples of 8) into ``out`` (numpy draws, unpacks and compares
-    without the GIL). A Philox counter gives 256 bits."""
-    b0, b1 = first * bits // 8, last * bits // 8
-    counter = b0 // 32
-    gen = np.random.Philox(key=key)
-    gen.advance(counter)
-    raw = gen.random_raw(-(-b1 // 8) - 4 * counter).view(np.uint8)[b0 - 32 * counter : b1 - 32 * counter]
-    if bits == 1:
-        raw = np.unpackbits(raw, bitorder="little")
-    elif bits == 16:
-        raw = raw.view("<u2")
-    np.greater_equal(raw, threshold, out=out)
-
-
-#: entries of the keep table whose windows a CUDA mask's rows are (a power of two; about 0.1 ms to draw on a GPU)
-_TABLE_ENTRIES = 1 << 22
-
-
-def window_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
-    """Row ``r`` of the mask is the ``width`` entries of a keep table (drawn for ``stream`` by
-    :func:`hash_keep_mask`, 4M entries whatever the graph) that start at a hash of ``(stream, r)``, rounded down to a
-    multiple of 8: one gather of 8-entry words instead of a dozen hash passes over each element (entry by entry, the
-    gather took 0.75 ms for 2.4M x 100 on an H200; as words it left the epoch profile's top 25). Two rows' windows
-    overlap with probability about ``2 width / 4M``; everything else is as independent as the hash."""
-    words = -(-width // 8)
-    table = hash_keep_mask((0, -(-(_TABLE_ENTRIES + 8 * words) // 64)), 64, p, stream, device).flatten()
-    salt = _splitmix64(stream) ^ 0xA5A5A5A5A5A5A5A5
-    start = _row_hash(rows, salt, device).bitwise_and_(_TABLE_ENTRIES // 8 - 1)
-    packed = table.view(torch.int64).unfold(0, words, 1)[start.long()]  # [rows, words]: 8 entries a word
-    return packed.view(torch.bool)[:, :width]
-
-
-def _row_hash(rows: tuple[int, int], stream: int, device: torch.device) -> torch.Tensor:
-    """A well-mixed int32 per global row of ``rows``, a function of ``(stream, row)``."""
-    s = _splitmix64(stream)
-    r = torch.arange(rows[0], rows[1], device=device, dtype=torch.int64)
-    return _fmix32(_to_int32((r * 0x9E3779B1 + (s & 0xFFFFFFFF)) & 0xFFFFFFFF)) ^ _to_int32(torch.tensor(s >> 32))
-
-
-def hash_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
-    """Element ``(r, c)`` keeps when 24 bits of ``fmix32(key(stream, r) ^ key(c))`` (MurmurHash3's finaliser, in
-    wrapping int32 arithmetic) are at least ``p * 2^24``: a few elementwise kernels on any device."""
-    row_key = _row_hash(rows, stream, device)
-    col_key = _fmix32(torch.arange(width, device=device, dtype=torch.int32) * 0x27D4EB2F + 0x165667B1)
-    bits = _fmix32(row_key[:, None] ^ col_key[None, :])
-    return bits.bitwise_and_(0xFFFFFF) >= int(round(p * (1 << 24)))
-
-
-def _to_int32(x: torch.Tensor) -> torch.Tensor:
-    """The int32 with the same low 32 bits as the non-negative int64 ``x``."""
-    return (x & 0xFFFFFFFF).sub_(x.ge(1 << 31).long() << 32).to(torch.int32)
-
-
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ ((x >> 16) & 0xFFFF)  # masked: int32 shifts are arithmetic
-    x = x * -2048144789  # 0x85EBCA6B as int32; products wrap
-    x = x ^ ((x >> 13) & 0x7FFFF)
-    x = x * -1028477387  # 0xC2B2AE35
-    return x ^ ((x >> 16) & 0xFFFF)
 
 
 class Position(Protocol):
@@ -310,7 +154,7 @@ class _NativeDropped(torch.autograd.Function):
 def _masked_scale_into(grad: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
     """The C kernel's ``grad * mask * scale`` into ``out`` (contiguous, like ``grad`` and ``mask``; may be ``grad``)."""
     n = grad.numel()
-    native.library().ntp_masked_scale(_parts(n, _KERNEL_PART), native.DTYPE_CODES[grad.dtype], grad.data_ptr(),
+    native.library().ntp_masked_scale(thread_parts(n, _KERNEL_PART), native.DTYPE_CODES[grad.dtype], grad.data_ptr(),
                                       mask.data_ptr(), out.data_ptr(), n, scale)
     return out
 
@@ -320,10 +164,10 @@ def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: f
     """The C kernel's dropout of ``x`` into the contiguous ``y`` (and the backward's mask into ``mask``, if given)."""
     if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
         x = x.contiguous()
-    bits, threshold = _philox_field(p)
-    native.library().ntp_dropout(_parts(x.numel(), _KERNEL_PART), native.DTYPE_CODES[x.dtype], x.data_ptr(),
+    bits, threshold = field(p)
+    native.library().ntp_dropout(thread_parts(x.numel(), _KERNEL_PART), native.DTYPE_CODES[x.dtype], x.data_ptr(),
                                  x.stride(0), y.data_ptr(), None if mask is None else mask.data_ptr(), x.shape[0],
-                                 x.shape[1], first, width, _splitmix64(stream), bits, threshold, 1.0 / (1.0 - p), relu)
+                                 x.shape[1], first, width, stream_key(stream), bits, threshold, 1.0 / (1.0 - p), relu)
 
 
 #: bytes of ``x`` from which :class:`_DroppedLinear` pays: a smaller dropped copy stays in cache for the product, and

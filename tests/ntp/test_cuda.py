@@ -64,7 +64,7 @@ def test_a_bare_cuda_device_is_the_current_gpu() -> None:
 def test_the_gpu_draws_the_window_masks_the_cpu_draws() -> None:
     """The CUDA dropout mask (windows of a hashed table) is integer arithmetic: the same bits on either device, so a
     run's masks can be checked on the CPU."""
-    from ntp.engine.dropout import keep_mask, window_keep_mask
+    from ntp.engine.masks import keep_mask, window_keep_mask
 
     for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3)):
         gpu = keep_mask(rows, width, p, stream, torch.device("cuda:0"))

@@ -9,8 +9,9 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
-from ntp.engine import dropout, native
-from ntp.engine.dropout import drop, dropped, hash_keep_mask, keep_mask, philox_keep_mask, window_keep_mask
+from ntp.engine import dropout, masks, native
+from ntp.engine.dropout import drop, dropped
+from ntp.engine.masks import hash_keep_mask, keep_mask, stream_keep_mask, window_keep_mask
 from ntp.engine.partition import Partition
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -18,7 +19,7 @@ from tests.ntp.graphs import loader, random_graph
 CPU = torch.device("cpu")
 SINGLE = DistEnv(0, 1, 0, 1, CPU, None)
 GRAPH = random_graph(n=40, d=7, classes=3, seed=2)
-GENERATORS = {"philox (CPU)": lambda rows, w, p, s: philox_keep_mask(rows, w, p, s),
+GENERATORS = {"stream (CPU)": lambda rows, w, p, s: stream_keep_mask(rows, w, p, s),
               "window (CUDA; run here on CPU)": lambda rows, w, p, s: window_keep_mask(rows, w, p, s, CPU),
               "hash (the window's table)": lambda rows, w, p, s: hash_keep_mask(rows, w, p, s, CPU)}
 
@@ -37,25 +38,44 @@ def test_every_world_size_draws_the_same_mask(gen, world: int, p: float) -> None
     assert torch.equal(torch.cat(parts), whole)
 
 
+def test_the_cpu_mask_reads_splitmix64_words() -> None:
+    """Word ``w`` of a stream is SplitMix64's output at ``w + 1`` (computed here with Python's integers), and element
+    ``e`` reads the ``bits`` bits from bit ``e * bits``, lowest first: the definition numpy's and the kernel's draws
+    share, so a change of either shows here first."""
+    def splitmix(state: int) -> int:
+        z = state & (2**64 - 1)
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & (2**64 - 1)
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & (2**64 - 1)
+        return z ^ (z >> 31)
+
+    stream, rows, width = 2**70 + 5, (3, 40), 13
+    key = masks.stream_key(stream)
+    for p in RATES:
+        bits, threshold = masks.field(p)
+        expected = [[(splitmix(key + (e * bits // 64 + 1) * 0x9E3779B97F4A7C15) >> (e * bits % 64)) % 2**bits
+                     >= threshold for e in range(r * width, (r + 1) * width)] for r in range(*rows)]
+        assert stream_keep_mask(rows, width, p, stream).tolist() == expected, p
+
+
 @pytest.mark.parametrize("threads", [2, 3, 4])
 @pytest.mark.parametrize("p", RATES)
-def test_philox_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads: int, p: float) -> None:
+def test_the_cpu_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads: int, p: float) -> None:
     """Large CPU masks are drawn in blocks, one per torch thread and each on a thread of its own: the cut must
     not show in the mask."""
     rows, width, stream = (13, 1013), 37, 99
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = philox_keep_mask(rows, width, p, stream)
-        monkeypatch.setattr(dropout, "_PHILOX_BLOCK", 1000)  # cut even this small mask: 37 000 elements
+        one = stream_keep_mask(rows, width, p, stream)
+        monkeypatch.setattr(masks, "_MASK_BLOCK", 1000)  # cut even this small mask: 37 000 elements
         torch.set_num_threads(threads)
-        assert torch.equal(philox_keep_mask(rows, width, p, stream), one)
-        drawn_by, draw = [], dropout._philox_block
-        monkeypatch.setattr(dropout, "_philox_block",
+        assert torch.equal(stream_keep_mask(rows, width, p, stream), one)
+        drawn_by, draw = [], masks._stream_block
+        monkeypatch.setattr(masks, "_stream_block",
                             lambda *a: (drawn_by.append(threading.current_thread().name), draw(*a)))
-        assert torch.equal(philox_keep_mask(rows, width, p, stream), one)
+        assert torch.equal(stream_keep_mask(rows, width, p, stream), one)
         assert len(set(drawn_by)) == len(drawn_by) == threads, f"blocks not drawn at once: {drawn_by}"
-        assert torch.equal(philox_keep_mask((13, 14), width, p, stream), one[:1]), "fewer rows than threads"
+        assert torch.equal(stream_keep_mask((13, 14), width, p, stream), one[:1]), "fewer rows than threads"
     finally:
         torch.set_num_threads(before)
 
@@ -63,7 +83,7 @@ def test_philox_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads: 
 def test_dropped_zeroes_and_scales_with_the_gradient_masked() -> None:
     """...and keeps only the boolean mask for the backward (a float copy of it held 4x the bytes until then)."""
     x = torch.randn(50, 9, requires_grad=True)
-    keep = philox_keep_mask((0, 50), 9, 0.3, 4)
+    keep = stream_keep_mask((0, 50), 9, 0.3, 4)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
         y = dropped(x, keep, 0.3)
@@ -78,7 +98,7 @@ def test_relu_then_dropout_in_one_mask() -> None:
     and keeps one boolean mask where ReLU kept its whole output too."""
     x = torch.randn(60, 11)
     x[::7, ::3] = 0.0  # ReLU's gradient at 0 is 0
-    keep, grad = philox_keep_mask((0, 60), 11, 0.5, 8), torch.randn(60, 11)
+    keep, grad = stream_keep_mask((0, 60), 11, 0.5, 8), torch.randn(60, 11)
     results, saved = [], []
     for fused in (True, False):
         leaf = x.clone().requires_grad_()
@@ -104,7 +124,7 @@ def test_the_one_pass_kernel_is_built_and_can_be_switched_off(monkeypatch) -> No
 
 
 #: (rows, columns, first row, first column, mask width): whole rows; a column slice of a wider mask (R-GCN's
-#: column layout); rows that end inside a Philox block; no rows
+#: column layout); rows that end inside a word of the stream; no rows
 LAYOUTS = [(1013, 37, 17, 0, None), (333, 20, 0, 5, 41), (64, 64, 3, 0, None), (0, 5, 0, 0, None)]
 
 
@@ -114,7 +134,7 @@ LAYOUTS = [(1013, 37, 17, 0, None), (333, 20, 0, 5, 41), (64, 64, 3, 0, None), (
 @pytest.mark.parametrize("p", RATES)
 def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(monkeypatch, layout, dtype, relu,
                                                                          p: float) -> None:
-    """The C kernel draws each keep flag from the same Philox field :func:`philox_keep_mask` reads, so ``drop``
+    """The C kernel draws each keep flag from the same field of the stream :func:`stream_keep_mask` reads, so ``drop``
     equals ``dropped(x, keep_mask(...))``: values (NaN, infinities and -0 included) and gradients, for any cut of
     the rows among threads, strided rows, and a column slice of a wider mask; it keeps one boolean mask for the
     backward (and writes none when no gradient is wanted)."""
@@ -125,7 +145,7 @@ def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(monkey
         base[0, 1:4] = torch.tensor([float("nan"), -0.0, float("inf")])
     keep = keep_mask((row, row + n), width or w, p, stream, CPU)[:, col : col + w]
     grad = torch.randn(n, w, dtype=dtype)
-    monkeypatch.setattr(dropout, "_PHILOX_BLOCK", 500)  # rows cut among 3 threads, masks and kernel alike
+    monkeypatch.setattr(masks, "_MASK_BLOCK", 500)  # rows cut among 3 threads, masks and kernel alike
     monkeypatch.setattr(dropout, "_KERNEL_PART", 500)
     before = torch.get_num_threads()
     torch.set_num_threads(3)
