@@ -11,15 +11,9 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-_MASK64 = (1 << 64) - 1
-
-
 def stream_key(x: int) -> int:
-    """The stream ``x``'s key: SplitMix64's first output from ``x``."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
+    """The stream ``x``'s key (``x`` modulo 2^64): SplitMix64's first output from it."""
+    return int(_stream_words(0, 1, x % 2**64)[0])
 
 
 def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
