@@ -1,6 +1,6 @@
-"""Live tensor bytes of a piece of work, counted exactly: every dense storage an operator creates (not a view of an input) is added when
-it appears and subtracted when it is freed (what a GPU's caching allocator would hold, less its rounding), so the
-memory plan's estimates can be checked on a CPU."""
+"""Live tensor bytes of a piece of work, counted exactly: every dense storage an operator creates (not a view of
+an input) is added when it appears and subtracted when it is freed (what a GPU's caching allocator would hold, less
+its rounding), so the memory plan's estimates can be checked on a CPU."""
 from __future__ import annotations
 
 import weakref
@@ -22,7 +22,7 @@ class LiveBytes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         inputs = {_storage_address(t) for t in tree_flatten((args, kwargs))[0] if _dense(t)}
         for t in tree_flatten(out)[0]:
-            if _dense(t) and _storage_address(t) not in inputs:  # a view of an input (made before, maybe) is no new storage
+            if _dense(t) and _storage_address(t) not in inputs:  # a view of an input (maybe made before) is not new
                 self._count(t.untyped_storage())
         return out
 

@@ -39,9 +39,10 @@ def test_every_world_size_draws_the_same_mask(gen, world: int, p: float) -> None
 
 
 def test_the_cpu_mask_reads_splitmix64_words() -> None:
-    """Word ``w`` of a stream is SplitMix64's output at ``w + 1`` (computed here with Python's integers), and element
-    ``e`` reads the ``bits`` bits from bit ``e * bits``, lowest first: the definition numpy's and the kernel's draws
-    share, so a change of either shows here first."""
+    """A stream's key is SplitMix64's first output from the stream, its word ``w`` SplitMix64's output at ``w + 1``
+    from the key (computed here with Python's integers), and element ``e`` reads the ``bits`` bits from bit
+    ``e * bits``, lowest first: the definition numpy's and the kernel's draws share, so a change of either shows here
+    first."""
     def splitmix(state: int) -> int:
         z = state & (2**64 - 1)
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & (2**64 - 1)
@@ -49,7 +50,8 @@ def test_the_cpu_mask_reads_splitmix64_words() -> None:
         return z ^ (z >> 31)
 
     stream, rows, width = 2**70 + 5, (3, 40), 13
-    key = masks.stream_key(stream)
+    key = splitmix(stream + 0x9E3779B97F4A7C15)
+    assert masks.stream_key(stream) == key
     for p in RATES:
         bits, threshold = masks.field(p)
         expected = [[(splitmix(key + (e * bits // 64 + 1) * 0x9E3779B97F4A7C15) >> (e * bits % 64)) % 2**bits

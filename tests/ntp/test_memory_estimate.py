@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import dropout, native
+from ntp.engine import native
 from tests.ntp.graphs import random_graph
 from tests.ntp.spawn import run_on_ranks
 
