@@ -60,8 +60,7 @@ class RowDropout(nn.Module):
 def drops_inside_product(device_type: str, dtype: torch.dtype, nbytes: int) -> bool:
     """Whether :meth:`RowDropout.linear` drops an input of ``nbytes`` inside the product (keeping no dropped copy,
     no mask): a CPU float32 input of ``_FUSED_LEAST_BYTES`` or more, where the C kernel is built."""
-    return (device_type == "cpu" and dtype == torch.float32 and nbytes >= _FUSED_LEAST_BYTES
-            and native.library() is not None)
+    return dtype == torch.float32 and nbytes >= _FUSED_LEAST_BYTES and _kernel_takes(device_type, dtype)
 
 
 def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: int) -> int:
@@ -76,7 +75,11 @@ def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: i
 
 def one_pass(x: torch.Tensor) -> bool:
     """Whether the C kernel drops ``x``: a CPU float32 or bfloat16 tensor, where the kernel is built."""
-    return x.device.type == "cpu" and x.dtype in native.DTYPE_CODES and native.library() is not None
+    return _kernel_takes(x.device.type, x.dtype)
+
+
+def _kernel_takes(device_type: str, dtype: torch.dtype) -> bool:
+    return device_type == "cpu" and dtype in native.DTYPE_CODES and native.library() is not None
 
 
 def drop(x: torch.Tensor, p: float, stream: int, first_row: int, relu: bool = False, *, column: int = 0,
