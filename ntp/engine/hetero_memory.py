@@ -80,7 +80,8 @@ def _activation_bytes(cfg: TrainConfig, counts: dict[str, int], feature_dims: di
     pairs = {t: len(d) for (kind, t), d in degrees.items() if kind == "forward"}
     if cfg.arch == "decoupled":
         s = ceil_div(out_dim, world)
-        nn = sum(nn_stage_bytes(rows[t], d, cfg.hidden, out_dim, cfg.nn_layers, 0) for t, d in feature_dims.items() if d)
+        nn = sum(nn_stage_bytes(rows[t], d, cfg.hidden, out_dim, cfg.nn_layers, 0, input_dropout=cfg.first_dropout)
+                 for t, d in feature_dims.items() if d)
         step = sum((counts[t] + pairs[t]) * s for t in counts) * ACTIVATION_COPIES + 2 * n * s
         return nn + 4 * cfg.prop_steps * step
     dims = [cfg.hidden] * cfg.nn_layers + [out_dim]

@@ -53,13 +53,14 @@ def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
 
 
 def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int,
-                   precision: str = "fp32", device_type: str = "cuda") -> int:
+                   precision: str = "fp32", device_type: str = "cuda", input_dropout: float = 0.5) -> int:
     """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
-    features and their dropped copy (no gradient flows into them; ntp.engine.dropout.dropped_copy_bytes: a block of
-    it where their dropout runs inside the first product), activations of every layer, and the (float32)
-    parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor bytes against it."""
+    features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
+    ntp.engine.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product),
+    activations of every layer, and the (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live
+    tensor bytes against it."""
     eb = element_bytes(precision)
-    features = eb * rows * in_dim + dropped_copy_bytes(device_type, dtype(precision), rows, in_dim)
+    features = eb * rows * in_dim + dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout)
     activations = eb * rows * (hidden * (layers - 1) + out_dim) * ACTIVATION_COPIES
     return features + activations + 4 * params * PARAMETER_COPIES
 
@@ -177,7 +178,7 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
-                              device_type)
+                              device_type, cfg.first_dropout)
     parts["NN stage"] = nn_bytes if nn_on_device else 0
     return parts
 

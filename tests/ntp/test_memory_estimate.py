@@ -76,12 +76,15 @@ def test_the_estimate_covers_a_training_step_on_each_of_two_ranks() -> None:
             assert estimate >= measured, f"rank {rank}, {options}: the plan counts {estimate}, a step allocates {measured}"
 
 
-@pytest.mark.skipif(native.library() is None, reason="the C kernel is not built (NTP_NATIVE=0)")
-def test_features_dropped_inside_the_product_are_counted_once() -> None:
-    """A CPU float32 rank drops features of 8 MB or more inside the first product (no copy of them): the plan counts
-    them once there, and still covers the step. 14.4 MB of features are most of this step: a copy kept by the model
-    would outgrow the estimate, one counted by the plan would exceed the step by more than half the features."""
+@pytest.mark.parametrize("dropout, device_type", [
+    pytest.param(0.5, "cpu", marks=pytest.mark.skipif(native.library() is None, reason="the C kernel is not built")),
+    (0.0, "cpu"), (0.0, "cuda")])
+def test_features_without_a_dropped_copy_are_counted_once(dropout: float, device_type: str) -> None:
+    """A CPU float32 rank drops features of 8 MB or more inside the first product, and at ``--dropout 0`` no device
+    copies them: the plan counts them once there, and still covers the step. 14.4 MB of features are most of this
+    step: a copy kept by the model would outgrow the estimate, one counted by the plan would exceed the step by more
+    than half the features."""
     wide = 1_200
-    measured, estimate = measured_and_estimated(dict(arch="coupled", model="gcn", hidden=16, dropout=0.5),
-                                                device_type="cpu", features=wide)
+    measured, estimate = measured_and_estimated(dict(arch="coupled", model="gcn", hidden=16, dropout=dropout),
+                                                device_type=device_type, features=wide)
     assert measured <= estimate < measured + 4 * N * wide // 2, (measured, estimate)
