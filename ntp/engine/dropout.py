@@ -63,13 +63,15 @@ def drops_inside_product(device_type: str, dtype: torch.dtype, nbytes: int) -> b
     return dtype == torch.float32 and nbytes >= _FUSED_LEAST_BYTES and _kernel_takes(device_type, dtype)
 
 
-def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: int) -> int:
-    """The most bytes :meth:`RowDropout.linear` holds for the dropped copy of a ``rows`` x ``width`` input (the
-    memory plan's figure; ``rows``: the largest row block, the others have one fewer): the whole copy, or inside the
-    product a block of rows and its mask."""
+def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: int, p: float) -> int:
+    """The most bytes :meth:`RowDropout.linear` holds for the dropped copy of a ``rows`` x ``width`` input that wants
+    no gradient, at rate ``p`` (the memory plan's figure; ``rows``: the largest row block, the others have one fewer):
+    nothing at rate 0, the whole copy, or inside the product a block of rows and the packed keep flags."""
     item = dtype.itemsize
+    if p == 0.0:
+        return 0
     if drops_inside_product(device_type, dtype, (rows - 1) * width * item):
-        return min(rows, _block_rows(width, item)) * width * (item + 1)
+        return min(rows, _block_rows(width, item)) * width * item + packed_flag_bytes(rows * width)
     return rows * width * item
 
 
@@ -163,14 +165,19 @@ def _masked_scale_into(grad: torch.Tensor, mask: torch.Tensor, out: torch.Tensor
 
 
 def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: float, stream: int, first: int,
-               width: int, relu: bool) -> None:
-    """The C kernel's dropout of ``x`` into the contiguous ``y`` (and the backward's mask into ``mask``, if given)."""
+               width: int, relu: bool, flags_out: torch.Tensor | None = None,
+               flags_in: torch.Tensor | None = None) -> None:
+    """The C kernel's dropout of ``x`` into the contiguous ``y`` (and the backward's mask into ``mask``, if given).
+    ``flags_out`` keeps the keep flags packed, a bit an element of ``x`` in row order; from ``flags_in`` they are read
+    instead of drawn (:class:`_DroppedLinear`'s backward)."""
     if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
         x = x.contiguous()
     bits, threshold = field(p)
+    address = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     native.library().ntp_dropout(thread_parts(x.numel(), _KERNEL_PART), native.DTYPE_CODES[x.dtype], x.data_ptr(),
-                                 x.stride(0), y.data_ptr(), None if mask is None else mask.data_ptr(), x.shape[0],
-                                 x.shape[1], first, width, stream_key(stream), bits, threshold, 1.0 / (1.0 - p), relu)
+                                 x.stride(0), y.data_ptr(), address(mask), address(flags_out), address(flags_in),
+                                 x.shape[0], x.shape[1], first, width, stream_key(stream), bits, threshold,
+                                 1.0 / (1.0 - p), relu)
 
 
 #: bytes of ``x`` from which :class:`_DroppedLinear` pays: a smaller dropped copy stays in cache for the product, and
@@ -186,31 +193,33 @@ _BLOCK_BYTES = 2 << 20
 class _DroppedLinear(torch.autograd.Function):
     """``linear(x dropped, weight, bias)`` (with ``relu``, of ``relu(x)`` dropped; whole rows, from the global element
     ``first``) in blocks of rows: each block is dropped into one buffer that the product reads from cache, into its
-    rows of the output. Autograd keeps ``x`` itself: the backward drops each block again for the weight's gradient
-    and, where ``x`` wants one, draws the block's mask to scale ``x``'s gradient in place, block by block. Neither
-    the dropped copy (written once, read twice in the plain order) nor its mask is ever made whole. Forward and
-    backward at one thread (``bench/dropout.py``): the features, 100k x 128 -> 64, 62.8 ms with the dropped copy,
-    51.9 this way, 52.0 without dropout; a hidden layer with its ReLU, 100k x 64 -> 16, 18.0, 17.2 and 17.3."""
+    rows of the output. Autograd keeps ``x`` itself and the keep flags, packed (a bit an element: a 32nd of the
+    dropped copy): the backward drops each block again from them for the weight's gradient and, where ``x`` wants
+    one, scales ``x``'s gradient in place with the block's mask. Neither the dropped copy (written once, read twice in
+    the plain order) nor its mask is ever made whole. Forward and backward at one thread (``bench/dropout.py``): the
+    features, 100k x 128 -> 64, 62.8 ms with the dropped copy, 51.9 this way, 52.0 without dropout; a hidden layer
+    with its ReLU, 100k x 64 -> 16, 18.0, 17.2 and 17.3."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float, stream: int,  # type: ignore[override]
                 first: int, relu: bool) -> torch.Tensor:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        for a, block, _ in _dropped_blocks(x, p, stream, first, relu, masks=False):
+        flags = torch.empty(packed_flag_bytes(x.numel()), dtype=torch.uint8) if any(ctx.needs_input_grad[:2]) else None
+        for a, block, _ in _dropped_blocks(x, p, stream, first, relu, masks=False, flags_out=flags):
             rows = out[a : a + block.shape[0]]
             torch.mm(block, weight.t(), out=rows) if bias is None else torch.addmm(bias, block, weight.t(), out=rows)
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x, weight, flags)
         ctx.dropout, ctx.scale, ctx.has_bias = (p, stream, first, relu), 1.0 / (1.0 - p), bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
+        x, weight, flags = ctx.saved_tensors
         wants_x, wants_weight = ctx.needs_input_grad[:2]
         grad_x = torch.empty(x.shape, dtype=x.dtype) if wants_x else None
         grad_weight = torch.zeros_like(weight) if wants_weight else None
         if wants_x or wants_weight:
-            for a, block, mask in _dropped_blocks(x, *ctx.dropout, masks=wants_x):
+            for a, block, mask in _dropped_blocks(x, *ctx.dropout, masks=wants_x, flags_in=flags):
                 rows = grad[a : a + block.shape[0]]
                 if wants_weight:
                     grad_weight.addmm_(rows.t(), block)
@@ -221,22 +230,30 @@ class _DroppedLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
-def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int, relu: bool, masks: bool):
+def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int, relu: bool, masks: bool,
+                    flags_out: torch.Tensor | None = None, flags_in: torch.Tensor | None = None):
     """(first row, the rows from it dropped, their backward mask if ``masks``) for each block of ``_BLOCK_BYTES`` of
-    ``x``'s rows, in one buffer (and one for the masks)."""
-    step = _block_rows(x.shape[1], x.element_size())
+    ``x``'s rows, in one buffer (and one for the masks); the packed keep flags of all of ``x`` into ``flags_out`` or
+    from ``flags_in`` (blocks of 8 rows start at a whole byte of them)."""
+    step, width = _block_rows(x.shape[1], x.element_size()), x.shape[1]
     rows = min(x.shape[0], step)
-    buffer = torch.empty(rows, x.shape[1], dtype=x.dtype)
-    mask_buffer = torch.empty(rows, x.shape[1], dtype=torch.bool) if masks else None
+    buffer = torch.empty(rows, width, dtype=x.dtype)
+    mask_buffer = torch.empty(rows, width, dtype=torch.bool) if masks else None
     for a in range(0, x.shape[0], step):
         n = min(step, x.shape[0] - a)
         block, mask = buffer[:n], mask_buffer[:n] if masks else None
-        _drop_rows(x[a : a + n], block, mask, p, stream, first + a * x.shape[1], x.shape[1], relu)
+        flags = [None if f is None else f[a * width // 8 :] for f in (flags_out, flags_in)]
+        _drop_rows(x[a : a + n], block, mask, p, stream, first + a * width, width, relu, *flags)
         yield a, block, mask
 
 
 def _block_rows(width: int, item: int) -> int:
-    return max(64, _BLOCK_BYTES // (width * item))
+    return max(64, _BLOCK_BYTES // (width * item) // 8 * 8)
+
+
+def packed_flag_bytes(elements: int) -> int:
+    """Bytes of the packed keep flags of ``elements`` elements (a bit each) that :class:`_DroppedLinear` keeps."""
+    return (elements + 7) // 8
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

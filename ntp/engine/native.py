@@ -18,7 +18,8 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _i64, _u64, _int, _u32, _f32, _ptr = (ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32, ctypes.c_float,
                                       ctypes.c_void_p)
 _SIGNATURES = {
-    "ntp_dropout": [_int, _int, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _u64, _int, _u32, _f32, _int],
+    "ntp_dropout": [_int, _int, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _u64, _int, _u32, _f32,
+                    _int],
     "ntp_masked_scale": [_int, _int, _ptr, _ptr, _ptr, _i64, _f32],
 }
 

@@ -182,35 +182,46 @@ def test_every_world_size_drops_the_same_elements_in_one_pass(world: int) -> Non
 @pytest.mark.parametrize("hidden", [False, True], ids=["features", "hidden"])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("p", RATES)
-def test_the_dropout_runs_inside_the_product(monkeypatch, hidden: bool, bias: bool, p: float) -> None:
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("strided", [False, True], ids=["rows", "column-slice"])
+def test_the_dropout_runs_inside_the_product(monkeypatch, hidden: bool, bias: bool, p: float, threads: int,
+                                            strided: bool) -> None:
     """``RowDropout.linear`` is ``linear(dropout(x))`` block by block of rows, for the features (no gradient) and for
     a hidden layer (ReLU in the mask, ``x``'s gradient too): the same values and gradients, and no dropped copy or
-    mask kept: only ``x`` itself and the weight are saved for the backward."""
+    mask kept: only ``x`` itself, the weight and the keep flags packed a bit an element are saved for the backward,
+    which reads them (blocks and threads of an odd width cut them at whole bytes; a column slice's rows start
+    anywhere in a byte)."""
     monkeypatch.setattr(dropout, "_BLOCK_BYTES", 300 * 37 * 4)  # 4 blocks, the last one short
     monkeypatch.setattr(dropout, "_FUSED_LEAST_BYTES", 0)
-    x, grad = torch.randn(1013, 37), torch.randn(1013, 11)
+    monkeypatch.setattr(dropout, "_KERNEL_PART", 1000)
+    x, grad = torch.randn(1013, 40 if strided else 37)[:, :37], torch.randn(1013, 11)
     ctx = type("Ctx", (), {"seed": 3, "step": 5, "row_offset": 29})()
     layer = dropout.RowDropout(p, 0)
-    results, saved = [], []
-    for fused in (True, False):
-        torch.manual_seed(0)
-        lin = torch.nn.Linear(37, 11, bias=bias)
-        leaf = x.clone().requires_grad_(hidden)
-        if fused:
-            kept = {leaf.data_ptr(), lin.weight.data_ptr()}
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((fused, t)) or t, lambda t: t):
-            if fused:
-                y = layer.linear(leaf, ctx, lin.weight, lin.bias, relu=hidden)
-            else:
-                y = lin(layer(leaf, ctx, relu=hidden))
-        y.backward(grad)
-        results.append((y.detach(), lin.weight.grad, lin.bias.grad if bias else torch.zeros(()),
-                        leaf.grad if hidden else torch.zeros(())))
+    results, saved, before = [], [], torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for fused in (True, False):
+            torch.manual_seed(0)
+            lin = torch.nn.Linear(37, 11, bias=bias)
+            leaf = x.detach().requires_grad_(hidden)
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((fused, t)) or t, lambda t: t):
+                if fused:
+                    y = layer.linear(leaf, ctx, lin.weight, lin.bias, relu=hidden)
+                    kept = [leaf, lin.weight]
+                else:
+                    y = lin(layer(leaf, ctx, relu=hidden))
+            y.backward(grad)
+            results.append((y.detach(), lin.weight.grad, lin.bias.grad if bias else torch.zeros(()),
+                            leaf.grad if hidden else torch.zeros(())))
+    finally:
+        torch.set_num_threads(before)
     for a, b in zip(*results):  # the weight's gradient sums the blocks in another order
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     if hidden:
         assert (results[0][3] == 0).float().mean() > p, "ReLU and the dropout both mask x's gradient"
-    assert {t.data_ptr() for fused, t in saved if fused} == kept, "no dropped copy or mask kept"
+    flags = [t for fused, t in saved if fused and all(t.data_ptr() != k.data_ptr() for k in kept)]
+    assert len(flags) == 1 and flags[0].dtype == torch.uint8 and flags[0].numel() == (1013 * 37 + 7) // 8, \
+        "no dropped copy or mask kept: the flags, a bit an element"
 
 
 @pytest.mark.parametrize("training", [True, False])
