@@ -13,7 +13,8 @@ runs by more than dropout costs) and reports its median time and the bytes autog
 - ``copy``: the C kernel's dropped copy, then the product (SAGE, and layers that propagate first);
 - ``torch_ops``: the mask drawn, then applied by torch's ops (``NTP_NATIVE=0``, or no C compiler at install).
 
-``cost`` is ``ntp`` over ``none``, less one: what dropout adds to the layer.
+``cost`` is ``ntp`` over ``none``, less one: what dropout adds to the layer. ``kernel_ns``: the C kernel alone, ns an
+element, dropping one of the blocks ``ntp`` drops at a time (in cache) over and over.
 """
 from __future__ import annotations
 
@@ -85,6 +86,22 @@ def measure(kind: str, rows: int, width_in: int, width_out: int, rate: float, re
     return row
 
 
+def kernel_ns(width: int, rate: float, relu: bool, calls: int = 200) -> float | None:
+    """The C kernel's time an element on one block of ``RowDropout.linear``'s rows (None where it is not built)."""
+    from ntp.engine import dropout
+
+    if not dropout.one_pass(torch.empty(0)):
+        return None
+    x = torch.randn(dropout._block_rows(width, 4), width)
+    y = torch.empty_like(x)
+    times = []
+    for call in range(calls + 1):
+        start = time.perf_counter()
+        dropout._drop_rows(x, y, None, rate, 7, call * x.numel(), width, relu)
+        times.append(time.perf_counter() - start)
+    return 1e9 * statistics.median(times[1:]) / x.numel()
+
+
 def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--rows", type=int, default=100_000)
@@ -106,6 +123,7 @@ def main() -> None:
             raise SystemExit(f"--layers {spec}: the kind is input or hidden")
         for rate in args.rate:
             rows.append(measure(kind, args.rows, int(width_in), int(width_out), rate, repeats))
+            rows[-1]["kernel_ns"] = kernel_ns(int(width_in), rate, relu=kind == "hidden")
             print(rows[-1], flush=True)
     report("dropout", rows, {"rows": args.rows, "repeats": repeats, "threads": torch.get_num_threads(),
                              "allocator": args.allocator, "rates": args.rate})
