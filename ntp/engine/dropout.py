@@ -196,7 +196,8 @@ class _DroppedLinear(torch.autograd.Function):
     rows of the output. Autograd keeps ``x`` itself and the keep flags, packed (a bit an element: a 32nd of the
     dropped copy): the backward drops each block again from them for the weight's gradient and, where ``x`` wants
     one, scales ``x``'s gradient in place with the block's mask. Neither the dropped copy (written once, read twice in
-    the plain order) nor its mask is ever made whole. Forward and backward at one thread (``bench/dropout.py``): the
+    the plain order) nor its mask is ever made whole. Forward and backward at rate 0.5, one thread
+    (``bench/dropout.py``; docs/benchmarks.md, section 2, has later runs and rate 0.3): the
     features, 100k x 128 -> 64, 62.8 ms with the dropped copy, 51.9 this way, 52.0 without dropout; a hidden layer
     with its ReLU, 100k x 64 -> 16, 18.0, 17.2 and 17.3."""
 
@@ -234,7 +235,7 @@ def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int, relu: bo
                     flags_out: torch.Tensor | None = None, flags_in: torch.Tensor | None = None):
     """(first row, the rows from it dropped, their backward mask if ``masks``) for each block of ``_BLOCK_BYTES`` of
     ``x``'s rows, in one buffer (and one for the masks); the packed keep flags of all of ``x`` into ``flags_out`` or
-    from ``flags_in`` (blocks of 8 rows start at a whole byte of them)."""
+    from ``flags_in`` (a block is a multiple of 8 rows, so the next one's flags start at a whole byte)."""
     step, width = _block_rows(x.shape[1], x.element_size()), x.shape[1]
     rows = min(x.shape[0], step)
     buffer = torch.empty(rows, width, dtype=x.dtype)
