@@ -9,8 +9,10 @@
 #define CHUNK 4096
 /* elementwise loops compiled for AVX-512 (x86-64-v4: with AVX512DQ's 64-bit multiply, which the stream's words take
  * three of: 0.27 ns a word here, 0.69 with AVX512F alone), AVX2 and plain x86-64, chosen when the library loads */
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#elif defined(__x86_64__) && defined(__GNUC__) /* older compilers: clones of named features only */
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define VECTOR_CLONES
 #endif
