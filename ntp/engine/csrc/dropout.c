@@ -79,6 +79,8 @@ static inline void pack_flag(uint8_t *bits, int64_t e, uint8_t flag) {
     bits[e / 8] = (uint8_t)((bits[e / 8] & ~(1u << (e % 8))) | ((unsigned)flag << (e % 8)));
 }
 
+static inline uint8_t packed_flag(const uint8_t *bits, int64_t e) { return (bits[e / 8] >> (e % 8)) & 1; }
+
 static void pack_flags(uint8_t *bits, const uint8_t *keep, int64_t at, int64_t n) {
     int64_t i = 0;
     for (; i < n && (at + i) % 8; i++) pack_flag(bits, at + i, keep[i]);
@@ -91,9 +93,9 @@ static void pack_flags(uint8_t *bits, const uint8_t *keep, int64_t at, int64_t n
 
 static void unpack_flags(uint8_t *keep, const uint8_t *bits, int64_t at, int64_t n) {
     int64_t i = 0;
-    for (; i < n && (at + i) % 8; i++) keep[i] = (bits[(at + i) / 8] >> ((at + i) % 8)) & 1;
+    for (; i < n && (at + i) % 8; i++) keep[i] = packed_flag(bits, at + i);
     for (; i + 8 <= n; i += 8) memcpy(keep + i, &spread[bits[(at + i) / 8]], 8);
-    for (; i < n; i++) keep[i] = (bits[(at + i) / 8] >> ((at + i) % 8)) & 1;
+    for (; i < n; i++) keep[i] = packed_flag(bits, at + i);
 }
 
 /* bfloat16 <-> float32 as torch converts (round to nearest even, one quiet NaN) */
