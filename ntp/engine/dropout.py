@@ -1,6 +1,7 @@
-"""Dropout on row-layout activations with masks every world size draws alike (ntp.engine.masks). On a CPU the C
-kernel (ntp.engine.native), where it is built, draws and applies a mask in one pass, inside the product that follows
-the dropout where there is one (:meth:`RowDropout.linear`); elsewhere the mask is drawn, then applied."""
+"""Dropout on row-layout activations with masks every world size and every device draws alike (ntp.engine.masks). A
+kernel draws and applies a mask in one pass where one is built: on a CPU the C kernel (ntp.engine.native), inside the
+product that follows the dropout where there is one (:meth:`RowDropout.linear`); on CUDA a Triton kernel
+(ntp.engine.cuda_dropout). Elsewhere the mask is drawn, then applied."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ntp.engine import native
+from ntp.engine import cuda_dropout, native
 from ntp.engine.linear import linear
 from ntp.engine.masks import field, keep_mask, stream_key, thread_parts
 
@@ -60,7 +61,8 @@ class RowDropout(nn.Module):
 def drops_inside_product(device_type: str, dtype: torch.dtype, nbytes: int) -> bool:
     """Whether :meth:`RowDropout.linear` drops an input of ``nbytes`` inside the product (keeping no dropped copy,
     no mask): a CPU float32 input of ``_FUSED_LEAST_BYTES`` or more, where the C kernel is built."""
-    return dtype == torch.float32 and nbytes >= _FUSED_LEAST_BYTES and _kernel_takes(device_type, dtype)
+    return (device_type == "cpu" and dtype == torch.float32 and nbytes >= _FUSED_LEAST_BYTES
+            and native.library() is not None)
 
 
 def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: int, p: float) -> int:
@@ -76,19 +78,22 @@ def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: i
 
 
 def one_pass(x: torch.Tensor) -> bool:
-    """Whether the C kernel drops ``x``: a CPU float32 or bfloat16 tensor, where the kernel is built."""
-    return _kernel_takes(x.device.type, x.dtype)
+    """Whether a kernel drops ``x`` in one pass: the C kernel a CPU float32 or bfloat16 tensor, where it is built;
+    the Triton kernel a CUDA floating-point tensor, where it works (:func:`cuda_dropout.works`)."""
+    return _kernel_takes(x.device, x.dtype)
 
 
-def _kernel_takes(device_type: str, dtype: torch.dtype) -> bool:
-    return device_type == "cpu" and dtype in native.DTYPE_CODES and native.library() is not None
+def _kernel_takes(device: torch.device, dtype: torch.dtype) -> bool:
+    if device.type == "cpu":
+        return dtype in native.DTYPE_CODES and native.library() is not None
+    return dtype in cuda_dropout.DTYPES and cuda_dropout.works(device)
 
 
 def drop(x: torch.Tensor, p: float, stream: int, first_row: int, relu: bool = False, *, column: int = 0,
          width: int | None = None) -> torch.Tensor:
     """Dropout of ``x`` (with ``relu``, of ``relu(x)``), whose element ``(i, j)`` is element
     ``(first_row + i, column + j)`` of the ``stream``'s mask ``width`` wide (``x``'s own width by default). Where
-    :func:`one_pass`, drawn and dropped in one pass by the C kernel; elsewhere the mask is drawn (:func:`keep_mask`),
+    :func:`one_pass`, drawn and dropped in one pass by a kernel; elsewhere the mask is drawn (:func:`keep_mask`),
     then applied (:func:`dropped`): the same values."""
     width = x.shape[1] if width is None else width
     if one_pass(x):
@@ -136,15 +141,18 @@ def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Te
 
 
 class _NativeDropped(torch.autograd.Function):
-    """:class:`_Dropped` with the mask drawn as it is applied, by the C kernel (``csrc/dropout.c``) on torch's
-    threads: one pass reads ``x`` and writes the result and, only where a gradient is wanted, the backward's mask
-    (the nonzero results with ``relu``)."""
+    """:class:`_Dropped` with the mask drawn as it is applied, by a kernel (``csrc/dropout.c`` on torch's CPU
+    threads, ntp.engine.cuda_dropout on CUDA): one pass reads ``x`` and writes the result and, only where a gradient
+    is wanted, the backward's mask (the nonzero results with ``relu``)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float, stream: int, first: int, width: int, relu: bool) -> torch.Tensor:  # type: ignore[override]
-        y = torch.empty(x.shape, dtype=x.dtype)
-        mask = torch.empty(x.shape, dtype=torch.bool) if ctx.needs_input_grad[0] else None
-        _drop_rows(x, y, mask, p, stream, first, width, relu)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        mask = torch.empty(x.shape, dtype=torch.bool, device=x.device) if ctx.needs_input_grad[0] else None
+        if x.device.type == "cpu":
+            _drop_rows(x, y, mask, p, stream, first, width, relu)
+        else:
+            cuda_dropout.drop_into(_rows(x), y, mask, p, stream, first, width, relu)
         ctx.save_for_backward(mask)
         ctx.scale = 1.0 / (1.0 - p)
         return y
@@ -152,6 +160,8 @@ class _NativeDropped(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (mask,) = ctx.saved_tensors
+        if grad.device.type != "cpu":
+            return _masked_scale(grad, mask, ctx.scale), None, None, None, None, None
         grad = grad.contiguous()
         return _masked_scale_into(grad, mask, torch.empty_like(grad), ctx.scale), None, None, None, None, None
 
@@ -170,14 +180,18 @@ def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: f
     """The C kernel's dropout of ``x`` into the contiguous ``y`` (and the backward's mask into ``mask``, if given).
     ``flags_out`` keeps the keep flags packed, a bit an element of ``x`` in row order; from ``flags_in`` they are read
     instead of drawn (:class:`_DroppedLinear`'s backward)."""
-    if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
-        x = x.contiguous()
+    x = _rows(x)
     bits, threshold = field(p)
     address = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     native.library().ntp_dropout(thread_parts(x.numel(), _KERNEL_PART), native.DTYPE_CODES[x.dtype], x.data_ptr(),
                                  x.stride(0), y.data_ptr(), address(mask), address(flags_out), address(flags_in),
                                  x.shape[0], x.shape[1], first, width, stream_key(stream), bits, threshold,
                                  1.0 / (1.0 - p), relu)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy where its rows are not runs of elements the kernels read by a row stride."""
+    return x if x.stride(1) == 1 and x.stride(0) >= x.shape[1] else x.contiguous()
 
 
 #: bytes of ``x`` from which :class:`_DroppedLinear` pays: a smaller dropped copy stays in cache for the product, and

@@ -1,7 +1,7 @@
 """Keep masks that are a function of (stream, global row, column) alone, so every world size drops the same
-elements, each drawn in one vectorised pass: on a CPU the fields of a counter-based stream of words (numpy here; the C
-kernel, ``csrc/dropout.c``, draws the same words as it applies them), on CUDA windows of a hashed table (no per-tile
-kernels). ntp.engine.dropout applies them."""
+elements: the fields of a counter-based stream of words, the same on every device, drawn in one vectorised pass
+(numpy on a CPU, torch's ops elsewhere; the kernels draw the same words as they apply them: ``csrc/dropout.c`` on a
+CPU, ntp.engine.cuda_dropout on CUDA). ntp.engine.dropout applies them."""
 from __future__ import annotations
 
 import queue
@@ -26,12 +26,11 @@ def stream_key(x: int) -> int:
 
 def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
     """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix. Element ``(r, c)`` is a
-    function of ``(stream, r, c)`` alone, so every world size draws the same mask for the same element, in one
-    vectorised pass: a field of a counter-based stream at the element's index on CPU, windows of a hashed table on
-    CUDA (no per-tile kernels)."""
+    function of ``(stream, r, c)`` alone, so every world size (and every device) draws the same mask for the same
+    element, in one vectorised pass: a field of a counter-based stream at the element's index."""
     if device.type == "cpu":
         return stream_keep_mask(rows, width, p, stream)
-    return window_keep_mask(rows, width, p, stream, device)
+    return device_keep_mask(rows, width, p, stream, device)
 
 
 #: elements per thread below which one thread draws the whole mask (a thread hand-off costs more than it saves)
@@ -132,48 +131,32 @@ def _stream_words(w0: int, w1: int, key: int) -> np.ndarray:
     return z
 
 
-#: entries of the keep table whose windows a CUDA mask's rows are (a power of two; about 0.1 ms to draw on a GPU)
-_TABLE_ENTRIES = 1 << 22
+def device_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
+    """:func:`stream_keep_mask` drawn by torch's ops on ``device`` (a GPU without the Triton kernel, which draws the
+    same fields as it drops: ntp.engine.cuda_dropout). int64 arithmetic wraps as uint64's does; its right shifts are
+    arithmetic, so each is masked to a logical one."""
+    bits, threshold = field(p)
+    first, last = rows[0] * width, rows[1] * width
+    w0, w1 = first * bits // 64, -(-last * bits // 64)
+    z = torch.arange(w0 + 1, w1 + 1, dtype=torch.int64, device=device)
+    z.mul_(_signed(_GOLDEN)).add_(_signed(stream_key(stream)))
+    for shift, factor in _MIX:
+        z.bitwise_xor_(_logical_shift(z, shift)).mul_(_signed(factor))
+    raw = z.bitwise_xor_(_logical_shift(z, 31)).view(torch.uint8)  # little-endian words, as on every GPU and x86
+    if bits == 1:
+        keep = (raw[:, None] >> torch.arange(8, dtype=torch.uint8, device=device)).bitwise_and_(1).view(torch.bool)
+    elif bits == 8:
+        keep = raw >= threshold
+    else:  # an unsigned 16-bit comparison in int16: both sides moved down by 2^15
+        keep = raw.view(torch.int16).bitwise_xor(-(1 << 15)) >= threshold - (1 << 15)
+    skip = first - w0 * 64 // bits
+    return keep.flatten()[skip : skip + last - first].view(rows[1] - rows[0], width)
 
 
-def window_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
-    """Row ``r`` of the mask is the ``width`` entries of a keep table (drawn for ``stream`` by
-    :func:`hash_keep_mask`, 4M entries whatever the graph) that start at a hash of ``(stream, r)``, rounded down to a
-    multiple of 8: one gather of 8-entry words instead of a dozen hash passes over each element (entry by entry, the
-    gather took 0.75 ms for 2.4M x 100 on an H200; as words it left the epoch profile's top 25). Two rows' windows
-    overlap with probability about ``2 width / 4M``; everything else is as independent as the hash."""
-    words = -(-width // 8)
-    table = hash_keep_mask((0, -(-(_TABLE_ENTRIES + 8 * words) // 64)), 64, p, stream, device).flatten()
-    salt = stream_key(stream) ^ 0xA5A5A5A5A5A5A5A5
-    start = _row_hash(rows, salt, device).bitwise_and_(_TABLE_ENTRIES // 8 - 1)
-    packed = table.view(torch.int64).unfold(0, words, 1)[start.long()]  # [rows, words]: 8 entries a word
-    return packed.view(torch.bool)[:, :width]
+def _logical_shift(z: torch.Tensor, shift: int) -> torch.Tensor:
+    return (z >> shift).bitwise_and_((1 << (64 - shift)) - 1)
 
 
-def _row_hash(rows: tuple[int, int], stream: int, device: torch.device) -> torch.Tensor:
-    """A well-mixed int32 per global row of ``rows``, a function of ``(stream, row)``."""
-    s = stream_key(stream)
-    r = torch.arange(rows[0], rows[1], device=device, dtype=torch.int64)
-    return _fmix32(_to_int32((r * 0x9E3779B1 + (s & 0xFFFFFFFF)) & 0xFFFFFFFF)) ^ _to_int32(torch.tensor(s >> 32))
-
-
-def hash_keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
-    """Element ``(r, c)`` keeps when 24 bits of ``fmix32(key(stream, r) ^ key(c))`` (MurmurHash3's finaliser, in
-    wrapping int32 arithmetic) are at least ``p * 2^24``: a few elementwise kernels on any device."""
-    row_key = _row_hash(rows, stream, device)
-    col_key = _fmix32(torch.arange(width, device=device, dtype=torch.int32) * 0x27D4EB2F + 0x165667B1)
-    bits = _fmix32(row_key[:, None] ^ col_key[None, :])
-    return bits.bitwise_and_(0xFFFFFF) >= int(round(p * (1 << 24)))
-
-
-def _to_int32(x: torch.Tensor) -> torch.Tensor:
-    """The int32 with the same low 32 bits as the non-negative int64 ``x``."""
-    return (x & 0xFFFFFFFF).sub_(x.ge(1 << 31).long() << 32).to(torch.int32)
-
-
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ ((x >> 16) & 0xFFFF)  # masked: int32 shifts are arithmetic
-    x = x * -2048144789  # 0x85EBCA6B as int32; products wrap
-    x = x ^ ((x >> 13) & 0x7FFFF)
-    x = x * -1028477387  # 0xC2B2AE35
-    return x ^ ((x >> 16) & 0xFFFF)
+def _signed(v: int) -> int:
+    """The int64 with the bits of the uint64 ``v``."""
+    return v - (1 << 64) if v >= 1 << 63 else v

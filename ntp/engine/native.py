@@ -24,10 +24,16 @@ _SIGNATURES = {
 }
 
 
+def enabled() -> bool:
+    """Whether the project's kernels may run: ``NTP_NATIVE=0`` switches them off (these, and the Triton kernel on
+    CUDA: ntp.engine.cuda_dropout)."""
+    return os.environ.get("NTP_NATIVE", "1") != "0"
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they are not built or switched off."""
-    if os.environ.get("NTP_NATIVE", "1") == "0":
+    if not enabled():
         return None
     spec = importlib.util.find_spec("ntp.engine._native")
     if spec is None or spec.origin is None:

@@ -21,7 +21,8 @@ GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
 
 def _job(device: str, graph: dict = GRAPH, **options):
     env = DistEnv(0, 1, 0, 1, torch.device(device), None)
-    job = setup(TrainConfig(model="gcn", epochs=6, hidden=16, dropout=0.0, seed=1, **options), env, loader(graph))
+    options = {"dropout": 0.0, **options}
+    job = setup(TrainConfig(model="gcn", epochs=6, hidden=16, seed=1, **options), env, loader(graph))
     fit(job, sinks=[])
     return job
 
@@ -31,9 +32,12 @@ def _losses(device: str, graph: dict = GRAPH, **options) -> list[float]:
 
 
 @pytest.mark.parametrize("options", [dict(), dict(chunk_rows=64), dict(chunk_rows=64, offload="topology"),
-                                     dict(chunk_rows=64, offload="all"), dict(nn_device="cpu")])
+                                     dict(chunk_rows=64, offload="all"), dict(nn_device="cpu"),
+                                     dict(dropout=0.5), dict(dropout=0.3, arch="decoupled")])
 def test_one_gpu_rank_trains_like_the_cpu(options: dict) -> None:
-    np.testing.assert_allclose(_losses("cuda:0", **options), _losses("cpu"), rtol=1e-4)
+    """With dropout too: the GPU drops the elements the CPU drops."""
+    cpu = {k: v for k, v in options.items() if k in ("dropout", "arch")}
+    np.testing.assert_allclose(_losses("cuda:0", **options), _losses("cpu", **cpu), rtol=1e-4)
 
 
 @pytest.mark.parametrize("columns, topology_kept", [(8, False), (16, True), (8, True)])
@@ -61,14 +65,41 @@ def test_a_bare_cuda_device_is_the_current_gpu() -> None:
     np.testing.assert_allclose(_losses("cuda", chunk_rows=64, offload="all"), _losses("cpu"), rtol=1e-4)
 
 
-def test_the_gpu_draws_the_window_masks_the_cpu_draws() -> None:
-    """The CUDA dropout mask (windows of a hashed table) is integer arithmetic: the same bits on either device, so a
-    run's masks can be checked on the CPU."""
-    from ntp.engine.masks import keep_mask, window_keep_mask
+def test_the_gpu_draws_the_masks_the_cpu_draws() -> None:
+    """A mask is integer arithmetic on a stream of words: torch's ops on the GPU (where its kernel does not drop)
+    draw the bits numpy draws on the CPU."""
+    from ntp.engine.masks import keep_mask, stream_keep_mask
 
-    for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3)):
+    for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3),
+                                   ((7, 900), 19, 0.25, 2**63 + 1)):
         gpu = keep_mask(rows, width, p, stream, torch.device("cuda:0"))
-        assert torch.equal(gpu.cpu(), window_keep_mask(rows, width, p, stream, torch.device("cpu")))
+        assert torch.equal(gpu.cpu(), stream_keep_mask(rows, width, p, stream))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.5, 0.25, 0.4])
+@pytest.mark.parametrize("kernel", [True, False], ids=["triton", "torch ops"])
+def test_the_gpu_drops_in_one_pass_what_the_cpu_drops(monkeypatch, dtype: torch.dtype, p: float, kernel: bool) -> None:
+    """The Triton kernel (and, with ``NTP_NATIVE=0``, torch's ops) drop on the GPU the elements the CPU drops, to
+    the same values forward and backward: whole rows, and a column slice of a wider mask with a row stride."""
+    from ntp.engine import cuda_dropout
+    from ntp.engine.dropout import drop, one_pass
+
+    if not kernel:
+        monkeypatch.setenv("NTP_NATIVE", "0")
+    x, grad = torch.randn(1013, 41).to(dtype), torch.randn(1013, 41).to(dtype)
+    x[3, 4], x[5, 6] = float("nan"), float("inf")
+    assert one_pass(x.cuda()) == kernel, "Triton's kernel runs on this GPU" if kernel else "NTP_NATIVE=0 holds"
+    assert cuda_dropout.works(torch.device("cuda:0")) == kernel
+    for cut, relu, column, width in ((slice(None), True, 0, None), (slice(3, 40), False, 3, 41)):
+        results = []
+        for device in ("cpu", "cuda:0"):
+            leaf = x.to(device, copy=True).requires_grad_()
+            y = drop(leaf[:, cut], p, 77, 17, relu, column=column, width=width)
+            y.backward(grad[:, cut].to(device))
+            results.append((y.detach().cpu(), leaf.grad.cpu()))
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

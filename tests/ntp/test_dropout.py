@@ -11,7 +11,7 @@ from ntp.config import TrainConfig
 from ntp.engine.dist import DistEnv
 from ntp.engine import dropout, masks, native
 from ntp.engine.dropout import drop, dropped
-from ntp.engine.masks import hash_keep_mask, keep_mask, stream_keep_mask, window_keep_mask
+from ntp.engine.masks import device_keep_mask, keep_mask, stream_keep_mask
 from ntp.engine.partition import Partition
 from ntp.engine.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -19,9 +19,9 @@ from tests.ntp.graphs import loader, random_graph
 CPU = torch.device("cpu")
 SINGLE = DistEnv(0, 1, 0, 1, CPU, None)
 GRAPH = random_graph(n=40, d=7, classes=3, seed=2)
-GENERATORS = {"stream (CPU)": lambda rows, w, p, s: stream_keep_mask(rows, w, p, s),
-              "window (CUDA; run here on CPU)": lambda rows, w, p, s: window_keep_mask(rows, w, p, s, CPU),
-              "hash (the window's table)": lambda rows, w, p, s: hash_keep_mask(rows, w, p, s, CPU)}
+GENERATORS = {"numpy (CPU)": lambda rows, w, p, s: stream_keep_mask(rows, w, p, s),
+              "torch's ops (CUDA without its kernel; run here on CPU)":
+              lambda rows, w, p, s: device_keep_mask(rows, w, p, s, CPU)}
 
 
 #: drop rates whose CPU masks take 1, 8 and 16 bits per element
@@ -57,6 +57,14 @@ def test_the_cpu_mask_reads_splitmix64_words() -> None:
         expected = [[(splitmix(key + (e * bits // 64 + 1) * 0x9E3779B97F4A7C15) >> (e * bits % 64)) % 2**bits
                      >= threshold for e in range(r * width, (r + 1) * width)] for r in range(*rows)]
         assert stream_keep_mask(rows, width, p, stream).tolist() == expected, p
+
+
+@pytest.mark.parametrize("p", RATES)
+def test_torchs_ops_draw_the_mask_numpy_draws(p: float) -> None:
+    """Where no kernel drops (a GPU without Triton), torch's ops draw the mask on the device: the same words and
+    fields as numpy's, so a run's masks are the same on every device (wrapping int64 arithmetic, masked shifts)."""
+    for rows, width, stream in (((0, 1013), 37, 2**70 + 5), ((13, 999), 11, 3), ((5, 6), 3, 9), ((7, 8), 1, 2**63 + 1)):
+        assert torch.equal(device_keep_mask(rows, width, p, stream, CPU), stream_keep_mask(rows, width, p, stream))
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
