@@ -2,8 +2,9 @@
 # The GPU checks still pending, in one device call that fits a session's device time (15 minutes, a machine's
 # start included), most wanted first; each step has its own time limit, so a slow one leaves the next their share:
 #   run(command="bash bench/gpu_checks.sh", carry=[".device"], timeout_s=560)
-# 1. the CUDA path's tests; 2. the offload rows against the in-device epoch on the products-scale graph (issue 12's
-# "--offload topology <= 1.5x, --offload all <= 2.5x"); 3. bf16 against fp32 on Amazon Photo over ten seeds.
+# 1. the CUDA path's tests (Triton's dropout kernel among them); 2. the offload rows and the epoch without dropout
+# against the in-device epoch on the products-scale graph (issue 12's "--offload topology <= 1.5x, --offload all <=
+# 2.5x", "dropout <= 5 %"); 3. bf16 against fp32 on Amazon Photo over ten seeds.
 # Each step's output goes to $OUT/<step>.log (or /tmp), its last lines to stdout; bench/on_device.sh copies bench/out
 # to $OUT as well.
 set -uo pipefail
@@ -25,5 +26,5 @@ step() {  # step NAME SECONDS COMMAND...
 }
 step cuda-tests 90 python3 -m pytest -q -m gpu tests/ntp/test_cuda.py
 step offload 300 python3 bench/gpu.py --size products --epochs 4 --budget 12GB --no-pyg \
-  --variants "gcn coupled" "gcn --offload topology" "gcn --offload all"
+  --variants "gcn coupled" "gcn --dropout 0" "gcn --offload topology" "gcn --offload all"
 step precision 150 python3 bench/precision.py --device cuda --graphs amazon-photo --models "gcn decoupled" --seeds 10
