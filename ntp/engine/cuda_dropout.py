@@ -5,6 +5,7 @@ its kernel fails to build, or its first result differs from the mask drawn by to
 :func:`works` is False and dropout takes torch's ops: the same values, more passes over memory."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -80,10 +81,12 @@ def drop_into(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: fl
     programs = triton.cdiv(-(-last * bits // 64) - word0, _ELEMENTS * bits // 64)
     ldx = x.stride(0)
     whole = cols == width and ldx == cols
-    _drop_kernel[(programs,)](x, y, y if mask is None else mask, first, word0, rows * cols, rows, cols, width, ldx,
-                              stream_key(stream), threshold, 1.0 / (1.0 - p), BITS=bits, RELU=relu,
-                              WHOLE_ROWS=whole, MASK=mask is not None, ELEMENTS=_ELEMENTS,
-                              enable_fp_fusion=False)  # one product an element: nothing to fuse, and no warning
+    # Triton launches on the current GPU; the interpreter (the tests) takes CPU tensors
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _drop_kernel[(programs,)](x, y, y if mask is None else mask, first, word0, rows * cols, rows, cols, width,
+                                  ldx, stream_key(stream), threshold, 1.0 / (1.0 - p), BITS=bits, RELU=relu,
+                                  WHOLE_ROWS=whole, MASK=mask is not None, ELEMENTS=_ELEMENTS,
+                                  enable_fp_fusion=False)  # one product an element: nothing to fuse, and no warning
 
 
 def works(device: torch.device) -> bool:
