@@ -30,7 +30,7 @@ except ImportError:  # a CPU build of torch: no Triton
 
 
 if triton is not None:
-    @triton.jit(do_not_specialize=["first", "word0", "key"])
+    @triton.jit(do_not_specialize=["first", "word0", "key", "threshold"])
     def _drop_kernel(x, y, keep, first, word0, count, rows, cols, width, ldx, key, threshold, scale,
                      BITS: tl.constexpr, RELU: tl.constexpr, WHOLE_ROWS: tl.constexpr, MASK: tl.constexpr,
                      ELEMENTS: tl.constexpr):
@@ -46,7 +46,7 @@ if triton is not None:
         z = z ^ (z >> 31)
         local = tl.arange(0, ELEMENTS)  # each word hashed once, then handed to the elements whose fields it holds
         words = tl.gather(z, local // PER, 0)
-        fields = (words >> ((local % PER) * BITS).to(tl.uint64)) & ((1 << BITS) - 1)
+        fields = ((words >> ((local % PER) * BITS).to(tl.uint64)) & ((1 << BITS) - 1)).to(tl.int32)
         rel = (word0 + tl.program_id(0).to(tl.int64) * WORDS) * PER + local - first
         if WHOLE_ROWS:
             inside = (rel >= 0) & (rel < count)
@@ -56,7 +56,7 @@ if triton is not None:
             j = rel - i * width
             inside = (rel >= 0) & (i < rows) & (j < cols)
             src, dst = i * ldx + j, i * cols + j
-        kept = fields >= threshold.to(tl.uint64)
+        kept = fields >= threshold
         v = tl.load(x + src, mask=inside, other=0.0).to(tl.float32)
         out = v * tl.where(kept, scale, 0.0)
         if RELU:  # before the rounding, which keeps signs: the same result; NaN stays, as in torch's ReLU
@@ -92,12 +92,15 @@ def drop_into(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: fl
 def works(device: torch.device) -> bool:
     """Whether the kernel drops on ``device``: a GPU, Triton there, the project's kernels not switched off
     (``NTP_NATIVE=0``), and its first result, checked once, the mask torch's ops draw."""
-    return device.type == "cuda" and triton is not None and native.enabled() and _checked(device.index or 0)
+    if device.type != "cuda" or triton is None or not native.enabled():
+        return False
+    return _checked(torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index))
 
 
 @functools.cache
-def _checked(index: int) -> bool:
-    device = torch.device("cuda", index)
+def _checked(device: torch.device) -> bool:
+    """Whether the kernel builds and runs on ``device`` and draws there the mask torch's ops draw (the tests run
+    this on the CPU, in Triton's interpreter)."""
     try:
         x = torch.linspace(-3, 3, 97 * 45, device=device).view(97, 45)[:, 3:40]  # rows with a stride; no RNG used
         for p in (0.5, 0.25, 0.4):  # fields of 1, 8 and 16 bits
@@ -105,7 +108,7 @@ def _checked(index: int) -> bool:
             mask = torch.empty(x.shape, dtype=torch.bool, device=device)
             drop_into(x, y, mask, p, 11, 5 * 61 + 7, 61, relu=False)
             keep = keep_mask((5, 5 + x.shape[0]), 61, p, 11, device)[:, 7:44]
-            if not (torch.equal(mask, keep) and torch.equal(y, x * keep / (1.0 - p))):
+            if not (torch.equal(mask, keep) and torch.equal(y, x * keep * (1.0 / (1.0 - p)))):
                 raise RuntimeError(f"its mask at p={p} differs from torch's ops'")
     except Exception as e:  # Triton's build or launch, or a wrong result: the slower path is still right
         log.warning("CUDA dropout takes torch's ops: its Triton kernel %s", e)

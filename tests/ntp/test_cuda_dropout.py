@@ -110,10 +110,19 @@ def test_the_kernel_builds_for_hopper_gpus(variant) -> None:
     assert hashes <= max(1, cuda_dropout._ELEMENTS * bits // 64 // threads)
 
 
+def test_the_first_result_is_checked_against_torchs_ops(interpreted, monkeypatch) -> None:
+    """What :func:`works` runs once per GPU, here in the interpreter: the kernel agrees with the mask torch's ops
+    draw; a kernel that drops other elements does not, and takes torch's ops (with a warning in the log)."""
+    assert interpreted._checked(CPU)
+    monkeypatch.setattr(interpreted, "stream_key", lambda stream: stream + 1)  # the kernel's key, not the mask's
+    interpreted._checked.cache_clear()
+    assert not interpreted._checked(CPU)
+
+
 def test_the_kernel_runs_only_on_a_gpu_that_checked_it(monkeypatch) -> None:
     """Not on a CPU tensor, and not with the project's kernels switched off (``NTP_NATIVE=0``)."""
     assert not cuda_dropout.works(CPU)
-    monkeypatch.setattr(cuda_dropout, "_checked", lambda index: True)
+    monkeypatch.setattr(cuda_dropout, "_checked", lambda device: True)
     assert cuda_dropout.works(torch.device("cuda", 0))
     monkeypatch.setenv("NTP_NATIVE", "0")
     assert not cuda_dropout.works(torch.device("cuda", 0))
