@@ -24,7 +24,7 @@ step() {  # step NAME SECONDS COMMAND...
   tail -n 40 "${OUT:-/tmp}/$name.log"
   echo "== $name: exit $status"
 }
-step cuda-tests 90 python3 -m pytest -q -m gpu tests/ntp/test_cuda.py
-step offload 300 python3 bench/gpu.py --size products --epochs 4 --budget 12GB --no-pyg \
+step cuda-tests 120 python3 -m pytest -q -m gpu tests/ntp/test_cuda.py
+step offload 290 python3 bench/gpu.py --size products --epochs 4 --budget 12GB --no-pyg \
   --variants "gcn coupled" "gcn --dropout 0" "gcn --offload topology" "gcn --offload all"
-step precision 150 python3 bench/precision.py --device cuda --graphs amazon-photo --models "gcn decoupled" --seeds 10
+step precision 140 python3 bench/precision.py --device cuda --graphs amazon-photo --models "gcn decoupled" --seeds 10
