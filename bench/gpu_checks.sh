@@ -4,7 +4,8 @@
 #   run(command="bash bench/gpu_checks.sh", carry=[".device"], timeout_s=560)
 # 1. the CUDA path's tests (Triton's dropout kernel among them); 2. the offload rows and the epoch without dropout
 # against the in-device epoch on the products-scale graph (issue 12's "--offload topology <= 1.5x, --offload all <=
-# 2.5x", "dropout <= 5 %"); 3. bf16 against fp32 on Amazon Photo over ten seeds.
+# 2.5x", "dropout <= 5 %"); 3. bf16 against fp32 on Amazon Photo over ten seeds; 4. the dropout kernel alone at
+# products scale against torch's own dropout.
 # Each step's output goes to $OUT/<step>.log (or /tmp), its last lines to stdout; bench/on_device.sh copies bench/out
 # to $OUT as well.
 set -uo pipefail
@@ -25,6 +26,8 @@ step() {  # step NAME SECONDS COMMAND...
   echo "== $name: exit $status"
 }
 step cuda-tests 120 python3 -m pytest -q -m gpu tests/ntp/test_cuda.py
-step offload 290 python3 bench/gpu.py --size products --epochs 4 --budget 12GB --no-pyg \
+step offload 280 python3 bench/gpu.py --size products --epochs 4 --budget 12GB --no-pyg \
   --variants "gcn coupled" "gcn --dropout 0" "gcn --offload topology" "gcn --offload all"
-step precision 140 python3 bench/precision.py --device cuda --graphs amazon-photo --models "gcn decoupled" --seeds 10
+step precision 120 python3 bench/precision.py --device cuda --graphs amazon-photo --models "gcn decoupled" --seeds 10
+step dropout 40 python3 bench/dropout.py --device cuda --rows 2400000 --layers input:100:64 hidden:64:47 \
+  --rate 0.5 0.3 --repeats 9
