@@ -1,5 +1,5 @@
 """Keep masks that are a function of (stream, global row, column) alone, so every world size drops the same
-elements: the fields of a counter-based stream of words, the same on every device, drawn in one vectorised pass
+elements: the fields of a counter-based stream of words, the same on every device, drawn by vectorised passes
 (numpy on a CPU, torch's ops elsewhere; the kernels draw the same words as they apply them: ``csrc/dropout.c`` on a
 CPU, ntp.engine.cuda_dropout on CUDA). ntp.engine.dropout applies them."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ def stream_key(x: int) -> int:
 def keep_mask(rows: tuple[int, int], width: int, p: float, stream: int, device: torch.device) -> torch.Tensor:
     """Bernoulli(1-p) keep-mask for the global rows ``rows`` of a ``width``-wide matrix. Element ``(r, c)`` is a
     function of ``(stream, r, c)`` alone, so every world size (and every device) draws the same mask for the same
-    element, in one vectorised pass: a field of a counter-based stream at the element's index."""
+    element: a field of a counter-based stream at the element's index."""
     if device.type == "cpu":
         return stream_keep_mask(rows, width, p, stream)
     return device_keep_mask(rows, width, p, stream, device)
