@@ -16,10 +16,10 @@ from ntp.engine.masks import field, keep_mask, stream_key
 
 log = logging.getLogger(__name__)
 
-#: the element types the kernel drops (it scales in float32 and rounds once, like torch's dropout)
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the element types the kernel drops, those of ``--precision`` (it scales in float32 and rounds once, like torch)
+DTYPES = (torch.float32, torch.bfloat16)
 
-#: elements one program drops: its words' fields, a tile of 64 / bits columns
+#: elements one program drops: the fields of its ``_ELEMENTS * bits / 64`` words
 _ELEMENTS = 2048
 
 try:
