@@ -22,11 +22,12 @@ DTYPES = (torch.float32, torch.bfloat16)
 #: elements one program drops: the fields of its ``_ELEMENTS * bits / 64`` words
 _ELEMENTS = 2048
 
+_missing = ""  # why Triton does not import, where it does not
 try:
     import triton
     import triton.language as tl
-except ImportError:  # a CPU build of torch: no Triton
-    triton = None
+except Exception as e:  # none (a CPU build of torch), or one that does not import: torch's ops drop
+    triton, _missing = None, f"{type(e).__name__}: {e}"
 
 
 if triton is not None:
@@ -92,7 +93,7 @@ def drop_into(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: fl
 def works(device: torch.device) -> bool:
     """Whether the kernel drops on ``device``: a GPU, Triton there, the project's kernels not switched off
     (``NTP_NATIVE=0``), and its first result, checked once, the mask torch's ops draw."""
-    if device.type != "cuda" or triton is None or not native.enabled():
+    if device.type != "cuda" or not native.enabled():
         return False
     return _checked(torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index))
 
@@ -102,6 +103,8 @@ def _checked(device: torch.device) -> bool:
     """Whether the kernel builds and runs on ``device`` and draws there the mask torch's ops draw (the tests run
     this on the CPU, in Triton's interpreter)."""
     try:
+        if triton is None:
+            raise RuntimeError(f"Triton does not import ({_missing})")
         x = torch.linspace(-3, 3, 97 * 45, device=device).view(97, 45)[:, 3:40]  # rows with a stride; no RNG used
         for p in (0.5, 0.25, 0.4):  # fields of 1, 8 and 16 bits
             y = torch.empty(x.shape, device=device)
@@ -111,6 +114,7 @@ def _checked(device: torch.device) -> bool:
             if not (torch.equal(mask, keep) and torch.equal(y, x * keep * (1.0 / (1.0 - p)))):
                 raise RuntimeError(f"its mask at p={p} differs from torch's ops'")
     except Exception as e:  # Triton's build or launch, or a wrong result: the slower path is still right
-        log.warning("CUDA dropout takes torch's ops: its Triton kernel %s", e)
+        log.warning("CUDA dropout takes torch's ops (the same masks, more passes over memory): its Triton kernel "
+                    "failed: %s: %s", type(e).__name__, e)
         return False
     return True

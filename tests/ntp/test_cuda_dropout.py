@@ -119,6 +119,13 @@ def test_the_first_result_is_checked_against_torchs_ops(interpreted, monkeypatch
     assert not interpreted._checked(CPU)
 
 
+def test_without_triton_the_log_says_why(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(cuda_dropout, "triton", None)
+    monkeypatch.setattr(cuda_dropout, "_missing", "ModuleNotFoundError: No module named 'triton'")
+    assert not cuda_dropout._checked.__wrapped__(CPU)
+    assert "takes torch's ops" in caplog.text and "No module named 'triton'" in caplog.text
+
+
 def test_the_kernel_runs_only_on_a_gpu_that_checked_it(monkeypatch) -> None:
     """Not on a CPU tensor, and not with the project's kernels switched off (``NTP_NATIVE=0``)."""
     assert not cuda_dropout.works(CPU)
