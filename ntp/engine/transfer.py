@@ -171,17 +171,22 @@ def streamed(parts: list[tuple[torch.Tensor, ...]], device: torch.device, pinned
 #: cuMemHostRegister's flag: the device only reads the pages, so they are locked without write access (a shared
 #: mapping of the topology stays the one copy a machine's ranks share; ntp.engine.node_shared maps it so)
 _READ_ONLY = 0x08
+#: bytes below which a tensor is not locked but staged: glibc serves small blocks from its heap, whose pages other
+#: objects share. An H100 raised CUDA's "invalid argument" in 3 of 4 runs of test_cuda.py's chunked offload cases,
+#: whose topologies are a few KB locked on such pages (they passed with CUDA_LAUNCH_BLOCKING=1, and locking an 800 KB
+#: or a 480 MB topology never failed): a suspected cause, not yet shown; staging small chunks costs little
+_LOCK_LEAST_BYTES = 1 << 20
 _driver_lib = None
 
 
 def pin_read_only(t: torch.Tensor, device: torch.device) -> bool:
     """Page-lock the host memory of ``t`` for ``device`` to read (the CUDA driver's cuMemHostRegister, read-only),
     until ``t`` is collected: copies from it then run at the bus's speed without a staging copy. False where the
-    driver refuses (no read-only registration on this system, pages already registered): the caller stages. The
-    driver's API, not the runtime's: a refusal there would stay as the runtime's last error, which the next kernel
-    launch raises."""
+    driver refuses (no read-only registration on this system, pages already registered) or ``t`` is under
+    :data:`_LOCK_LEAST_BYTES`: the caller stages. The driver's API, not the runtime's: a refusal there would stay as
+    the runtime's last error, which the next kernel launch raises."""
     lib = _driver()
-    if lib is None or not t.numel() or t.device.type != "cpu":
+    if lib is None or t.numel() * t.element_size() < _LOCK_LEAST_BYTES or t.device.type != "cpu":
         return False
     torch.cuda.synchronize(device)  # the device's context is current on this thread
     start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE

@@ -19,10 +19,13 @@ pytestmark = [pytest.mark.gpu,
 GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
 
 
+def _config(**options) -> TrainConfig:
+    return TrainConfig(**{"model": "gcn", "epochs": 6, "hidden": 16, "seed": 1, "dropout": 0.0, **options})
+
+
 def _job(device: str, graph: dict = GRAPH, **options):
     env = DistEnv(0, 1, 0, 1, torch.device(device), None)
-    options = {"dropout": 0.0, **options}
-    job = setup(TrainConfig(model="gcn", epochs=6, hidden=16, seed=1, **options), env, loader(graph))
+    job = setup(_config(**options), env, loader(graph))
     fit(job, sinks=[])
     return job
 
@@ -46,10 +49,12 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: i
     them through the GPU (the whole 16-column slice, or blocks of 8 columns), over a topology kept on the device or
     streamed per block; the losses stay the CPU's. The budget is the NN stage's part plus the room ``--offload all``
     needs for ``columns`` (``offload_room``: the block's columns and a slab in transit, the chunks, and the topology
-    where it stays; blocks of 8 columns stay with the topology only if the budget counts it)."""
+    where it stays; blocks of 8 columns stay with the topology only if the budget counts it). The probe that
+    measures the NN stage's part runs the job's configuration (at dropout 0.5 it counted a dropped copy of the
+    features that the job at dropout 0 does not make: room for 5 more columns)."""
     n = GRAPH["x"].shape[0]
     env = DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None)
-    probe = setup(TrainConfig(model="gcn", arch="coupled", hidden=16, offload="all"), env, loader(GRAPH))
+    probe = setup(_config(arch="coupled", offload="all"), env, loader(GRAPH))
     room = offload_room(n, probe.ctx.topology.num_edges, columns, topology_kept=topology_kept)
     budget = f"{sum(probe.ctx.reserved.values()) + room}B"
     job = _job("cuda:0", arch="coupled", offload="all", memory_budget=budget)
@@ -133,19 +138,27 @@ def test_bf16_on_the_gpu_trains_close_to_fp32_with_float32_sums() -> None:
 
 def test_a_streamed_topology_is_copied_from_its_own_locked_pages(tmp_path) -> None:
     """``--offload topology``: the host topology's pages are locked once, read-only, so each chunk goes to the GPU
-    without a staging copy; a read-only mapping of it (as the ranks of a machine share it) gains no private copy of
-    its pages; and the run trains as on the CPU."""
+    without a staging copy; a shared mapping of it (as the ranks of a machine share it) keeps the file's pages, no
+    private copy of them (a write through the file shows in the mapping and in what the GPU copies from it); and the
+    run trains as on the CPU."""
     from ntp.engine.transfer import pin_read_only
 
     path = tmp_path / "indices.npy"
     np.save(path, np.arange(4 << 20, dtype=np.int32))  # 16 MiB
     mapped = torch.from_numpy(np.load(path, mmap_mode="r+"))  # shared, as local rank 0 maps it
+    assert int(mapped.sum()) > 0  # its pages faulted in: a page mapped once counts as private in smaps
     before = _private_dirty()
     assert pin_read_only(mapped, torch.device("cuda:0")) and mapped.is_pinned()
-    assert _private_dirty() - before < 1 << 20, "its pages stay the file's"
+    assert not pin_read_only(torch.arange(1000, dtype=torch.int32), torch.device("cuda:0")), "a few KB are staged"
+    assert _private_dirty() - before < 1 << 20, "locking copied no page"
+    header = path.stat().st_size - mapped.numel() * 4
+    with open(path, "r+b") as f:  # through the file, not the mapping
+        f.seek(header + 4 * 2_000_000)
+        f.write(np.int32(-7).tobytes())
+    assert int(mapped[2_000_000]) == -7, "its pages stay the file's"
     on_gpu = mapped[1000:3_000_000].to("cuda:0", non_blocking=True)
-    assert torch.equal(on_gpu.cpu(), mapped[1000:3_000_000])
-    graph = random_graph(n=20_000, d=17, classes=5, avg_degree=10, seed=5)  # topology arrays of their own pages
+    assert torch.equal(on_gpu.cpu(), mapped[1000:3_000_000]) and int(on_gpu[2_000_000 - 1000]) == -7
+    graph = random_graph(n=20_000, d=17, classes=5, avg_degree=60, seed=5)  # 4.8 MB: arrays of their own pages
     job = _job("cuda:0", graph, chunk_rows=4096, offload="topology")
     assert all(blocks._pinned for blocks in job.ctx._blocks)
     np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu", graph), rtol=1e-4)

@@ -1,0 +1,77 @@
+"""Where one rank's epoch goes: torch.profiler's table of a few epochs of ntp's training step, in this process.
+
+    python bench/profile_epoch.py --size products --options offload=all memory_budget=8GB
+    python bench/profile_epoch.py --device cpu --size tiny --options dropout=0.3
+
+``--options`` are TrainConfig fields (``name=value``; numbers and booleans as such). The epochs after the warm-up are
+timed first without the profiler (their median, synchronised), then profiled; the table lists the operators by their
+device time (CUDA) or CPU time (``--trace`` saves the profiled epochs' Chrome trace in bench/out).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from common import OUT, base_parser, synthetic_store
+from gpu import SIZES
+
+
+def _value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def main() -> None:
+    p = base_parser(__doc__)
+    p.add_argument("--size", default="products", choices=list(SIZES))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--options", nargs="*", default=[], help="TrainConfig fields, name=value")
+    p.add_argument("--epochs", type=int, default=3, help="epochs timed, then as many profiled (after one warm-up)")
+    p.add_argument("--rows", type=int, default=30, help="operators listed")
+    p.add_argument("--trace", action="store_true", help="also save the profiled epochs' Chrome trace in bench/out")
+    args = p.parse_args()
+
+    from ntp.config import TrainConfig
+    from ntp.engine.dist import init_distributed
+    from ntp.engine.loop import train_step
+    from ntp.engine.setup import setup
+
+    nodes, degree, features = SIZES[args.size]
+    store = synthetic_store(nodes, degree, features)
+    fields = dict(option.split("=", 1) for option in args.options)
+    cfg = TrainConfig(store=str(store), model="gcn", arch="coupled", hidden=64, mode="single",
+                      **{k: _value(v) for k, v in fields.items()})
+    cuda = args.device == "cuda"
+    job = setup(cfg, init_distributed(120, device=args.device))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    epoch = iter(range(10**6))
+    train_step(job, next(epoch))  # warm-up
+    times = []
+    for _ in range(args.epochs):
+        sync()
+        start = time.perf_counter()
+        train_step(job, next(epoch))
+        sync()
+        times.append(time.perf_counter() - start)
+    print(f"epoch {statistics.median(times):.4f} s (median of {args.epochs}), {cfg.offload=}, {cfg.memory_budget=}",
+          flush=True)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.epochs):
+            train_step(job, next(epoch))
+        sync()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=args.rows), flush=True)
+    if args.trace:
+        OUT.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(OUT / f"profile-{args.size}.json"))
+
+
+if __name__ == "__main__":
+    main()
