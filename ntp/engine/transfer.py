@@ -9,6 +9,8 @@ import weakref
 
 import torch
 
+from ntp.engine.cuda_transpose import transpose_copy
+
 
 def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
     """An uninitialised host tensor; ``pinned``: page-locked, so copies to and from a GPU run at the bus's speed and
@@ -84,7 +86,7 @@ def device_rows(t: torch.Tensor, device: torch.device, c0: int = 0, c1: int | No
     c1 = t.shape[1] if c1 is None else c1
     out = torch.empty(t.shape[0], c1 - c0, dtype=t.dtype, device=device)
     for a, b in _slabs(t, c0, c1):
-        out[:, a - c0 : b - c0].copy_(t[:, a:b].t().to(device, non_blocking=True).t())
+        transpose_copy(out[:, a - c0 : b - c0], t[:, a:b].t().to(device, non_blocking=True).t())
     return out
 
 
@@ -115,7 +117,10 @@ class Downloads:
         on a GPU transposed there, then copied in one piece."""
         for a, b in _slabs(src, 0, src.shape[1]):
             slab = src[:, a:b].t()
-            self.copy(dst[:, a:b].t(), slab.contiguous() if self.cuda else slab)
+            if self.cuda:  # the slab in column order on the device, then down in one piece
+                slab, strided = torch.empty(slab.shape, dtype=slab.dtype, device=slab.device), slab
+                transpose_copy(slab, strided)
+            self.copy(dst[:, a:b].t(), slab)
 
     def __exit__(self, *exc) -> None:
         if self.cuda:
