@@ -3,8 +3,6 @@ against the mask drawn then applied; its build for a GPU's architecture by Trito
 tests/ntp/test_cuda.py runs it for real."""
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from ntp.engine import cuda_dropout
 from ntp.engine.dropout import dropped
 from ntp.engine.masks import keep_mask
 from ntp.engine.partition import Partition
+from tests.ntp import interpreter
 
 triton = pytest.importorskip("triton", reason="Triton (pip install -e '.[test]' installs it) runs the kernel here")
 
@@ -27,11 +26,9 @@ LAYOUTS = [(1013, 37, 17, 0, None), (333, 20, 0, 5, 41), (64, 64, 3, 0, None), (
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """ntp.engine.cuda_dropout with its kernel built for Triton's interpreter (numpy on CPU tensors)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    yield importlib.reload(cuda_dropout)
-    monkeypatch.undo()
-    importlib.reload(cuda_dropout)
+    """ntp.engine.cuda_dropout with its kernels built for Triton's interpreter."""
+    with interpreter.interpreted(cuda_dropout, monkeypatch) as module:
+        yield module
 
 
 def _drop(module, x: torch.Tensor, p: float, stream: int, first: int, width: int, relu: bool, mask: bool = True):

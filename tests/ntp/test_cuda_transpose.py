@@ -2,12 +2,11 @@
 on CPU tensors, and built for sm_90 by Triton's compiler. On a GPU, tests/ntp/test_cuda.py's offload cases run it."""
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
 from ntp.engine import cuda_transpose
+from tests.ntp import interpreter
 
 triton = pytest.importorskip("triton", reason="Triton (pip install -e '.[test]' installs it) runs the kernel here")
 
@@ -16,11 +15,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """ntp.engine.cuda_transpose with its kernel built for Triton's interpreter (numpy on CPU tensors)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    yield importlib.reload(cuda_transpose)
-    monkeypatch.undo()
-    importlib.reload(cuda_transpose)
+    """ntp.engine.cuda_transpose with its kernels built for Triton's interpreter."""
+    with interpreter.interpreted(cuda_transpose, monkeypatch) as module:
+        yield module
 
 
 @pytest.mark.parametrize("rows, cols", [(1, 1), (64, 64), (1000, 37), (70, 200), (0, 5)])
