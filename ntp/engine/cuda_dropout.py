@@ -5,30 +5,17 @@ its kernel fails to build, or its first result differs from the mask drawn by to
 :func:`works` is False and dropout takes torch's ops: the same values, more passes over memory."""
 from __future__ import annotations
 
-import contextlib
-import functools
-import logging
-
 import torch
 
-from ntp.engine import native
+from ntp.engine import gpu_kernels
+from ntp.engine.gpu_kernels import tl, triton
 from ntp.engine.masks import field, keep_mask, stream_key
-
-log = logging.getLogger(__name__)
 
 #: the element types the kernel drops, those of ``--precision`` (it scales in float32 and rounds once, like torch)
 DTYPES = (torch.float32, torch.bfloat16)
 
 #: elements one program drops: the fields of its ``_ELEMENTS * bits / 64`` words
 _ELEMENTS = 2048
-
-_missing = ""  # why Triton does not import, where it does not
-try:
-    import triton
-    import triton.language as tl
-except Exception as e:  # none (a CPU build of torch), or one that does not import: torch's ops drop
-    triton, _missing = None, f"{type(e).__name__}: {e}"
-
 
 if triton is not None:
     @triton.jit(do_not_specialize=["first", "word0", "key", "threshold"])
@@ -82,8 +69,7 @@ def drop_into(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: fl
     programs = triton.cdiv(-(-last * bits // 64) - word0, _ELEMENTS * bits // 64)
     ldx = x.stride(0)
     whole = cols == width and ldx == cols
-    # Triton launches on the current GPU; the interpreter (the tests) takes CPU tensors
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with gpu_kernels.on_gpu_of(x):
         _drop_kernel[(programs,)](x, y, y if mask is None else mask, first, word0, rows * cols, rows, cols, width,
                                   ldx, stream_key(stream), threshold, 1.0 / (1.0 - p), BITS=bits, RELU=relu,
                                   WHOLE_ROWS=whole, MASK=mask is not None, ELEMENTS=_ELEMENTS,
@@ -91,30 +77,19 @@ def drop_into(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: fl
 
 
 def works(device: torch.device) -> bool:
-    """Whether the kernel drops on ``device``: a GPU, Triton there, the project's kernels not switched off
-    (``NTP_NATIVE=0``), and its first result, checked once, the mask torch's ops draw."""
-    if device.type != "cuda" or not native.enabled():
-        return False
-    return _checked(torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index))
+    """Whether the kernel drops on ``device`` (:func:`gpu_kernels.works`: its first result there, checked once, the
+    mask torch's ops draw)."""
+    return gpu_kernels.works(device, _check, "CUDA dropout takes torch's ops")
 
 
-@functools.cache
-def _checked(device: torch.device) -> bool:
-    """Whether the kernel builds and runs on ``device`` and draws there the mask torch's ops draw (the tests run
-    this on the CPU, in Triton's interpreter)."""
-    try:
-        if triton is None:
-            raise RuntimeError(f"Triton does not import ({_missing})")
-        x = torch.linspace(-3, 3, 97 * 45, device=device).view(97, 45)[:, 3:40]  # rows with a stride; no RNG used
-        for p in (0.5, 0.25, 0.4):  # fields of 1, 8 and 16 bits
-            y = torch.empty(x.shape, device=device)
-            mask = torch.empty(x.shape, dtype=torch.bool, device=device)
-            drop_into(x, y, mask, p, 11, 5 * 61 + 7, 61, relu=False)
-            keep = keep_mask((5, 5 + x.shape[0]), 61, p, 11, device)[:, 7:44]
-            if not (torch.equal(mask, keep) and torch.equal(y, x * keep * (1.0 / (1.0 - p)))):
-                raise RuntimeError(f"its mask at p={p} differs from torch's ops'")
-    except Exception as e:  # Triton's build or launch, or a wrong result: the slower path is still right
-        log.warning("CUDA dropout takes torch's ops (the same masks, more passes over memory): its Triton kernel "
-                    "failed: %s: %s", type(e).__name__, e)
-        return False
-    return True
+def _check(device: torch.device) -> None:
+    """Raises unless the kernel draws on ``device`` the mask torch's ops draw, and drops by it (the tests run this on
+    the CPU, in Triton's interpreter)."""
+    x = torch.linspace(-3, 3, 97 * 45, device=device).view(97, 45)[:, 3:40]  # rows with a stride; no RNG used
+    for p in (0.5, 0.25, 0.4):  # fields of 1, 8 and 16 bits
+        y = torch.empty(x.shape, device=device)
+        mask = torch.empty(x.shape, dtype=torch.bool, device=device)
+        drop_into(x, y, mask, p, 11, 5 * 61 + 7, 61, relu=False)
+        keep = keep_mask((5, 5 + x.shape[0]), 61, p, 11, device)[:, 7:44]
+        if not (torch.equal(mask, keep) and torch.equal(y, x * keep * (1.0 / (1.0 - p)))):
+            raise RuntimeError(f"its mask at p={p} differs from torch's ops'")

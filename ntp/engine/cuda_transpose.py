@@ -5,25 +5,13 @@ of a 232 ms epoch (docs/benchmarks.md, section 8). The kernel reads and writes w
 Triton cannot run, or its first result differs from torch's copy (checked once per GPU), torch's copy does it."""
 from __future__ import annotations
 
-import contextlib
-import functools
-import logging
-
 import torch
 
-from ntp.engine import native
-
-log = logging.getLogger(__name__)
+from ntp.engine import gpu_kernels
+from ntp.engine.gpu_kernels import tl, triton
 
 #: rows and columns of the tile one program copies
 _TILE = 64
-
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # no Triton, or one that does not import: torch's copy (cuda_dropout's log says why)
-    triton = None
-
 
 if triton is not None:
     @triton.jit
@@ -52,31 +40,22 @@ def _launch(dst: torch.Tensor, src: torch.Tensor) -> None:
     if rows == 0 or cols == 0:
         return
     grid = (triton.cdiv(rows, _TILE), triton.cdiv(cols, _TILE))
-    with torch.cuda.device(dst.device) if dst.is_cuda else contextlib.nullcontext():  # the interpreter's CPU
+    with gpu_kernels.on_gpu_of(dst):
         _transpose_kernel[grid](src, dst, rows, cols, src.stride(1), dst.stride(0), TILE=_TILE,
                                 enable_fp_fusion=False)  # no arithmetic: nothing to fuse, and no warning
 
 
 def works(device: torch.device) -> bool:
-    """Whether the kernel copies on ``device``: a GPU, Triton there, the project's kernels not switched off
-    (``NTP_NATIVE=0``), and its first result, checked once, torch's copy."""
-    if device.type != "cuda" or triton is None or not native.enabled():
-        return False
-    return _checked(torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index))
+    """Whether the kernel copies on ``device`` (:func:`gpu_kernels.works`: its first result there, checked once,
+    torch's copy)."""
+    return gpu_kernels.works(device, _check, "CUDA transposes take torch's copy")
 
 
-@functools.cache
-def _checked(device: torch.device) -> bool:
-    """Whether the kernel builds and runs on ``device`` and copies as torch does (the tests run this on the CPU,
-    in Triton's interpreter)."""
-    try:
-        src = torch.arange(150 * 70, dtype=torch.float32, device=device).view(70, 150).t()[3:140]  # column-major
-        dst = torch.zeros(137, 90, device=device)[:, 5:75]  # a row-major view of a wider tensor
-        _launch(dst, src)
-        if not torch.equal(dst, src):
-            raise RuntimeError("its copy differs from torch's")
-    except Exception as e:  # Triton's build or launch, or a wrong result: torch's copy is still right
-        log.warning("CUDA transposes take torch's copy: its Triton kernel failed: %s: %s", type(e).__name__, e)
-        return False
-    return True
-
+def _check(device: torch.device) -> None:
+    """Raises unless the kernel copies on ``device`` as torch does (the tests run this on the CPU, in Triton's
+    interpreter)."""
+    src = torch.arange(150 * 70, dtype=torch.float32, device=device).view(70, 150).t()[3:140]  # column-major
+    dst = torch.zeros(137, 90, device=device)[:, 5:75]  # a row-major view of a wider tensor
+    _launch(dst, src)
+    if not torch.equal(dst, src):
+        raise RuntimeError("its copy differs from torch's")

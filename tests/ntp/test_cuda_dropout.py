@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ntp.engine import cuda_dropout
+from ntp.engine import cuda_dropout, gpu_kernels
 from ntp.engine.dropout import dropped
 from ntp.engine.masks import keep_mask
 from ntp.engine.partition import Partition
@@ -16,6 +16,8 @@ triton = pytest.importorskip("triton", reason="Triton (pip install -e '.[test]' 
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf * 0
 CPU = torch.device("cpu")
+#: what the log says takes over where the kernel cannot run
+FALLBACK = "CUDA dropout takes torch's ops"
 #: drop rates whose masks take 1, 8 and 16 bits per element
 RATES = [0.5, 0.25, 0.4]
 #: (rows, columns, first row, first column, mask width): whole rows; a column slice of a wider mask (R-GCN's column
@@ -107,26 +109,28 @@ def test_the_kernel_builds_for_hopper_gpus(variant) -> None:
     assert hashes <= max(1, cuda_dropout._ELEMENTS * bits // 64 // threads)
 
 
-def test_the_first_result_is_checked_against_torchs_ops(interpreted, monkeypatch) -> None:
+def test_the_first_result_is_checked_against_torchs_ops(interpreted, monkeypatch, caplog) -> None:
     """What :func:`works` runs once per GPU, here in the interpreter: the kernel agrees with the mask torch's ops
     draw; a kernel that drops other elements does not, and takes torch's ops (with a warning in the log)."""
-    assert interpreted._checked(CPU)
-    monkeypatch.setattr(interpreted, "stream_key", lambda stream: stream + 1)  # the kernel's key, not the mask's
-    interpreted._checked.cache_clear()
-    assert not interpreted._checked(CPU)
+    check = gpu_kernels.checked.__wrapped__  # not cached
+    assert check(CPU, interpreted._check, FALLBACK)
+    key = interpreted.stream_key
+    monkeypatch.setattr(interpreted, "stream_key", lambda stream: key(stream) ^ 1 << 62)  # the kernel's, not the mask's
+    assert not check(CPU, interpreted._check, FALLBACK)
+    assert FALLBACK in caplog.text and "differs" in caplog.text
 
 
 def test_without_triton_the_log_says_why(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(cuda_dropout, "triton", None)
-    monkeypatch.setattr(cuda_dropout, "_missing", "ModuleNotFoundError: No module named 'triton'")
-    assert not cuda_dropout._checked.__wrapped__(CPU)
+    monkeypatch.setattr(gpu_kernels, "triton", None)
+    monkeypatch.setattr(gpu_kernels, "_missing", "ModuleNotFoundError: No module named 'triton'")
+    assert not gpu_kernels.checked.__wrapped__(CPU, cuda_dropout._check, FALLBACK)
     assert "takes torch's ops" in caplog.text and "No module named 'triton'" in caplog.text
 
 
 def test_the_kernel_runs_only_on_a_gpu_that_checked_it(monkeypatch) -> None:
     """Not on a CPU tensor, and not with the project's kernels switched off (``NTP_NATIVE=0``)."""
     assert not cuda_dropout.works(CPU)
-    monkeypatch.setattr(cuda_dropout, "_checked", lambda device: True)
+    monkeypatch.setattr(gpu_kernels, "checked", lambda device, check, what: True)
     assert cuda_dropout.works(torch.device("cuda", 0))
     monkeypatch.setenv("NTP_NATIVE", "0")
     assert not cuda_dropout.works(torch.device("cuda", 0))
