@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from ntp.engine.chunking import in_phase, streams_topology
 from ntp.engine.operators import CSR, Scaling, transpose
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
-from ntp.engine.transfer import (Downloads, device_rows, host_columns, host_empty, is_column_major, pin_read_only,
-                                 streamed)
+from ntp.engine.transfer import (Downloads, even_blocks, host_columns, host_empty, is_column_major, pin_read_only,
+                                 stream_columns, streamed)
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -226,7 +226,9 @@ class RowBlocks:
     def _matmul_through_device(self, h: torch.Tensor, scaling: Scaling) -> torch.Tensor:
         """``M @ h`` for ``h`` in host memory. Whole, its rows go in one copy and each chunk's output rows return
         while the next chunk computes. In blocks of columns, ``h`` lies column by column (ntp.engine.transfer:
-        ``to_graph`` leaves it so), so a block comes and goes in contiguous slabs, returning as the next computes."""
+        ``to_graph`` leaves it so), so a block comes and goes in contiguous slabs; its output returns while the next
+        block computes, and where the topology stays on the device (no chunk copies for the bus) the next block's
+        input arrives meanwhile (ntp.engine.placement.streamed_bytes counts both)."""
         pinned, width = self.device.type == "cuda", h.shape[1]
         step = self.column_block or width
         if step >= width and not is_column_major(h):
@@ -239,16 +241,14 @@ class RowBlocks:
             return out
         h = h if is_column_major(h) else host_columns(h, pinned)
         out = host_empty(width, self.num_rows, dtype=h.dtype, pinned=pinned).t()  # column-major
-        with Downloads(self.device) as downloads:
-            for c0 in range(0, width, step):
-                c1 = min(c0 + step, width)
-                x = device_rows(h, self.device, c0, c1)
-                y = x.new_empty(self.num_rows, c1 - c0)
-                for r0, r1, apply in self.chunks(scaling):
-                    apply(x, y[r0:r1])
-                downloads.copy_columns(out[:, c0:c1], y)
-                del x, y  # before the next block comes: one block's input and output at a time
+        blocks = even_blocks(width, step)
+        depth = 1 if self._streams else 2  # a streamed topology fills the bus: no block comes ahead
+        stream_columns(h, out, self.device, blocks, depth, lambda x, y: self._chunks_into(x, y, scaling))
         return out
+
+    def _chunks_into(self, h: torch.Tensor, out: torch.Tensor, scaling: Scaling) -> None:
+        for r0, r1, apply in self.chunks(scaling):
+            apply(h, out[r0:r1])
 
 
 @dataclass

@@ -79,7 +79,8 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     streamed = offload == "all" and device_type == "cuda" and column_block > 0
     on_device = offload == "none" or topology_kept
     parts = {"topology": device_topology_bytes(num_nodes, num_edges) if on_device else 0,
-             "embeddings": streamed_bytes(num_nodes, column_block, eb) if streamed else 4 * num_nodes * slice_width * eb}
+             "embeddings": (streamed_bytes(num_nodes, column_block, eb, topology_kept) if streamed
+                            else 4 * num_nodes * slice_width * eb)}
     copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
                                                                             device_type, precision)
     if copied and not streamed:
@@ -97,16 +98,18 @@ def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int
     Else the slice streams, in the widest blocks the room holds (:func:`offload_room`), at least one column. The
     topology stays when blocks a memory sector wide (:data:`SECTOR_BYTES`; or the whole slice, if narrower) fit
     beside it: each block then reads it from device memory instead of streaming it over the bus once more (an H200
-    streamed a 120M-edge topology in about the time of a whole product)."""
+    streamed a 120M-edge topology in about the time of a whole product). The blocks then come one ahead of the
+    compute (:func:`streamed_bytes`), and number two at least where they stay a sector wide, so that copies overlap the
+    products."""
     eb = element_bytes(precision)
     if 4 * num_nodes * slice_width * eb <= room // 2:
         return 0, False
     widest = lambda kept: bisect.bisect_right(  # noqa: E731
         range(1, slice_width + 1), room,
         key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree))
-    beside = widest(True)
-    if beside >= min(slice_width, SECTOR_BYTES // eb):
-        return beside, True
+    beside, sector = widest(True), min(slice_width, SECTOR_BYTES // eb)
+    if beside >= sector:
+        return min(beside, max(sector, ceil_div(slice_width, 2))), True
     return max(1, widest(False)), False
 
 
@@ -121,7 +124,7 @@ def offload_room(num_nodes: int, num_edges: int, columns: int, precision: str = 
     chunks = max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS,
                  (max_degree + 1) * EDGE_BYTES + row)
     topology = device_topology_bytes(num_nodes, num_edges) if topology_kept else 0
-    return streamed_bytes(num_nodes, columns, eb) + chunks + topology
+    return streamed_bytes(num_nodes, columns, eb, ahead=topology_kept) + chunks + topology
 
 
 def device_topology_bytes(num_nodes: int, num_edges: int) -> int:
@@ -129,16 +132,20 @@ def device_topology_bytes(num_nodes: int, num_edges: int) -> int:
     return 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES
 
 
-def streamed_bytes(num_nodes: int, columns: int, element_bytes: int) -> int:
-    """Device bytes of a product that streams ``columns`` columns at a time: their input and output, and one slab
-    of columns on its way (ntp.engine.transfer.slab_columns)."""
-    return num_nodes * element_bytes * (2 * columns + min(columns, slab_columns(num_nodes, element_bytes)))
+def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, ahead: bool = False) -> int:
+    """Device bytes of a product that streams ``columns`` columns at a time (ntp.engine.transfer.streamed_columns):
+    a block's input and output, twice when ``ahead`` (the next block arrives and the previous one leaves while one
+    computes: where the topology stays on the device, ntp.engine.aggregate.RowBlocks), and a slab of columns
+    (ntp.engine.transfer.slab_columns) on its way each way."""
+    blocks = 4 if ahead else 2
+    return num_nodes * element_bytes * (blocks * columns + 2 * min(columns, slab_columns(num_nodes, element_bytes)))
 
 
 def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
     """One line for the worker log: how ``--offload all`` moves the column slice through the device."""
     blocks = ceil_div(slice_width, column_block)
-    where = "stays on the device" if topology_kept else f"streams {blocks} time(s) a product"
+    where = ("stays on the device, and each block arrives while the one before computes" if topology_kept
+             else f"streams {blocks} time(s) a product")
     return (f"--offload all: the {slice_width}-column slice lives in host memory and passes through the device in "
             f"{blocks} block(s) of up to {column_block} columns; the topology {where}")
 

@@ -3,9 +3,11 @@ speed and overlap with compute, and side streams that carry them while the compu
 every helper reduces to an ordinary copy (host and device are the same memory)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import weakref
+from typing import Callable
 
 import torch
 
@@ -81,13 +83,114 @@ def host_columns(t: torch.Tensor, pinned: bool) -> torch.Tensor:
 
 
 def device_rows(t: torch.Tensor, device: torch.device, c0: int = 0, c1: int | None = None) -> torch.Tensor:
-    """Columns ``c0:c1`` of the column-major host tensor ``t`` on ``device``, laid out row by row: each slab is
-    copied as it lies (asynchronously from pinned memory), then transposed there."""
+    """Columns ``c0:c1`` of the column-major host tensor ``t`` on ``device``, laid out row by row (a slab at a time:
+    :func:`_rows_from_columns`)."""
     c1 = t.shape[1] if c1 is None else c1
     out = torch.empty(t.shape[0], c1 - c0, dtype=t.dtype, device=device)
-    for a, b in _slabs(t, c0, c1):
-        transpose_copy(out[:, a - c0 : b - c0], t[:, a:b].t().to(device, non_blocking=True).t())
+    _rows_from_columns(out, t, c0)
     return out
+
+
+def _rows_from_columns(dst: torch.Tensor, src: torch.Tensor, c0: int) -> None:
+    """``dst`` (on the device, row by row) gets columns ``c0:`` of the column-major host ``src``, a slab at a time,
+    each copied as it lies (asynchronously from pinned memory) and transposed there, on the current stream (one
+    slab's memory, reused in its order)."""
+    for a, b in _slabs(src, c0, c0 + dst.shape[1]):
+        transpose_copy(dst[:, a - c0 : b - c0], src[:, a:b].t().to(dst.device, non_blocking=True).t())
+
+
+def _columns_from_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """The column-major host ``dst`` gets ``src`` (on the device, row by row), a slab of columns at a time, each
+    transposed there into column order and copied down in one piece, on the current stream (one slab's memory)."""
+    for a, b in _slabs(src, 0, src.shape[1]):
+        slab = torch.empty(b - a, src.shape[0], dtype=src.dtype, device=src.device)
+        transpose_copy(slab, src[:, a:b].t())
+        dst[:, a:b].t().copy_(slab, non_blocking=True)
+
+
+def even_blocks(width: int, block: int) -> list[tuple[int, int]]:
+    """``width`` columns in as few blocks of at most ``block`` columns as hold them, of widths that differ by one at
+    most (a narrow last block would pass over the whole topology for a few columns)."""
+    count = -(-width // max(1, block)) if width else 0
+    return [(width * i // count, width * (i + 1) // count) for i in range(count)]
+
+
+def stream_columns(h: torch.Tensor, out: torch.Tensor, device: torch.device, blocks: list[tuple[int, int]],
+                   depth: int, compute: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+    """For each block ``(c0, c1)`` of columns, in order, ``compute(x, y)`` on ``device``, both laid out row by row:
+    ``x`` holds the block of the column-major host tensor ``h``; what ``compute`` writes into ``y`` lands in the block
+    of ``out`` (column-major, host) before this returns. On a GPU, blocks arrive on one side stream and leave on
+    another, a slab of columns at a time, transposed there; ``depth`` 2: in two sets of buffers, so the next block
+    arrives and the previous one leaves while the compute stream works on this one; 1: one set, the next block
+    arriving as the previous one leaves. Buffers are allocated once: the device holds ``2 * depth`` blocks and a slab
+    each way (ntp.engine.placement.streamed_bytes). On a CPU every copy happens where it is issued."""
+    rows, widest = h.shape[0], max((c1 - c0 for c0, c1 in blocks), default=0)
+    depth = min(depth, len(blocks))  # one block: one set
+    xs, ys = ([torch.empty(rows * widest, dtype=h.dtype, device=device) for _ in range(depth)] for _ in range(2))
+    up, down, main = _stream(device), _stream(device), _current_stream(device)
+    computed: list = [None] * depth  # per set: the compute stream is done with it
+    left: list = [None] * depth  # per set: its output has left
+    arrived: dict[int, object] = {}
+
+    def upload(k: int) -> None:
+        _wait(up, computed[k % depth])
+        with _on(up):
+            _rows_from_columns(_view(xs[k % depth], rows, blocks[k]), h, blocks[k][0])
+        arrived[k] = _mark(up)
+
+    _wait(up, _mark(main))  # the buffers may reuse memory that work queued on the compute stream still reads
+    try:
+        upload(0) if blocks else None
+        for k, (c0, c1) in enumerate(blocks):
+            if depth > 1 and k + 1 < len(blocks):
+                upload(k + 1)
+            _wait(main, arrived.pop(k))
+            _wait(main, left[k % depth])
+            y = _view(ys[k % depth], rows, (c0, c1))
+            compute(_view(xs[k % depth], rows, (c0, c1)), y)
+            computed[k % depth] = _mark(main)
+            _wait(down, computed[k % depth])
+            with _on(down):
+                _columns_from_rows(out[:, c0:c1], y)
+            left[k % depth] = _mark(down)
+            if depth == 1 and k + 1 < len(blocks):
+                upload(k + 1)
+    finally:  # the buffers are freed next (also after an error): no stream may still use them
+        for stream in (up, down):
+            if stream is not None:
+                stream.synchronize()
+
+
+def _view(buffer: torch.Tensor, rows: int, block: tuple[int, int]) -> torch.Tensor:
+    return buffer[: rows * (block[1] - block[0])].view(rows, block[1] - block[0])
+
+
+# -- CUDA streams and events, or nothing on a CPU (work there is done when issued) ---------------------------------
+def _stream(device: torch.device):
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
+
+
+def _current_stream(device: torch.device):
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
+def _on(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _mark(stream):
+    """An event recorded on ``stream`` now (None on a CPU)."""
+    if stream is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def _wait(stream, event) -> None:
+    """``stream`` waits for ``event`` (where both exist)."""
+    if stream is not None and event is not None:
+        stream.wait_event(event)
 
 
 class Downloads:
@@ -114,13 +217,15 @@ class Downloads:
 
     def copy_columns(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """``src`` into ``dst`` of its shape, laid out column by column in host memory: a slab of columns at a time,
-        on a GPU transposed there, then copied in one piece."""
-        for a, b in _slabs(src, 0, src.shape[1]):
-            slab = src[:, a:b].t()
-            if self.cuda:  # the slab in column order on the device, then down in one piece
-                slab, strided = torch.empty(slab.shape, dtype=slab.dtype, device=slab.device), slab
-                transpose_copy(slab, strided)
-            self.copy(dst[:, a:b].t(), slab)
+        on a GPU transposed on the side stream (one slab's memory, reused in stream order), then copied in one
+        piece."""
+        if not self.cuda:
+            dst.copy_(src)
+            return
+        self.stream.wait_stream(self.compute)
+        with torch.cuda.stream(self.stream):
+            _columns_from_rows(dst, src)
+        src.record_stream(self.stream)
 
     def __exit__(self, *exc) -> None:
         if self.cuda:

@@ -298,7 +298,7 @@ def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation(
     small = nn_stage_bytes(10_000, 100, 256, 47, 3, params=100_000)
     graph_bytes = lambda *args: sum(graph_resident_parts(*args).values())  # noqa: E731
     graph = graph_bytes(2_450_000, 124_000_000, 12, "all")
-    assert graph == 3 * 2_450_000 * 4, "offload all needs a column of a product's input and output, and one in transit"
+    assert graph == 4 * 2_450_000 * 4, "offload all needs a column of a product's input and output, and one each way"
     assert graph_bytes(2_450_000, 124_000_000, 12, "topology") > 0
     assert graph_bytes(10, 20, 4, "none") > graph_bytes(10, 20, 4, "topology")
     assert choose_nn_device("auto", gpu, nn, graph, 80 * gib) == gpu
@@ -399,19 +399,24 @@ def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) ->
 
     log = _no_op_streams(monkeypatch)
     monkeypatch.setattr(transfer, "SLAB_BYTES", 2 * 7 * 4)  # two columns of 7 float32 rows
+    transposed: list[tuple[int, ...]] = []
+    transpose = transfer.transpose_copy
+    monkeypatch.setattr(transfer, "transpose_copy", lambda dst, src: transposed.append(tuple(dst.shape))
+                        or transpose(dst, src))
     h = torch.randn(7, 5)
     cols = transfer.host_columns(h, pinned=True)
     assert torch.equal(cols, h) and transfer.is_column_major(cols) and not cols.is_contiguous()
+    out = transfer.host_empty(5, 7, dtype=h.dtype, pinned=True).t()
+    with transfer.Downloads(torch.device("cuda")) as downloads:  # a GPU's output: the CUDA path, no-op streams
+        downloads.copy_columns(out, h)
+    assert torch.equal(out, h) and transposed == [(2, 7), (2, 7), (1, 7)], "slabs of 2, 2 and 1 columns"
+    assert log == ["wait_stream", "record_stream", "synchronize"], "transposed and copied on the download stream"
     sent: list[tuple[int, ...]] = []
     to = torch.Tensor.to
     monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: sent.append(t.shape) or to(t, *a, **k)
                         if t.is_contiguous() else pytest.fail("a slab in two pieces"))
     x = transfer.device_rows(cols, torch.device("cpu"), 1, 5)
     assert torch.equal(x, h[:, 1:5]) and x.is_contiguous() and sent == [(2, 7), (2, 7)]
-    out = transfer.host_empty(5, 7, dtype=h.dtype, pinned=True).t()
-    with transfer.Downloads(torch.device("cuda")) as downloads:
-        downloads.copy_columns(out, h)
-    assert torch.equal(out, h) and log.count("record_stream") == 3, "slabs of 2, 2 and 1 columns"
     topo = _topology(DIRECTED)
     h, op = torch.randn(topo.num_nodes, 5), _gcn(topo, uniform_plan(100, 13).bounds, "all")
     op.forward_blocks.column_block = 2
@@ -420,14 +425,95 @@ def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) ->
     assert transfer.is_column_major(y) and not y.is_contiguous(), "the output lies as the input did"
 
 
-def test_offloaded_embeddings_leave_half_the_device_memory_and_the_budget_holds_the_rest() -> None:
+def test_column_blocks_are_even_and_as_few_as_their_width_allows() -> None:
+    from ntp.engine.transfer import even_blocks
+
+    assert even_blocks(64, 31) == [(0, 21), (21, 42), (42, 64)], "not 31, 31 and 2"
+    assert even_blocks(64, 64) == [(0, 64)] and even_blocks(64, 100) == [(0, 64)]
+    assert even_blocks(5, 2) == [(0, 1), (1, 3), (3, 5)] and even_blocks(3, 1) == [(0, 1), (1, 2), (2, 3)]
+    assert even_blocks(0, 4) == []
+
+
+class _StreamLog:
+    """Streams and events that log the order in which they are asked to wait and mark (the column pipeline's
+    dependencies; what a GPU then does with them: tests/ntp/test_cuda.py)."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.marks: dict[str, int] = {}
+
+    def stream(self, name: str):
+        recorder = self
+
+        class Stream:
+            def wait_event(self, event: str) -> None:
+                recorder.log.append(f"{name}<{event}")
+
+            def synchronize(self) -> None:
+                recorder.log.append(f"{name} sync")
+
+        stream = Stream()
+        stream.name = name
+        return stream
+
+    def mark(self, stream) -> str:
+        k = self.marks[stream.name] = self.marks.get(stream.name, -1) + 1
+        event = f"{stream.name[0].upper()}{k}"
+        self.log.append(f"{stream.name}:{event}")
+        return event
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_column_blocks_stream_through_buffers_allocated_once_in_order(depth: int, monkeypatch) -> None:
+    """``transfer.stream_columns`` with logged streams, on CPU tensors: each block's input arrives in a set of
+    buffers (``depth`` sets, reused in turn) and its output leaves from them; a set is refilled only once the
+    compute stream is done with its last block, and written only once that block's output has left. Depth 2:
+    the next block arrives while this one computes; depth 1: after."""
+    import ntp.engine.transfer as transfer
+
+    streams = _StreamLog()
+    names = iter(["up", "down"])
+    monkeypatch.setattr(transfer, "_stream", lambda device: streams.stream(next(names)))
+    monkeypatch.setattr(transfer, "_current_stream", lambda device: streams.stream("compute"))
+    monkeypatch.setattr(transfer, "_on", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(transfer, "_mark", streams.mark)
+    h = transfer.host_columns(torch.randn(9, 7), pinned=False)
+    out = transfer.host_empty(7, 9, dtype=h.dtype, pinned=False).t()
+    blocks = transfer.even_blocks(7, 3)
+    storage = []
+
+    def compute(x: torch.Tensor, y: torch.Tensor) -> None:
+        c0, c1 = blocks[len(storage)]
+        assert torch.equal(x, h[:, c0:c1]) and x.is_contiguous() and y.shape == x.shape
+        storage.append((x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()))
+        y.copy_(2 * x)
+
+    transfer.stream_columns(h, out, torch.device("cpu"), blocks, depth, compute)
+    assert torch.equal(out, 2 * h), "every block's output lands in its columns"
+    assert len(set(storage)) == depth and storage[0] == storage[depth], "the sets of buffers, reused in turn"
+    first = ["compute:C0", "up<C0"]  # fresh buffers: written only after what the compute stream queued before
+    if depth == 2:
+        assert streams.log == first + ["up:U0", "up:U1", "compute<U0", "compute:C1", "down<C1", "down:D0",
+                                       "up<C1", "up:U2", "compute<U1", "compute:C2", "down<C2", "down:D1",
+                                       "compute<U2", "compute<D0", "compute:C3", "down<C3", "down:D2",
+                                       "up sync", "down sync"]
+    else:
+        assert streams.log == first + ["up:U0", "compute<U0", "compute:C1", "down<C1", "down:D0",
+                                       "up<C1", "up:U1", "compute<U1", "compute<D0", "compute:C2", "down<C2",
+                                       "down:D1", "up<C2", "up:U2", "compute<U2", "compute<D1", "compute:C3",
+                                       "down<C3", "down:D2", "up sync", "down sync"]
+
+
+def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_holds_the_rest() -> None:
     """With ``--offload all`` the device holds the input and output slices of the product running (not their
-    gradients), a slab of columns in transit (here all of them: the graph is small) and one chunk; every chunk of a
-    budget plan, forward and backward, fits what they leave."""
+    gradients), a slab of columns in transit each way (here all of them: the graph is small) and one chunk; every
+    chunk of a budget plan, forward and backward, fits what they leave."""
     csr = _csr(DIRECTED)
     width, n, e = 3, csr.num_nodes, csr.num_edges
     kept = graph_resident_parts(n, e, width, "all", column_block=width)
-    assert kept == {"topology": 0, "embeddings": 3 * n * width * 4}
+    assert kept == {"topology": 0, "embeddings": 4 * n * width * 4}
+    ahead = graph_resident_parts(n, e, width, "all", column_block=width, topology_kept=True)
+    assert ahead["embeddings"] == 6 * n * width * 4, "where the topology stays, blocks come one ahead: twice the buffers"
     assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 4 * n * width * 4
     assert graph_resident_parts(n, e, width, "all", column_block=0) == graph_resident_parts(n, e, width, "topology")
     on_cpu = graph_resident_parts(n, e, width, "all", "fp32", "cpu", width)
@@ -455,14 +541,17 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
 
     for n in (1_000, 1_000_000):  # a slab holds all the columns of the small graph, 4 of the large one
         e, width = 20 * n, 64
-        assert streamed_bytes(n, 10, 4) == n * 4 * (20 + (10 if n == 1_000 else 4))
+        slab = 10 if n == 1_000 else 4
+        assert streamed_bytes(n, 10, 4) == n * 4 * (20 + 2 * slab)
+        assert streamed_bytes(n, 10, 4, ahead=True) == n * 4 * (40 + 2 * slab), "a block arriving, one leaving"
         chunks = ((e + n) * EDGE_BYTES + n * (4 * 10 + ROW_BYTES)) // STREAMED_CHUNKS
         assert offload_room(n, e, 10) == streamed_bytes(n, 10, 4) + chunks
         hub = (e + 1) * EDGE_BYTES + 4 * 10 + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
         assert offload_room(n, e, 10, max_degree=e) == streamed_bytes(n, 10, 4) + hub
-        assert offload_room(n, e, 10, topology_kept=True) == offload_room(n, e, 10) + device_topology_bytes(n, e)
+        assert offload_room(n, e, 10, topology_kept=True) == (offload_room(n, e, 10) + device_topology_bytes(n, e)
+                                                              + streamed_bytes(n, 10, 4, True) - streamed_bytes(n, 10, 4))
         assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4) == (0, False), "room as without offload: they stay"
-        assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4 - 1) == (width, True), "the whole slice streams"
+        assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4 - 1) == (width // 2, True), "in two blocks at least"
         streamed = [offloaded_layout(n, e, width, offload_room(n, e, 7) - k) for k in (0, 1)]
         assert streamed == [(7, False), (6, False)], "the widest blocks the room holds"
         assert offloaded_layout(n, e, width, offload_room(n, e, 10, "bf16"), "bf16") == (10, False)
@@ -477,16 +566,17 @@ def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_
 
     n, e, width = 10_000, 50_000, 64
     room = lambda columns, precision="fp32", e=e: offload_room(n, e, columns, precision, True)  # noqa: E731
-    assert offloaded_layout(n, e, width, room(width)) == (width, True), "the whole slice beside the topology"
+    assert offloaded_layout(n, e, width, room(width)) == (width // 2, True), "beside the topology, two blocks at least"
     assert offloaded_layout(n, e, width, room(8)) == (8, True)
     block, kept = offloaded_layout(n, e, width, room(8) - 1)
     assert not kept and block > 8, "wider blocks, each streaming the topology"
     assert offloaded_layout(n, e, width, room(16, "bf16"), "bf16") == (16, True)
     assert offloaded_layout(n, e, width, room(16, "bf16") - 1, "bf16")[1] is False
-    sparse = n  # a slice narrower than a sector stays with the topology only whole
-    assert offloaded_layout(n, sparse, 4, room(4, e=sparse)) == (4, True)
-    assert offloaded_layout(n, sparse, 4, room(4, e=sparse) - 1)[1] is False
-    assert describe_streaming(8, 64, True).endswith("in 8 block(s) of up to 8 columns; the topology stays on the device")
+    sparse = n  # a slice narrower than a sector stays with the topology only whole, and in one block
+    assert offloaded_layout(n, sparse, 6, room(6, e=sparse)) == (6, True)
+    assert offloaded_layout(n, sparse, 6, room(6, e=sparse) - 1)[1] is False
+    assert describe_streaming(8, 64, True).endswith("in 8 block(s) of up to 8 columns; the topology stays on the "
+                                                    "device, and each block arrives while the one before computes")
     assert describe_streaming(36, 64, False).endswith("the topology streams 2 time(s) a product")
 
 
@@ -638,12 +728,12 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     alone = GraphContext(topo, comm, memory_budget=offload_room(n, e, 4), width=width, offload="all", overlap=True)
     wide = GraphContext(topo, comm, memory_budget=offload_room(n, e, width, topology_kept=True), width=width,
                         offload="all")
-    assert [c.column_block for c in (roomy, short, piped, alone, wide)] == [0, 4, width // 2, 4, width]
+    assert [c.column_block for c in (roomy, short, piped, alone, wide)] == [0, 4, width // 2, 4, width // 2]
     assert [c.topology_offload for c in (roomy, short, wide)] == ["all", "all", "none"]
     assert roomy.home == comm.device and {c.home.type for c in (short, piped, wide)} == {"cpu"}
     chunks = offload_room(n, e, 4) - streamed_bytes(n, 4, 4)  # what the chunks get
     assert f"budget {format_bytes(chunks)}" in short.plan.reason and short.plan.num_chunks >= STREAMED_CHUNKS
-    kept = device_topology_bytes(n, e) + streamed_bytes(n, width, 4)
+    kept = device_topology_bytes(n, e) + streamed_bytes(n, width // 2, 4, ahead=True)
     assert f"budget {format_bytes(wide.memory_budget - kept)}" in wide.plan.reason
     assert "the topology streams" not in wide.plan.reason
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
