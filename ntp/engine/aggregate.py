@@ -19,9 +19,10 @@ import torch.nn.functional as F
 
 from ntp.engine.chunking import in_phase, streams_topology
 from ntp.engine.operators import CSR, Scaling, transpose
+from ntp.engine.page_lock import pin_read_only
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
-from ntp.engine.transfer import (Downloads, even_blocks, host_columns, host_empty, is_column_major, pin_read_only,
-                                 stream_columns, streamed)
+from ntp.engine.transfer import (Downloads, even_blocks, host_columns, host_empty, is_column_major, stream_columns,
+                                 streamed)
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")

@@ -4,9 +4,6 @@ every helper reduces to an ordinary copy (host and device are the same memory)."
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import mmap
-import weakref
 from typing import Callable
 
 import torch
@@ -250,7 +247,7 @@ class Staging:
 
 def streamed(parts: list[tuple[torch.Tensor, ...]], device: torch.device, pinned: bool = False):
     """Each part's tensors on ``device``, in order, copied on a side stream one part ahead of the compute. From
-    where they lie when ``pinned`` (their host memory is page-locked: :func:`pin_read_only`), else through two
+    where they lie when ``pinned`` (their host memory is page-locked: ntp.engine.page_lock), else through two
     pinned staging buffers allocated once (double buffering). Its loop is tested with no-op streams."""
     if not parts:
         return
@@ -276,44 +273,3 @@ def streamed(parts: list[tuple[torch.Tensor, ...]], device: torch.device, pinned
             t.record_stream(compute_stream)  # allocated on the copy stream, used on the compute stream
         pending = prefetch(j + 1) if j + 1 < len(parts) else None
         yield tensors
-
-
-#: cuMemHostRegister's flag: the device only reads the pages, so they are locked without write access (a shared
-#: mapping of the topology stays the one copy a machine's ranks share; ntp.engine.node_shared maps it so)
-_READ_ONLY = 0x08
-#: bytes below which a tensor is not locked but staged: glibc serves small blocks from its heap, whose pages other
-#: objects share. An H100 raised CUDA's "invalid argument" in 3 of 4 runs of test_cuda.py's chunked offload cases,
-#: whose topologies are a few KB locked on such pages (they passed with CUDA_LAUNCH_BLOCKING=1, and locking an 800 KB
-#: or a 480 MB topology never failed): a suspected cause, not yet shown; staging small chunks costs little
-_LOCK_LEAST_BYTES = 1 << 20
-_driver_lib = None
-
-
-def pin_read_only(t: torch.Tensor, device: torch.device) -> bool:
-    """Page-lock the host memory of ``t`` for ``device`` to read (the CUDA driver's cuMemHostRegister, read-only),
-    until ``t`` is collected: copies from it then run at the bus's speed without a staging copy. False where the
-    driver refuses (no read-only registration on this system, pages already registered) or ``t`` is under
-    :data:`_LOCK_LEAST_BYTES`: the caller stages. The driver's API, not the runtime's: a refusal there would stay as
-    the runtime's last error, which the next kernel launch raises."""
-    lib = _driver()
-    if lib is None or t.numel() * t.element_size() < _LOCK_LEAST_BYTES or t.device.type != "cpu":
-        return False
-    torch.cuda.synchronize(device)  # the device's context is current on this thread
-    start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
-    end = -(-(t.data_ptr() + t.numel() * t.element_size()) // mmap.PAGESIZE) * mmap.PAGESIZE
-    register = getattr(lib, "cuMemHostRegister_v2", None) or lib.cuMemHostRegister
-    if register(ctypes.c_void_p(start), ctypes.c_size_t(end - start), ctypes.c_uint(_READ_ONLY)):
-        return False
-    weakref.finalize(t, lib.cuMemHostUnregister, ctypes.c_void_p(start))
-    return True
-
-
-def _driver():
-    """The CUDA driver library (None without a GPU)."""
-    global _driver_lib
-    if _driver_lib is None:
-        try:
-            _driver_lib = ctypes.CDLL("libcuda.so.1") if torch.cuda.is_available() else False
-        except OSError:
-            _driver_lib = False
-    return _driver_lib or None
