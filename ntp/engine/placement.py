@@ -133,7 +133,7 @@ def device_topology_bytes(num_nodes: int, num_edges: int) -> int:
 
 
 def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, ahead: bool = False) -> int:
-    """Device bytes of a product that streams ``columns`` columns at a time (ntp.engine.transfer.streamed_columns):
+    """Device bytes of a product that streams ``columns`` columns at a time (ntp.engine.transfer.stream_columns):
     a block's input and output, twice when ``ahead`` (the next block arrives and the previous one leaves while one
     computes: where the topology stays on the device, ntp.engine.aggregate.RowBlocks), and a slab of columns
     (ntp.engine.transfer.slab_columns) on its way each way."""
