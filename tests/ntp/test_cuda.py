@@ -65,6 +65,26 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: i
     np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu", arch="coupled"), rtol=1e-4)
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(depth: int, monkeypatch) -> None:
+    """``transfer.stream_columns`` on a GPU: 5 blocks of 7-8 columns, 3 slabs each way, and a compute stream held
+    back before each block (``torch.cuda._sleep``), so a copy that did not wait for its event would overwrite a
+    block still being computed on, or read an output not yet written: every block still lands in its columns."""
+    from ntp.engine import transfer
+
+    monkeypatch.setattr(transfer, "SLAB_BYTES", 3 * 10_000 * 4)
+    h = transfer.host_columns(torch.randn(10_000, 37), pinned=True)
+    out = transfer.host_empty(37, 10_000, dtype=h.dtype, pinned=True).t()
+    blocks = transfer.even_blocks(37, 8)
+
+    def compute(x: torch.Tensor, y: torch.Tensor) -> None:
+        torch.cuda._sleep(2_000_000)  # about a millisecond: the side streams run ahead
+        torch.add(x, 1, out=y).mul_(2)
+
+    transfer.stream_columns(h, out, torch.device("cuda:0"), blocks, depth, compute)
+    assert len(blocks) == 5 and torch.equal(out, (h + 1) * 2)
+
+
 def test_a_bare_cuda_device_is_the_current_gpu() -> None:
     """``cuda`` without an index is the current GPU: the products then see their input where they are (a bare
     ``cuda`` once compared unequal to ``cuda:0`` and sent every product through host memory)."""
