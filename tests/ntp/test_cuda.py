@@ -69,8 +69,10 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: i
 def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(depth: int, monkeypatch) -> None:
     """``transfer.stream_columns`` on a GPU: 5 blocks of 7-8 columns, 3 slabs each way, and a compute stream held
     back before each block (``torch.cuda._sleep``), so a copy that did not wait for its event would overwrite a
-    block still being computed on, or read an output not yet written: every block still lands in its columns."""
+    block still being computed on, or read an output not yet written: every block still lands in its columns. The
+    device holds no more than the memory plan counts (``placement.streamed_bytes``)."""
     from ntp.engine import transfer
+    from ntp.engine.placement import streamed_bytes
 
     monkeypatch.setattr(transfer, "SLAB_BYTES", 3 * 10_000 * 4)
     h = transfer.host_columns(torch.randn(10_000, 37), pinned=True)
@@ -81,8 +83,13 @@ def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(dept
         torch.cuda._sleep(2_000_000)  # about a millisecond: the side streams run ahead
         torch.add(x, 1, out=y).mul_(2)
 
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
     transfer.stream_columns(h, out, torch.device("cuda:0"), blocks, depth, compute)
     assert len(blocks) == 5 and torch.equal(out, (h + 1) * 2)
+    held = torch.cuda.max_memory_allocated() - before
+    assert held <= streamed_bytes(10_000, 8, 4, ahead=depth == 2) + 4 * 512  # the allocator's 512-byte rounding
 
 
 def test_a_bare_cuda_device_is_the_current_gpu() -> None:
