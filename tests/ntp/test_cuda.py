@@ -71,7 +71,7 @@ def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(dept
     back before each block (``torch.cuda._sleep``), so a copy that did not wait for its event would overwrite a
     block still being computed on, or read an output not yet written: every block still lands in its columns. The
     device holds no more than the memory plan counts (``placement.streamed_bytes``)."""
-    from ntp.engine import transfer
+    from ntp.engine import cuda_transpose, transfer
     from ntp.engine.placement import streamed_bytes
 
     monkeypatch.setattr(transfer, "SLAB_BYTES", 3 * 10_000 * 4)
@@ -83,6 +83,7 @@ def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(dept
         torch.cuda._sleep(2_000_000)  # about a millisecond: the side streams run ahead
         torch.add(x, 1, out=y).mul_(2)
 
+    cuda_transpose.works(torch.device("cuda:0"))  # its once-per-GPU check allocates: before the count
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
