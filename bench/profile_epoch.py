@@ -5,7 +5,9 @@
 
 ``--options`` are TrainConfig fields (``name=value``; numbers and booleans as such). The epochs after the warm-up are
 timed first without the profiler (their median, synchronised), then profiled; the table lists the operators by their
-device time (CUDA) or CPU time (``--trace`` saves the profiled epochs' Chrome trace in bench/out).
+device time (CUDA) or CPU time (``--trace`` saves the profiled epochs' Chrome trace in bench/out). On CUDA a line
+follows: the device's time an epoch in copies up, copies down and kernels, their sum, the time the device was busy
+with any of them, and the difference: how much of them overlapped (``--offload``'s copies and products).
 """
 from __future__ import annotations
 
@@ -68,9 +70,37 @@ def main() -> None:
         sync()
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=args.rows), flush=True)
+    if cuda:
+        print(device_overlap(prof.events(), args.epochs), flush=True)
     if args.trace:
         OUT.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(OUT / f"profile-{args.size}.json"))
+
+
+def device_overlap(events, epochs: int) -> str:
+    """One line: the device's milliseconds an epoch by kind of activity (copies up, copies down, kernels), their sum,
+    the time any ran (the union of their intervals), and the overlap (the sum less the union)."""
+    spans: dict[str, list[tuple[float, float]]] = {"up": [], "down": [], "kernels": []}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = "up" if "HtoD" in e.name else "down" if "DtoH" in e.name else "kernels"
+        spans[kind].append((e.time_range.start, e.time_range.end))
+    per = {kind: sum(b - a for a, b in s) / 1e3 / epochs for kind, s in spans.items()}
+    busy = _union(sorted(x for s in spans.values() for x in s)) / 1e3 / epochs
+    total = sum(per.values())
+    return (f"device ms an epoch: up {per['up']:.1f}, down {per['down']:.1f}, kernels {per['kernels']:.1f}; "
+            f"sum {total:.1f}, busy {busy:.1f}, overlapped {total - busy:.1f}")
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of intervals sorted by their start."""
+    length, end = 0.0, float("-inf")
+    for a, b in intervals:
+        if b > end:
+            length += b - max(a, end)
+            end = b
+    return length
 
 
 if __name__ == "__main__":
