@@ -66,7 +66,7 @@ class GraphContext:
         topo, block = self.topology, self.column_block
         resident = {**graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width, self.offload,
                                            self.precision, self.device.type, column_block=block,
-                                           topology_kept=self._offloaded[1]),
+                                           topology_kept=self._offloaded[1], symmetric=topo.symmetric),
                     **self.reserved}  # the model's parts win: GAT's topology is its attention pattern
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
@@ -109,7 +109,7 @@ class GraphContext:
         topo = self.topology
         max_degree = max((int(d.max()) for d in (topo.in_degrees(), topo.out_degrees()) if d.numel()), default=0)
         block, kept = offloaded_layout(topo.num_nodes, topo.num_edges, self.slice_width, room, self.precision,
-                                       max_degree)
+                                       max_degree, topo.symmetric)
         return (self.slice_width if block and self.pipelined else block), kept
 
     @property

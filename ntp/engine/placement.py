@@ -30,9 +30,10 @@ from ntp.engine.transfer import slab_columns
 ACTIVATION_COPIES = 4
 #: Device bytes per edge of each direction of the topology (ntp.engine.topology: 32-bit indices, no values).
 INDEX_BYTES = 4
-#: Device bytes per vertex besides: the row pointers of both directions (32-bit per chunk) and an operator's three
-#: scaling vectors.
-ROW_RESIDENT_BYTES = 2 * 4 + 3 * 4
+#: Device bytes per vertex of each direction's row pointers (32-bit per chunk).
+ROW_POINTER_BYTES = 4
+#: Device bytes per vertex of an operator's three scaling vectors.
+SCALING_BYTES = 3 * 4
 #: Bytes of a row of a streamed column block, at least, beside a topology kept on the device: one memory sector of a
 #: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
 SECTOR_BYTES = 32
@@ -66,10 +67,10 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
 
 
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
-                         device_type: str = "cuda", column_block: int = 1,
-                         topology_kept: bool = False) -> dict[str, int]:
-    """What aggregation keeps on the device besides one chunk: the topology of both directions unless offloaded (or
-    ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice embeddings (input,
+                         device_type: str = "cuda", column_block: int = 1, topology_kept: bool = False,
+                         symmetric: bool = False) -> dict[str, int]:
+    """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
+    offloaded (or ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice embeddings (input,
     output and their gradients), or, with ``offload == "all"`` on a GPU, what a product streaming ``column_block``
     columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the device; the default, one column, is
     the least before the plan has chosen). A product on the resident slice multiplies a float32 copy of its input
@@ -78,7 +79,7 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0
     on_device = offload == "none" or topology_kept
-    parts = {"topology": device_topology_bytes(num_nodes, num_edges) if on_device else 0,
+    parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
              "embeddings": (streamed_bytes(num_nodes, column_block, eb, topology_kept) if streamed
                             else 4 * num_nodes * slice_width * eb)}
     copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
@@ -89,7 +90,7 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
 
 
 def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int, precision: str = "fp32",
-                     max_degree: int = 0) -> tuple[int, bool]:
+                     max_degree: int = 0, symmetric: bool = False) -> tuple[int, bool]:
     """``--offload all`` on a GPU, given ``room`` (what the budget leaves besides the NN stage): how many columns of
     the column slice a product holds on the device at once, and whether the topology stays there meanwhile.
 
@@ -106,7 +107,7 @@ def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int
         return 0, False
     widest = lambda kept: bisect.bisect_right(  # noqa: E731
         range(1, slice_width + 1), room,
-        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree))
+        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree, symmetric))
     beside, sector = widest(True), min(slice_width, SECTOR_BYTES // eb)
     if beside >= sector:
         return min(beside, max(sector, ceil_div(slice_width, 2))), True
@@ -114,7 +115,7 @@ def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int
 
 
 def offload_room(num_nodes: int, num_edges: int, columns: int, precision: str = "fp32", topology_kept: bool = False,
-                 max_degree: int = 0) -> int:
+                 max_degree: int = 0, symmetric: bool = False) -> int:
     """Device bytes ``--offload all`` needs besides the NN stage to stream ``columns`` columns at a time: the
     product's (:func:`streamed_bytes`), a chunk (about an eighth of the chunks' working set, as they number
     :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
@@ -123,13 +124,15 @@ def offload_room(num_nodes: int, num_edges: int, columns: int, precision: str = 
     row = eb * columns + ROW_BYTES
     chunks = max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS,
                  (max_degree + 1) * EDGE_BYTES + row)
-    topology = device_topology_bytes(num_nodes, num_edges) if topology_kept else 0
+    topology = device_topology_bytes(num_nodes, num_edges, symmetric) if topology_kept else 0
     return streamed_bytes(num_nodes, columns, eb, ahead=topology_kept) + chunks + topology
 
 
-def device_topology_bytes(num_nodes: int, num_edges: int) -> int:
-    """Device bytes of the topology of both directions, kept there between products."""
-    return 2 * num_edges * INDEX_BYTES + num_nodes * ROW_RESIDENT_BYTES
+def device_topology_bytes(num_nodes: int, num_edges: int, symmetric: bool = False) -> int:
+    """Device bytes of the topology kept there between products: both directions, or one where ``A`` is symmetric
+    (``A^T`` is ``A``: ntp.engine.topology), and the scaling vectors."""
+    directions = 1 if symmetric else 2
+    return directions * (num_edges * INDEX_BYTES + num_nodes * ROW_POINTER_BYTES) + num_nodes * SCALING_BYTES
 
 
 def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, ahead: bool = False) -> int:
@@ -177,11 +180,14 @@ def ways_out(resident: dict[str, int]) -> str:
 
 
 def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int,
-                        params: int, nn_on_device: bool, device_type: str = "cuda") -> dict[str, int]:
+                        params: int, nn_on_device: bool, device_type: str = "cuda",
+                        symmetric: bool = False) -> dict[str, int]:
     """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
-    before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device)."""
+    before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device; ``symmetric``:
+    ``A`` is, so one direction of the topology is kept)."""
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type)
+    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
+                                 symmetric=symmetric)
     parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,

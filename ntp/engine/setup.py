@@ -128,7 +128,7 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
     parts = placement.rank_resident_parts(cfg, num_nodes=data.num_nodes, num_edges=data.num_edges,
                                           feature_dim=data.feature_dim, out_dim=data.out_dim, world=env.world,
                                           params=sum(p.numel() for p in model.parameters()), nn_on_device=True,
-                                          device_type=env.device.type)
+                                          device_type=env.device.type, symmetric=data.topology.symmetric)
     nn_bytes = parts.pop("NN stage")
     graph_bytes = sum(parts.values())
     free = free_device_bytes(env.device)

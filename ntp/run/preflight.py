@@ -62,7 +62,7 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
     resident = rank_resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges,
                                    feature_dim=meta.feature_dim, out_dim=out_dim, world=spec.world_size, params=params,
                                    nn_on_device=spec.device == "cpu" or cfg.nn_device == "device",
-                                   device_type=spec.device)
+                                   device_type=spec.device, symmetric=bool(meta.preprocessing.get("symmetrized")))
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
                      width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),
                      ways_out=ways_out(resident), pipelined=cfg.overlap and spec.world_size > 1,

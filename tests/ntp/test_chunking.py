@@ -246,6 +246,33 @@ def test_topology_is_8_bytes_per_edge_or_4_when_symmetric() -> None:
     assert undirected.nbytes() == 4 * undirected.num_edges + 8 * (n + 1) + loops
 
 
+def test_a_gpu_plan_counts_one_direction_of_a_symmetric_topology() -> None:
+    """A symmetric ``A`` keeps one topology on the device (``A^T`` is ``A``: one set of row blocks), so the plan
+    counts one direction (only planned here: nothing runs on a device), and the chunks get the room the other one
+    took; so do a rank's resident parts (the preflight's figures: there from the store's "symmetrized" flag)."""
+    from ntp.engine.chunking import format_bytes
+    from ntp.engine.collectives import Comm
+    from ntp.engine.context import GraphContext
+    from ntp.engine.partition import Partition
+    from ntp.engine.placement import device_topology_bytes
+
+    src, dst = DIRECTED["edge_index"]
+    both = {**DIRECTED, "edge_index": np.unique(np.concatenate([[src, dst], [dst, src]], axis=1), axis=1)}
+    topo = _topology(both)
+    n, e = topo.num_nodes, topo.num_edges
+    assert device_topology_bytes(n, e) == 2 * (4 * e + 4 * n) + 12 * n
+    assert device_topology_bytes(n, e, symmetric=True) == 4 * e + 4 * n + 12 * n
+    comm = Comm(Partition(n, 1, 0), torch.device("cuda", 0))
+    ctx = GraphContext(topo, comm, memory_budget=10**7, width=8, offload="none")
+    kept = graph_resident_parts(n, e, 8, "none", symmetric=True)
+    assert kept["topology"] == device_topology_bytes(n, e, symmetric=True)
+    assert f"budget {format_bytes(10**7 - sum(kept.values()))}" in ctx.plan.reason
+    cfg = TrainConfig(model="gcn", hidden=8)
+    rank = [rank_resident_parts(cfg, num_nodes=n, num_edges=e, feature_dim=4, out_dim=8, world=1, params=0,
+                                nn_on_device=False, symmetric=s)["topology"] for s in (False, True)]
+    assert rank == [device_topology_bytes(n, e), device_topology_bytes(n, e, symmetric=True)]
+
+
 def test_attention_topology_keeps_32_bit_ids_and_is_what_the_plan_counts_for_gat() -> None:
     """GAT propagates through its attention pattern alone, so the plan counts that pattern as its topology, in place
     of the row blocks every other model builds (exactly, but for the self-loops the graph already has: the plan
