@@ -22,7 +22,7 @@ from ntp.engine.operators import CSR, Scaling, transpose
 from ntp.engine.page_lock import pin_read_only
 from ntp.engine.precision import LOW_PRECISION, accumulation_dtype
 from ntp.engine.transfer import (Downloads, even_blocks, host_columns, host_empty, is_column_major, stream_columns,
-                                 streamed)
+                                 stream_depth, streamed)
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
@@ -243,8 +243,8 @@ class RowBlocks:
         h = h if is_column_major(h) else host_columns(h, pinned)
         out = host_empty(width, self.num_rows, dtype=h.dtype, pinned=pinned).t()  # column-major
         blocks = even_blocks(width, step)
-        depth = 1 if self._streams else 2  # a streamed topology fills the bus: no block comes ahead
-        stream_columns(h, out, self.device, blocks, depth, lambda x, y: self._chunks_into(x, y, scaling))
+        stream_columns(h, out, self.device, blocks, stream_depth(self._streams),
+                       lambda x, y: self._chunks_into(x, y, scaling))
         return out
 
     def _chunks_into(self, h: torch.Tensor, out: torch.Tensor, scaling: Scaling) -> None:

@@ -23,7 +23,7 @@ from ntp.engine.chunking import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_C
 from ntp.engine.dropout import dropped_copy_bytes
 from ntp.engine.partition import ceil_div
 from ntp.engine.precision import dtype, element_bytes
-from ntp.engine.transfer import slab_columns
+from ntp.engine.transfer import slab_columns, stream_depth
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.
@@ -80,7 +80,7 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     streamed = offload == "all" and device_type == "cuda" and column_block > 0
     on_device = offload == "none" or topology_kept
     parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
-             "embeddings": (streamed_bytes(num_nodes, column_block, eb, topology_kept) if streamed
+             "embeddings": (streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept)) if streamed
                             else 4 * num_nodes * slice_width * eb)}
     copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
                                                                             device_type, precision)
@@ -125,7 +125,7 @@ def offload_room(num_nodes: int, num_edges: int, columns: int, precision: str = 
     chunks = max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS,
                  (max_degree + 1) * EDGE_BYTES + row)
     topology = device_topology_bytes(num_nodes, num_edges, symmetric) if topology_kept else 0
-    return streamed_bytes(num_nodes, columns, eb, ahead=topology_kept) + chunks + topology
+    return streamed_bytes(num_nodes, columns, eb, stream_depth(not topology_kept)) + chunks + topology
 
 
 def device_topology_bytes(num_nodes: int, num_edges: int, symmetric: bool = False) -> int:
@@ -135,12 +135,12 @@ def device_topology_bytes(num_nodes: int, num_edges: int, symmetric: bool = Fals
     return directions * (num_edges * INDEX_BYTES + num_nodes * ROW_POINTER_BYTES) + num_nodes * SCALING_BYTES
 
 
-def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, ahead: bool = False) -> int:
+def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, depth: int = 1) -> int:
     """Device bytes of a product that streams ``columns`` columns at a time (ntp.engine.transfer.stream_columns):
-    a block's input and output, twice when ``ahead`` (the next block arrives and the previous one leaves while one
-    computes: where the topology stays on the device, ntp.engine.aggregate.RowBlocks), and a slab of columns
+    a block's input and output in each of ``depth`` sets (2 where the topology stays on the device: the next block
+    arrives and the previous one leaves while one computes; ntp.engine.transfer.stream_depth), and a slab of columns
     (ntp.engine.transfer.slab_columns) on its way each way."""
-    blocks = 4 if ahead else 2
+    blocks = 2 * depth
     return num_nodes * element_bytes * (blocks * columns + 2 * min(columns, slab_columns(num_nodes, element_bytes)))
 
 

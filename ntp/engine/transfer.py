@@ -112,6 +112,12 @@ def even_blocks(width: int, block: int) -> list[tuple[int, int]]:
     return [(width * i // count, width * (i + 1) // count) for i in range(count)]
 
 
+def stream_depth(topology_streams: bool) -> int:
+    """The sets of buffers :func:`stream_columns` takes: 2, so that the next block arrives while one computes, unless
+    the products stream their topology, which fills the bus already (1)."""
+    return 1 if topology_streams else 2
+
+
 def stream_columns(h: torch.Tensor, out: torch.Tensor, device: torch.device, blocks: list[tuple[int, int]],
                    depth: int, compute: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
     """For each block ``(c0, c1)`` of columns, in order, ``compute(x, y)`` on ``device``, both laid out row by row:
@@ -137,7 +143,8 @@ def stream_columns(h: torch.Tensor, out: torch.Tensor, device: torch.device, blo
 
     _wait(up, _mark(main))  # the buffers may reuse memory that work queued on the compute stream still reads
     try:
-        upload(0) if blocks else None
+        if blocks:
+            upload(0)
         for k, (c0, c1) in enumerate(blocks):
             if depth > 1 and k + 1 < len(blocks):
                 upload(k + 1)

@@ -570,13 +570,13 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
         e, width = 20 * n, 64
         slab = 10 if n == 1_000 else 4
         assert streamed_bytes(n, 10, 4) == n * 4 * (20 + 2 * slab)
-        assert streamed_bytes(n, 10, 4, ahead=True) == n * 4 * (40 + 2 * slab), "a block arriving, one leaving"
+        assert streamed_bytes(n, 10, 4, depth=2) == n * 4 * (40 + 2 * slab), "a block arriving, one leaving"
         chunks = ((e + n) * EDGE_BYTES + n * (4 * 10 + ROW_BYTES)) // STREAMED_CHUNKS
         assert offload_room(n, e, 10) == streamed_bytes(n, 10, 4) + chunks
         hub = (e + 1) * EDGE_BYTES + 4 * 10 + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
         assert offload_room(n, e, 10, max_degree=e) == streamed_bytes(n, 10, 4) + hub
         assert offload_room(n, e, 10, topology_kept=True) == (offload_room(n, e, 10) + device_topology_bytes(n, e)
-                                                              + streamed_bytes(n, 10, 4, True) - streamed_bytes(n, 10, 4))
+                                                              + streamed_bytes(n, 10, 4, 2) - streamed_bytes(n, 10, 4))
         assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4) == (0, False), "room as without offload: they stay"
         assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4 - 1) == (width // 2, True), "in two blocks at least"
         streamed = [offloaded_layout(n, e, width, offload_room(n, e, 7) - k) for k in (0, 1)]
@@ -760,7 +760,7 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     assert roomy.home == comm.device and {c.home.type for c in (short, piped, wide)} == {"cpu"}
     chunks = offload_room(n, e, 4) - streamed_bytes(n, 4, 4)  # what the chunks get
     assert f"budget {format_bytes(chunks)}" in short.plan.reason and short.plan.num_chunks >= STREAMED_CHUNKS
-    kept = device_topology_bytes(n, e) + streamed_bytes(n, width // 2, 4, ahead=True)
+    kept = device_topology_bytes(n, e) + streamed_bytes(n, width // 2, 4, depth=2)
     assert f"budget {format_bytes(wide.memory_budget - kept)}" in wide.plan.reason
     assert "the topology streams" not in wide.plan.reason
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
