@@ -12,7 +12,7 @@ from ntp.engine.collectives import Comm, gather, split
 from ntp.engine.partition import ceil_div
 from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.operators import CSR, scaling, with_self_loops
-from ntp.engine.placement import graph_resident_parts, offloaded_layout, ways_out
+from ntp.engine.placement import graph_resident_parts, offloaded_layout, slice_is_rows, ways_out
 from ntp.engine.precision import element_bytes
 from ntp.engine.topology import Topology
 from ntp.engine.transfer import moved
@@ -66,7 +66,8 @@ class GraphContext:
         topo, block = self.topology, self.column_block
         resident = {**graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width, self.offload,
                                            self.precision, self.device.type, column_block=block,
-                                           topology_kept=self._offloaded[1], symmetric=topo.symmetric),
+                                           topology_kept=self._offloaded[1], symmetric=topo.symmetric,
+                                           rows_counted=self.slice_is_rows),
                     **self.reserved}  # the model's parts win: GAT's topology is its attention pattern
         return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
                          memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
@@ -85,6 +86,11 @@ class GraphContext:
         return ceil_div(max(self.width, 1), self.comm.world)
 
     @property
+    def slice_is_rows(self) -> bool:
+        """Whether the column slice is the NN stage's rows, counted in ``reserved`` (ntp.engine.placement.slice_is_rows)."""
+        return slice_is_rows(self.comm.world, self.reserved.get("NN stage", 0))
+
+    @property
     def column_block(self) -> int:
         """With ``offload="all"`` on a GPU, the columns of the column slice a product holds on the device at once,
         its embeddings kept in host memory between products; 0: they stay on the device (as when the budget holds
@@ -101,7 +107,7 @@ class GraphContext:
     def _offloaded(self) -> tuple[int, bool]:
         """``--offload all`` on a GPU: the column block and whether the topology stays on the device, from the room
         the model leaves (ntp.engine.placement.offloaded_layout)."""
-        if self.offload != "all" or self.device.type != "cuda":
+        if self.offload != "all" or self.device.type != "cuda" or self.slice_is_rows:
             return 0, False
         reserved = sum(self.reserved.values())
         room = (self.memory_budget - reserved if self.memory_budget

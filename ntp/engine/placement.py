@@ -68,10 +68,11 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
 
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
                          device_type: str = "cuda", column_block: int = 1, topology_kept: bool = False,
-                         symmetric: bool = False) -> dict[str, int]:
+                         symmetric: bool = False, rows_counted: bool = False) -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
     offloaded (or ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice
-    embeddings (input, output and their gradients), or, with ``offload == "all"`` on a GPU, what a product streaming
+    embeddings (input, output and their gradients; none where they are the NN stage's rows, counted there:
+    ``rows_counted``, :func:`slice_is_rows`), or, with ``offload == "all"`` on a GPU, what a product streaming
     ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the device; the default, one
     column, is the least before the plan has chosen). A product on the resident slice multiplies a float32 copy of its
     input where it makes one: a bfloat16 input's on a CPU, or rows scaled once (ntp.engine.aggregate.scales_rows: on a
@@ -81,12 +82,22 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     on_device = offload == "none" or topology_kept
     parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
              "embeddings": (streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept)) if streamed
-                            else 4 * num_nodes * slice_width * eb)}
+                            else 0 if rows_counted else 4 * num_nodes * slice_width * eb)}
     copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
                                                                             device_type, precision)
     if copied and not streamed:
         parts["float32 product input"] = 4 * num_nodes * slice_width
     return parts
+
+
+def slice_is_rows(world: int, nn_stage_bytes: int) -> bool:
+    """Whether the column slice is the NN stage's rows themselves, whose bytes the plan counts with the NN stage
+    (``nn_stage_bytes`` on the rank's device): one rank, where split and gather are the identity. Counted again as
+    embeddings, they made the plan about twice a step's live bytes (tests/ntp/test_memory_estimate.py) and sent an
+    H100's products-scale run, whose epoch peaks at 6.15 GB, to a slower path under an 8GB budget: its NN stage to the
+    host (30x) or, with ``--offload all``, its slice through host memory (3.83x, where streaming the topology instead
+    takes 1.12x and holds less). ``--offload all`` keeps such a slice on the device."""
+    return world == 1 and nn_stage_bytes > 0
 
 
 def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int, precision: str = "fp32",
@@ -185,14 +196,15 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
     before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device; ``symmetric``:
     ``A`` is, so one direction of the topology is kept)."""
-    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
-                                 symmetric=symmetric)
-    parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
-                              device_type, cfg.first_dropout)
-    parts["NN stage"] = nn_bytes if nn_on_device else 0
+                              device_type, cfg.first_dropout) if nn_on_device else 0
+    shared = slice_is_rows(world, nn_bytes)
+    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
+    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
+                                 column_block=0 if shared else 1, symmetric=symmetric, rows_counted=shared)
+    parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
+    parts["NN stage"] = nn_bytes
     return parts
 
 

@@ -766,6 +766,33 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     assert GraphContext(topo, comm, memory_budget=10**4, width=width, offload="topology").column_block == 0
 
 
+def test_one_rank_counts_its_slice_once_with_the_nn_stage_that_holds_it() -> None:
+    """On one rank whose NN stage runs on its device the column slice is the NN stage's rows (split and gather are
+    the identity): the plan counts them with the NN stage, not again as embeddings, and ``--offload all`` keeps them
+    there (streaming the topology) where the same room beside the NN stage streams them in blocks of 4 columns when
+    it runs on the host or the ranks are two. Planned only: nothing runs on a device."""
+    from ntp.engine.collectives import Comm
+    from ntp.engine.context import GraphContext
+    from ntp.engine.partition import Partition
+    from ntp.engine.placement import offload_room
+
+    topo = _topology(DIRECTED)
+    n, e, width, nn_stage = topo.num_nodes, topo.num_edges, 32, 10**5
+    one, two = (Comm(Partition(n, world, 0), torch.device("cuda", 0)) for world in (1, 2))
+    context = lambda comm, reserved: GraphContext(  # noqa: E731
+        topo, comm, memory_budget=sum(reserved.values()) + offload_room(n, e, 4), width=width, offload="all",
+        reserved=reserved)
+    kept, hosted, two_ranks = context(one, {"NN stage": nn_stage}), context(one, {"NN stage": 0}), context(two, {})
+    assert [c.column_block for c in (kept, hosted, two_ranks)] == [0, 4, 4]
+    assert kept.home == one.device and kept.topology_offload == "all"
+    cfg = TrainConfig(model="gcn", arch="coupled", hidden=width)
+    parts = lambda world, on_device: rank_resident_parts(cfg, num_nodes=n, num_edges=e, feature_dim=4,  # noqa: E731
+                                                         out_dim=8, world=world, params=0, nn_on_device=on_device)
+    assert parts(1, True)["embeddings"] == 0 < parts(1, True)["NN stage"]
+    assert parts(1, False)["embeddings"] == 4 * n * width * 4 and parts(1, False)["NN stage"] == 0
+    assert parts(2, True)["embeddings"] == 4 * n * (width // 2) * 4
+
+
 def test_a_streamed_topology_comes_in_enough_chunks_for_its_copies_to_overlap() -> None:
     """Where products stream their topology (``--offload`` on a GPU; only planned here), a budget that holds the
     graph in one chunk still cuts :data:`STREAMED_CHUNKS` of about equal working sets, so each chunk's copy overlaps

@@ -49,17 +49,16 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: i
     """A budget too small for the embeddings on the device: they live in pinned host memory and each product copies
     them through the GPU in blocks of 8 columns, over a topology kept on the device (where the blocks come one ahead
     of the compute, two at least: room for the whole 16-column slice gives two blocks of 8) or streamed per block;
-    the losses stay the CPU's. The budget is the NN stage's part plus the room ``--offload all``
-    needs for ``columns`` (``offload_room``: the block's columns and a slab in transit, the chunks, and the topology
-    where it stays; blocks of 8 columns stay with the topology only if the budget counts it). The probe that
-    measures the NN stage's part runs the job's configuration (at dropout 0.5 it counted a dropped copy of the
-    features that the job at dropout 0 does not make: room for 5 more columns)."""
+    the losses stay the CPU's. The NN stage runs on the host: on one rank whose NN stage is on the GPU the slice is
+    its rows, which stay there (ntp.engine.placement.slice_is_rows). The budget is the room ``--offload all`` needs
+    for ``columns`` (``offload_room``: the block's columns and a slab in transit, the chunks, and the topology where
+    it stays; blocks of 8 columns stay with the topology only if the budget counts it)."""
     n = GRAPH["x"].shape[0]
-    env = DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None)
-    probe = setup(_config(arch="coupled", offload="all"), env, loader(GRAPH))
-    room = offload_room(n, probe.ctx.topology.num_edges, columns, topology_kept=topology_kept)
-    budget = f"{sum(probe.ctx.reserved.values()) + room}B"
-    job = _job("cuda:0", arch="coupled", offload="all", memory_budget=budget)
+    options = dict(arch="coupled", offload="all", nn_device="cpu")
+    probe = setup(_config(**options), DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None), loader(GRAPH))
+    assert sum(probe.ctx.reserved.values()) == 0, "the NN stage is on the host"
+    budget = f"{offload_room(n, probe.ctx.topology.num_edges, columns, topology_kept=topology_kept)}B"
+    job = _job("cuda:0", **options, memory_budget=budget)
     assert job.ctx.home.type == "cpu" and job.ctx.column_block == block
     assert (job.ctx.device_topology_bytes() > 0) == topology_kept
     np.testing.assert_allclose([r.loss for r in job.history], _losses("cpu", arch="coupled"), rtol=1e-4)

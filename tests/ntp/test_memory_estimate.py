@@ -57,6 +57,16 @@ def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
     return live.peak + job.x.numel() * job.x.element_size(), estimate
 
 
+@pytest.mark.parametrize("options", CONFIGS, ids=lambda o: "-".join(map(str, o.values())))
+def test_one_rank_is_not_planned_at_much_more_than_a_step(options: dict) -> None:
+    """On one rank the column slice is the NN stage's rows: counted twice (once as embeddings), the plan was 1.8-2.2x
+    what a coupled GCN's step allocates, and sent an H100's products-scale run that peaks at 6.15 GB off the device
+    under an 8GB budget (ntp.engine.placement.slice_is_rows). Counted once, the plan exceeds these steps by at most
+    60 % (the NN stage's four copies per activation are an upper bound)."""
+    measured, estimate = measured_and_estimated(options)
+    assert estimate < 1.6 * measured, f"the plan counts {estimate} bytes, a step allocates {measured}"
+
+
 def _two_rank_worker(options: dict) -> tuple[int, int]:
     from ntp.engine.dist import distributed
 
