@@ -40,6 +40,10 @@ VARIANTS = {
     "gcn --memory-budget": dict(model="gcn", arch="coupled", memory_budget="BUDGET"),
     "gcn --offload topology": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="topology"),
     "gcn --offload all": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all"),
+    # the NN stage on the host: one rank's column slice is then not its rows, and --offload all streams it
+    "gcn --nn-device cpu": dict(model="gcn", arch="coupled", nn_device="cpu"),
+    "gcn --offload all --nn-device cpu": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all",
+                                              nn_device="cpu"),
 }
 PLAN_GPUS = (1, 2, 4, 8, 16)
 PAPERS = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "hidden": 256, "classes": 172}
@@ -165,21 +169,30 @@ def _edges(store: Path) -> int:
 
 
 # -- the papers100M plan --------------------------------------------------------------------------------------------------
-def papers_plan(host_b_per_edge: float, topology_b_per_edge: float, world_sizes=PLAN_GPUS, gpus_per_node: int = 8) -> list[dict]:
-    """Memory per node and per GPU for ogbn-papers100M (coupled GCN, hidden 256, fp32) from measured bytes/edge."""
-    n, e, f, hidden = PAPERS["nodes"], PAPERS["edges"], PAPERS["features"], PAPERS["hidden"]
+def papers_plan(host_b_per_edge: float, world_sizes=PLAN_GPUS, gpus_per_node: int = 8) -> list[dict]:
+    """Memory per node and per GPU for ogbn-papers100M (coupled GCN, hidden 256, dropout 0.5, fp32): the node's host
+    memory from the measured bytes per edge, a GPU's from the memory plan ``--memory-budget`` checks
+    (ntp.engine.placement: the topology, the column slice, the rank's row block of the NN stage; the products' chunks
+    take what a budget leaves), with the topology on the device or streamed (``--offload topology``)."""
+    from ntp.config import TrainConfig
+    from ntp.engine.models import build_model
+    from ntp.engine.placement import rank_resident_parts
+
+    n, e, f, classes = PAPERS["nodes"], PAPERS["edges"], PAPERS["features"], PAPERS["classes"]
+    cfg = TrainConfig(model="gcn", arch="coupled", hidden=PAPERS["hidden"], dropout=0.5)
+    params = sum(p.numel() for p in build_model(cfg, f, classes).parameters())
     rows = []
     for gpus in world_sizes:
         local = min(gpus, gpus_per_node)
         features_node = n * f * 4 * local / gpus  # each rank holds its row block of the features
         host_node = e * host_b_per_edge + features_node + 1e9
-        slice_w = -(-hidden // gpus)
-        # device: the topology (both directions), the column-slice embeddings of a layer (input, output, gradients),
-        # and the rank's row block of the NN stage (features, activations and their gradients)
-        device = e * topology_b_per_edge + 4 * n * slice_w * 4 + (n / gpus) * (f + 2 * hidden) * 4 * 4
+        device = {offload: sum(rank_resident_parts(cfg.replace(offload=offload), num_nodes=n, num_edges=e,
+                                                   feature_dim=f, out_dim=classes, world=gpus, params=params,
+                                                   nn_on_device=True).values())
+                  for offload in ("none", "topology")}
         rows.append({"gpus": gpus, "nodes": -(-gpus // gpus_per_node), "host_GB_per_node": host_node / 1e9,
-                     "device_GB_per_gpu": device / 1e9,
-                     "device_GB_per_gpu_offload_topology": (device - e * topology_b_per_edge) / 1e9})
+                     "device_GB_per_gpu": device["none"] / 1e9,
+                     "device_GB_per_gpu_offload_topology": device["topology"] / 1e9})
     return rows
 
 
@@ -261,7 +274,7 @@ def print_plan() -> None:
     path = OUT / "bytes_per_edge.json"
     measured = json.loads(path.read_text()) if path.is_file() else {"host_B_per_edge": 12.0, "topology_B_per_edge": 8.0,
                                                                      "graph": "design figures (no run yet)"}
-    rows = papers_plan(measured["host_B_per_edge"], measured["topology_B_per_edge"])
+    rows = papers_plan(measured["host_B_per_edge"])
     report("papers100m-plan", rows, {"from": measured["graph"], **measured, **PAPERS})
 
 
