@@ -91,12 +91,11 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
 
 
 def slice_is_rows(world: int, nn_stage_bytes: int) -> bool:
-    """Whether the column slice is the NN stage's rows themselves, whose bytes the plan counts with the NN stage
-    (``nn_stage_bytes`` on the rank's device): one rank, where split and gather are the identity. Counted again as
-    embeddings, they made the plan about twice a step's live bytes (tests/ntp/test_memory_estimate.py) and sent an
-    H100's products-scale run, whose epoch peaks at 6.15 GB, to a slower path under an 8GB budget: its NN stage to the
-    host (30x) or, with ``--offload all``, its slice through host memory (3.83x, where streaming the topology instead
-    takes 1.12x and holds less). ``--offload all`` keeps such a slice on the device."""
+    """Whether the column slice is the NN stage's rows themselves (one rank: split and gather are the identity), whose
+    bytes the plan counts with the NN stage (``nn_stage_bytes`` on the rank's device) and must not count again as
+    embeddings (counted twice, a one-GPU plan was about twice a step: docs/benchmarks.md, section 8). ``--offload
+    all`` keeps such a slice on the device and streams the topology, which holds less and is faster (an H100 at
+    products scale: 1.12x the in-device epoch at 4.24 GB, where streaming the slice took 3.83x at 5.02 GB)."""
     return world == 1 and nn_stage_bytes > 0
 
 
@@ -156,7 +155,11 @@ def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, depth: int 
 
 
 def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
-    """One line for the worker log: how ``--offload all`` moves the column slice through the device."""
+    """One line for the worker log: how ``--offload all`` moves the column slice through the device (``column_block``
+    0: it does not)."""
+    if not column_block:
+        return ("--offload all: the column slice stays on the device (the budget holds it, or one rank's slice is its "
+                "NN stage's rows, there already); the topology streams from host memory")
     blocks = ceil_div(slice_width, column_block)
     where = ("stays on the device, and each block arrives while the one before computes" if topology_kept
              else f"streams {blocks} time(s) a product")

@@ -97,7 +97,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
                   overlap=cfg.overlap, offload=cfg.offload, width=width, nn_device=nn_device,
                   reserved=reserved, precision=cfg.precision)
-    if env.is_main and ctx.column_block:
+    if env.is_main and cfg.offload == "all" and ctx.device.type == "cuda":
         print(f"[ntp] {placement.describe_streaming(ctx.column_block, ctx.slice_width, ctx.topology_offload == 'none')}",
               flush=True)
     model = model.to(nn_device)

@@ -605,6 +605,7 @@ def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_
     assert describe_streaming(8, 64, True).endswith("in 8 block(s) of up to 8 columns; the topology stays on the "
                                                     "device, and each block arrives while the one before computes")
     assert describe_streaming(36, 64, False).endswith("the topology streams 2 time(s) a product")
+    assert describe_streaming(0, 64, False).startswith("--offload all: the column slice stays on the device")
 
 
 OFFLOADABLE = [c for c in MODELS if c["model"] != "gat"]
