@@ -54,16 +54,23 @@ def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
 
 
 def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int,
-                   precision: str = "fp32", device_type: str = "cuda", input_dropout: float = 0.5) -> int:
+                   precision: str = "fp32", device_type: str = "cuda", input_dropout: float = 0.5,
+                   inner: int = 0) -> int:
     """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
     features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
     ntp.engine.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product),
-    activations of every layer, and the (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live
-    tensor bytes against it."""
+    activations of every layer (and ``inner`` columns more: :func:`inner_width`), and the (float32) parameters.
+    tests/ntp/test_memory_estimate.py counts a step's live tensor bytes against it."""
     eb = element_bytes(precision)
     features = eb * rows * in_dim + dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout)
-    activations = eb * rows * (hidden * (layers - 1) + out_dim) * ACTIVATION_COPIES
+    activations = eb * rows * (hidden * (layers - 1) + out_dim + inner) * ACTIVATION_COPIES
     return features + activations + 4 * params * PARAMETER_COPIES
+
+
+def inner_width(cfg) -> int:
+    """Activation columns of a layer besides its output, summed over the layers (``cfg``: a TrainConfig): a coupled
+    GIN layer's MLP hidden layer, ``hidden`` wide."""
+    return cfg.hidden * cfg.nn_layers if cfg.model == "gin" and cfg.arch == "coupled" else 0
 
 
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
@@ -76,7 +83,7 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the device; the default, one
     column, is the least before the plan has chosen). A product on the resident slice multiplies a float32 copy of its
     input where it makes one: a bfloat16 input's on a CPU, or rows scaled once (ntp.engine.aggregate.scales_rows: on a
-    GPU, float32 inputs; on a CPU, dense graphs)."""
+    GPU, float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product writes a float32 output first."""
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0
     on_device = offload == "none" or topology_kept
@@ -87,15 +94,17 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
                                                                             device_type, precision)
     if copied and not streamed:
         parts["float32 product input"] = 4 * num_nodes * slice_width
+    if device_type == "cpu" and precision != "fp32" and not streamed:  # summed in float32, then cast
+        parts["float32 product output"] = 4 * num_nodes * slice_width
     return parts
 
 
 def slice_is_rows(world: int, nn_stage_bytes: int) -> bool:
     """Whether the column slice is the NN stage's rows themselves (one rank: split and gather are the identity), whose
-    bytes the plan counts with the NN stage (``nn_stage_bytes`` on the rank's device) and must not count again as
-    embeddings (counted twice, a one-GPU plan was about twice a step: docs/benchmarks.md, section 8). ``--offload
-    all`` keeps such a slice on the device and streams the topology, which holds less and is faster (an H100 at
-    products scale: 1.12x the in-device epoch at 4.24 GB, where streaming the slice took 3.83x at 5.02 GB)."""
+    bytes the plan counts with the NN stage (``nn_stage_bytes`` on the rank's device), not again as embeddings
+    (counted twice, a one-GPU plan was about twice a step: docs/benchmarks.md, section 8). ``--offload all`` keeps
+    such a slice on the device and streams the topology, which holds less and is faster (an H100 at products scale:
+    1.12x the in-device epoch at 4.24 GB, where streaming the slice took 3.83x at 5.02 GB)."""
     return world == 1 and nn_stage_bytes > 0
 
 
@@ -201,7 +210,7 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     ``A`` is, so one direction of the topology is kept)."""
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
-                              device_type, cfg.first_dropout) if nn_on_device else 0
+                              device_type, cfg.first_dropout, inner_width(cfg)) if nn_on_device else 0
     shared = slice_is_rows(world, nn_bytes)
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
