@@ -55,16 +55,26 @@ def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
 
 def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int,
                    precision: str = "fp32", device_type: str = "cuda", input_dropout: float = 0.5,
-                   inner: int = 0) -> int:
+                   inner: int = 0, in_product: bool = True) -> int:
     """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
     features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
-    ntp.engine.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product),
-    activations of every layer (and ``inner`` columns more: :func:`inner_width`), and the (float32) parameters.
-    tests/ntp/test_memory_estimate.py counts a step's live tensor bytes against it."""
+    ntp.engine.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product, which
+    ``in_product`` allows: :func:`input_dropped_in_product`), activations of every layer (and ``inner`` columns more:
+    :func:`inner_width`), and the (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor
+    bytes against it."""
     eb = element_bytes(precision)
-    features = eb * rows * in_dim + dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout)
+    dropped = (dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout) if in_product
+               else eb * rows * in_dim * (input_dropout > 0))
+    features = eb * rows * in_dim + dropped
     activations = eb * rows * (hidden * (layers - 1) + out_dim + inner) * ACTIVATION_COPIES
     return features + activations + 4 * params * PARAMETER_COPIES
+
+
+def input_dropped_in_product(cfg) -> bool:
+    """Whether the first layer's input dropout may run inside its product (ntp.engine.dropout.RowDropout.linear;
+    ``cfg``: a TrainConfig): not in a coupled GraphSAGE, whose two products read the dropped input
+    (ntp.engine.models.SAGELayer)."""
+    return not (cfg.model == "sage" and cfg.arch == "coupled")
 
 
 def inner_width(cfg) -> int:
@@ -210,7 +220,8 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     ``A`` is, so one direction of the topology is kept)."""
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
-                              device_type, cfg.first_dropout, inner_width(cfg)) if nn_on_device else 0
+                              device_type, cfg.first_dropout, inner_width(cfg),
+                              input_dropped_in_product(cfg)) if nn_on_device else 0
     shared = slice_is_rows(world, nn_bytes)
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
