@@ -92,6 +92,32 @@ def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(dept
     assert held <= streamed_bytes(10_000, 8, 4, depth) + 4 * 512  # the allocator's 512-byte rounding
 
 
+@pytest.mark.parametrize("options", [dict(arch="coupled"), dict(arch="coupled", precision="bf16"),
+                                     dict(arch="coupled", model="sage"), dict(arch="coupled", model="gin"),
+                                     dict(arch="decoupled", nn_layers=3)], ids=lambda o: "-".join(map(str, o.values())))
+def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) -> None:
+    """What a step allocates on the GPU (the caching allocator's peak above what lived before it, plus the features,
+    as tests/ntp/test_memory_estimate.py counts on a CPU) is at most the plan's parts but the topology: on one rank
+    the slice is the NN stage's rows and counts once (ntp.engine.placement.slice_is_rows), in float32 and bfloat16."""
+    from ntp.engine.loop import train_step
+    from ntp.engine.placement import rank_resident_parts
+
+    graph = random_graph(n=40_000, d=128, classes=8, avg_degree=10, seed=5)
+    cfg = _config(hidden=64, dropout=0.5, **options)
+    job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None), loader(graph))
+    train_step(job, 0)  # cuBLAS's workspace and the optimiser's state exist from here on
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    train_step(job, 1)
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before + job.x.numel() * job.x.element_size()
+    parts = rank_resident_parts(cfg, num_nodes=40_000, num_edges=job.ctx.topology.num_edges, feature_dim=128,
+                                out_dim=8, world=1, params=sum(p.numel() for p in job.model.parameters()),
+                                nn_on_device=True, symmetric=job.ctx.topology.symmetric)
+    assert measured <= sum(parts.values()) - parts["topology"], (measured, parts)
+
+
 def test_a_bare_cuda_device_is_the_current_gpu() -> None:
     """``cuda`` without an index is the current GPU: the products then see their input where they are (a bare
     ``cuda`` once compared unequal to ``cuda:0`` and sent every product through host memory)."""
