@@ -64,7 +64,7 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
     bytes against it."""
     eb = element_bytes(precision)
     dropped = (dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout) if in_product
-               else eb * rows * in_dim * (input_dropout > 0))
+               else eb * rows * in_dim if input_dropout else 0)
     features = eb * rows * in_dim + dropped
     activations = eb * rows * (hidden * (layers - 1) + out_dim + inner) * ACTIVATION_COPIES
     return features + activations + 4 * params * PARAMETER_COPIES
@@ -100,11 +100,10 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
              "embeddings": (streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept)) if streamed
                             else 0 if rows_counted else 4 * num_nodes * slice_width * eb)}
-    copied = (device_type == "cpu" and precision != "fp32") or scales_rows(num_edges, num_nodes * slice_width,
-                                                                            device_type, precision)
-    if copied and not streamed:
+    in_float32 = device_type == "cpu" and precision != "fp32"  # a CPU sums a bfloat16 input in float32, then casts
+    if not streamed and (in_float32 or scales_rows(num_edges, num_nodes * slice_width, device_type, precision)):
         parts["float32 product input"] = 4 * num_nodes * slice_width
-    if device_type == "cpu" and precision != "fp32" and not streamed:  # summed in float32, then cast
+    if not streamed and in_float32:
         parts["float32 product output"] = 4 * num_nodes * slice_width
     return parts
 
