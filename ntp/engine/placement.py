@@ -89,13 +89,13 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
     offloaded (or ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice
     embeddings (input, output and their gradients; none where they are the NN stage's rows, counted there:
-    ``rows_counted``, :func:`slice_is_rows`), or, with ``offload == "all"`` on a GPU, what a product streaming
+    ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with ``offload == "all"`` on a GPU, what a product streaming
     ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the device; the default, one
     column, is the least before the plan has chosen). A product on the resident slice multiplies a float32 copy of its
     input where it makes one: a bfloat16 input's on a CPU, or rows scaled once (ntp.engine.aggregate.scales_rows: on a
     GPU, float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product writes a float32 output first."""
     eb = element_bytes(precision)
-    streamed = offload == "all" and device_type == "cuda" and column_block > 0
+    streamed = offload == "all" and device_type == "cuda" and column_block > 0 and not rows_counted
     on_device = offload == "none" or topology_kept
     parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
              "embeddings": (streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept)) if streamed
@@ -221,10 +221,9 @@ def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
                               device_type, cfg.first_dropout, inner_width(cfg),
                               input_dropped_in_product(cfg)) if nn_on_device else 0
-    shared = slice_is_rows(world, nn_bytes)
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
-                                 column_block=0 if shared else 1, symmetric=symmetric, rows_counted=shared)
+                                 symmetric=symmetric, rows_counted=slice_is_rows(world, nn_bytes))
     parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     parts["NN stage"] = nn_bytes
     return parts

@@ -122,10 +122,10 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
     train_step(job, 1)
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated() - before + job.x.numel() * job.x.element_size()
-    parts = rank_resident_parts(cfg, num_nodes=100_000, num_edges=job.ctx.topology.num_edges, feature_dim=128,
-                                out_dim=8, world=1, params=sum(p.numel() for p in job.model.parameters()),
-                                nn_on_device=True, symmetric=job.ctx.topology.symmetric)
     topo = job.ctx.topology
+    parts = rank_resident_parts(cfg, num_nodes=100_000, num_edges=topo.num_edges, feature_dim=128, out_dim=8, world=1,
+                                params=sum(p.numel() for p in job.model.parameters()), nn_on_device=True,
+                                symmetric=topo.symmetric)
     chunk = int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width,
                              element_bytes=element_bytes(cfg.precision)).sum())
     assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
