@@ -25,8 +25,9 @@ from ntp.engine.partition import Partition
 CPU_CHUNK, DEVICE_CHUNK = 1 << 13, 1 << 17
 
 
-def pair_chunk(device: torch.device) -> int:
-    return CPU_CHUNK if device.type == "cpu" else DEVICE_CHUNK
+def pair_chunk(device_type: str) -> int:
+    """Pairs per chunk on a ``device_type`` device (the memory plan's too: ntp.engine.link_memory)."""
+    return CPU_CHUNK if device_type == "cpu" else DEVICE_CHUNK
 
 
 def pair_comm(num_pairs: int, comm: Comm) -> Comm:
@@ -48,26 +49,32 @@ def train_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tenso
     h = h_cols.detach()
     h_grad = torch.zeros_like(h)
     total = torch.zeros(1, dtype=torch.float64, device=h.device)
-    step = pair_chunk(h.device)
+    step = pair_chunk(h.device.type)
     for first in range(0, len(pairs), step):
-        chunk = pairs[first : first + step]
-        pc = pair_comm(len(chunk), comm)
-        hu, hv = _ends(h, chunk)
-        prod = (hu * hv).requires_grad_()
-        scores = model.decode(prod, pc, first, stream)
-        r0, r1 = pc.part.rows()
-        positive = torch.arange(first + r0, first + r1, device=scores.device) < k
-        loss = torch.where(positive, -F.logsigmoid(scores), -F.logsigmoid(-scores)).sum() / k
-        loss.backward()
-        g = prod.grad
-        h_grad.index_add_(0, chunk[:, 0], g * hv).index_add_(0, chunk[:, 1], g * hu)
-        total += loss.detach().double()
+        total += _train_chunk(model, h, h_grad, pairs[first : first + step], first, k, comm, stream)
     return total, h_grad
+
+
+def _train_chunk(model: torch.nn.Module, h: torch.Tensor, h_grad: torch.Tensor, chunk: torch.Tensor, first: int,
+                 k: int, comm: Comm, stream: int) -> torch.Tensor:
+    """One chunk's loss (float64 [1]) and its gradients, accumulated into ``h_grad`` and the decoder's ``.grad``; its
+    tensors die on return, before the next chunk's are made (ntp.engine.link_memory counts one chunk)."""
+    pc = pair_comm(len(chunk), comm)
+    hu, hv = _ends(h, chunk)
+    prod = (hu * hv).requires_grad_()
+    scores = model.decode(prod, pc, first, stream)
+    r0, r1 = pc.part.rows()
+    positive = torch.arange(first + r0, first + r1, device=scores.device) < k
+    loss = torch.where(positive, -F.logsigmoid(scores), -F.logsigmoid(-scores)).sum() / k
+    loss.backward()
+    g = prod.grad
+    h_grad.index_add_(0, chunk[:, 0], g * hv).index_add_(0, chunk[:, 1], g * hu)
+    return loss.detach().double()
 
 
 def _own_chunk_scores(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, comm: Comm):
     """``(first pair, pair communicator, scores of this rank's share)`` of every chunk of ``pairs``."""
-    step = pair_chunk(h_cols.device)
+    step = pair_chunk(h_cols.device.type)
     for first in range(0, len(pairs), step):
         chunk = pairs[first : first + step].to(h_cols.device)
         pc = pair_comm(len(chunk), comm)

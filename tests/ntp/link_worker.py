@@ -27,7 +27,7 @@ def link_graph(n: int = 50, d: int = 7, edges: int = 260, seed: int = 0) -> dict
     return {"n": n, "edge_index": graph, "splits": splits, "x": rng.normal(size=(n, d)).astype(np.float32)}
 
 
-def _loader(graph: dict, features: bool):
+def link_loader(graph: dict, features: bool):
     def load(cfg, world: int, rank: int):
         return link_from_arrays(graph["edge_index"], graph["n"], graph["splits"], graph["x"] if features else None,
                                 world=world, rank=rank)
@@ -35,7 +35,7 @@ def _loader(graph: dict, features: bool):
 
 
 def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> dict:
-    job = setup(cfg, env, _loader(graph, features))
+    job = setup(cfg, env, link_loader(graph, features))
     losses, grads = train_traced(job, epochs)
     job.model.eval()
     with torch.no_grad():
@@ -48,16 +48,20 @@ def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> di
 
 
 def trace_all(configs: list[tuple[dict, bool]], graph: dict, epochs: int) -> list[dict]:
+    chunk = link_pairs.CPU_CHUNK
     link_pairs.CPU_CHUNK = 16  # chunks of a few pairs, split unevenly over ranks: as a large batch in big chunks
-    with distributed(60, "cpu") as env:
-        return [trace(TrainConfig(**c), features, graph, epochs, env) for c, features in configs]
+    try:
+        with distributed(60, "cpu") as env:
+            return [trace(TrainConfig(**c), features, graph, epochs, env) for c, features in configs]
+    finally:  # it also runs in the test's own process
+        link_pairs.CPU_CHUNK = chunk
 
 
 def fit_run(cfg: dict, graph: dict) -> dict:
     """Train with ntp.engine.loop.fit (checkpoints and --resume as a job does them), featureless (learned embeddings):
     every epoch's loss, the final record and the whole embedding matrix."""
     with distributed(60, "cpu") as env:
-        job = setup(TrainConfig(**cfg), env, _loader(graph, features=False))
+        job = setup(TrainConfig(**cfg), env, link_loader(graph, features=False))
         final = fit(job, sinks=[])
         return {"losses": [r.loss for r in job.history], "valid": [r.valid_metric for r in job.history],
                 "best": (final.best_epoch, final.test_metric), "embedding": job.model.state_dict()["embedding.weight"]}
