@@ -208,11 +208,21 @@ class GraphStore:
 
     def link_split(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
         """(positive pairs [E, 2], negatives or None) of a link-prediction split (see storage.schema.LINK_PREFIX)."""
+        self._check_link_split(name)
+        neg = S.link_array(name, "neg")
+        return self._read(S.link_array(name, "pos")), self._read(neg) if neg in self.meta.checksums else None
+
+    def _check_link_split(self, name: str) -> None:
         if self.meta.task_type != "link" or name not in self.meta.split_names:
             raise ValueError(f"store {self.location} has no link split {name!r} (task {self.meta.task_type}, "
                              f"splits {self.meta.split_names})")
+
+    def link_split_shapes(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """Shapes of a link-prediction split's positives and negatives (None: it has none), without reading them."""
+        self._check_link_split(name)
         neg = S.link_array(name, "neg")
-        return self._read(S.link_array(name, "pos")), self._read(neg) if neg in self.meta.checksums else None
+        shape = lambda array: tuple(self._array(array).shape)  # noqa: E731
+        return shape(S.link_array(name, "pos")), shape(neg) if neg in self.meta.checksums else None
 
     def relation_csr(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(indptr over the destination type's rows, source ids local to the source type) of one relation of a

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import placement
+from ntp.engine import link_memory
 from ntp.engine.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
 from ntp.engine.context import GraphContext
 from ntp.engine.data import GraphData
@@ -27,7 +27,7 @@ from ntp.engine.dist import DistEnv
 from ntp.engine.link_data import LinkGraphData, read_link_splits, with_link_splits
 from ntp.engine.link_eval import link_evaluator
 from ntp.engine.link_model import LinkModel
-from ntp.engine.link_pairs import score_pairs, train_pairs
+from ntp.engine.link_pairs import pair_chunk, score_pairs, train_pairs
 from ntp.engine.partition import Partition
 from ntp.errors import ConfigError
 
@@ -72,24 +72,39 @@ def _topology(data: GraphData) -> Any:
     return CSR.from_numpy(data.indptr, data.indices)
 
 
-def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any]:
-    """The fields of a ``Job`` (ntp.engine.setup) that trains link prediction on ``data``."""
+def check_link_config(cfg: TrainConfig) -> None:
+    """Options link prediction does not take (the launcher's preflight checks them too)."""
     if cfg.mode == "data":
         raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
+    if cfg.precision != "fp32":
+        raise ConfigError(f"--precision {cfg.precision} is not implemented for link prediction yet: use --precision "
+                          "fp32")
+    if cfg.nn_device == "cpu":
+        raise ConfigError("--nn-device cpu is not implemented for link prediction yet: its encoder runs on the rank's "
+                          "device; to hold less there use --offload topology or --offload all, or more ranks")
+
+
+def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any]:
+    """The fields of a ``Job`` (ntp.engine.setup) that trains link prediction on ``data``."""
+    check_link_config(cfg)
     if not isinstance(data, LinkGraphData):  # read from a store: its edge splits too
         data = with_link_splits(data, read_link_splits(cfg.store))
     splits = data.link_splits
     n = data.num_nodes
     part = Partition(n, env.world, env.rank)
-    sizes = {k: (len(p), None if q is None else tuple(q.shape)) for k, (p, q) in splits.items()}
+    shapes = split_shapes(splits)
     check_same_on_all_ranks("link graph (nodes, edges, features, splits)",
-                            (n, data.num_edges, data.feature_dim, sizes, cfg.to_json()))
+                            (n, data.num_edges, data.feature_dim, shapes, cfg.to_json()))
     comm = Comm(part, env.device, group=None)
     model = LinkModel(cfg, n, data.feature_dim, part).to(env.device)
-    width = max(placement.propagated_width(cfg.arch, cfg.hidden, cfg.hidden), cfg.hidden)
-    ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
-                       memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload, width=width,
-                       nn_device=env.device)
+    topology = _topology(data)
+    reserved = link_memory.reserved_parts(cfg, num_nodes=n, num_edges=data.num_edges, feature_dim=data.feature_dim,
+                                          splits=shapes, world=env.world,
+                                          params=sum(p.numel() for p in model.replicated()),
+                                          device_type=env.device.type, symmetric=getattr(topology, "symmetric", False))
+    ctx = GraphContext(topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
+                       memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
+                       width=cfg.hidden, nn_device=env.device, reserved=reserved)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
@@ -98,6 +113,12 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer,
                 x=torch.from_numpy(data.features).to(env.device), y=torch.zeros(0), local_split={},
                 global_train_count=len(splits["train"][0]), link=task)
+
+
+def split_shapes(splits: dict) -> dict:
+    """By split, the shapes of its positive pairs and of its negatives (None: none), as ntp.engine.link_memory takes
+    them."""
+    return {k: (tuple(np.shape(p)), None if q is None else tuple(np.shape(q))) for k, (p, q) in splits.items()}
 
 
 class LinkTask:
@@ -155,15 +176,25 @@ class LinkTask:
         for split, (pos, neg) in self.eval_sets.items():
             s_pos = score_pairs(job.model, h_cols, pos, job.comm)
             if self.metric == "mrr":  # negatives [E, K]: targets for each positive's source
-                src = pos[:, :1].expand(-1, neg.shape[1]).reshape(-1)
-                s_neg = score_pairs(job.model, h_cols, torch.stack([src, neg.reshape(-1)], 1), job.comm)
-                s_neg = s_neg.view(neg.shape)
+                s_neg = _source_target_scores(job, h_cols, pos[:, 0], neg)
             else:
                 if id(neg) not in scored:
                     scored[id(neg)] = score_pairs(job.model, h_cols, neg, job.comm)
                 s_neg = scored[id(neg)]
             out[split] = self.score(s_pos, s_neg)
         return out
+
+
+def _source_target_scores(job: Any, h_cols: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Scores [E, K] of the pairs (sources[e], targets[e, k]), formed a block of sources at a time (about a chunk of
+    pairs: ntp.engine.link_pairs.pair_chunk) rather than all E x K at once."""
+    block = max(1, pair_chunk(job.comm.device.type) // max(targets.shape[1], 1))
+    scores = []
+    for e in range(0, len(sources), block):
+        t = targets[e : e + block]
+        pairs = torch.stack([sources[e : e + block, None].expand_as(t).reshape(-1), t.reshape(-1)], 1)
+        scores.append(score_pairs(job.model, h_cols, pairs, job.comm).view(t.shape))
+    return torch.cat(scores) if scores else torch.zeros(targets.shape)
 
 
 def clip_gradients(model: LinkModel, comm: Comm, max_norm: float) -> None:

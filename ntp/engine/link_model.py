@@ -164,6 +164,17 @@ class MLPDecoder(nn.Module):
         return self.lins[-1](x)[:, 0]
 
 
+def build_decoder(cfg: TrainConfig) -> nn.Module:
+    return MLPDecoder(cfg.hidden, cfg.hidden, cfg.decoder_layers, cfg.dropout) if cfg.decoder == "mlp" else DotDecoder()
+
+
+def replicated_size(cfg: TrainConfig, feature_dim: int) -> int:
+    """Elements of the parameters every rank holds whole (:meth:`LinkModel.replicated`), counted without making the
+    node embeddings."""
+    modules = (build_model(cfg, feature_dim or cfg.hidden, cfg.hidden), build_decoder(cfg))
+    return sum(p.numel() for m in modules for p in m.parameters())
+
+
 class LinkModel(nn.Module):
     """Encoder (with sliced embeddings when there are no features) and decoder."""
 
@@ -172,8 +183,7 @@ class LinkModel(nn.Module):
         self.encoder = build_model(cfg, feature_dim or cfg.hidden, cfg.hidden)  # seeded from cfg.seed
         self.embedding = SlicedEmbedding(num_nodes, cfg.hidden, part, cfg.seed) if feature_dim == 0 else None
         torch.manual_seed(cfg.seed + 1)
-        self.decoder = (MLPDecoder(cfg.hidden, cfg.hidden, cfg.decoder_layers, cfg.dropout) if cfg.decoder == "mlp"
-                        else DotDecoder())
+        self.decoder = build_decoder(cfg)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         """Node embeddings of this rank's rows (row layout)."""

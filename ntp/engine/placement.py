@@ -203,8 +203,12 @@ def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
 
 
 def ways_out(resident: dict[str, int]) -> str:
-    """How else a budget too small for ``resident`` (by part) can be met, besides a larger one: GAT's edge tensors
-    are on every rank whatever their number, and it offloads nothing ("" means ntp.engine.chunking's default)."""
+    """How else a budget too small for ``resident`` (by part) can be met, besides a larger one: link prediction's
+    encoder stays on the rank's device and its pairs come in chunks (ntp.engine.link_memory); GAT's edge tensors are
+    on every rank whatever their number, and it offloads nothing ("" means ntp.engine.chunking's default)."""
+    if "pair chunk" in resident:
+        return ("keep less resident (--offload topology, --offload all), score fewer pairs at once (a smaller "
+                "--link-batch: a chunk holds up to twice its edges), or use more ranks (narrower column slices)")
     if "attention" not in resident:
         return ""
     return ("use fewer --heads (GAT keeps its edge tensors per head, on every rank), --nn-device cpu, or a model "

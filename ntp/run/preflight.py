@@ -29,7 +29,11 @@ def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
     from storage import open_store
 
     store = open_store(cfg.store)
-    if store.meta.task_type != "link":  # link prediction trains on the store's edge splits (always non-empty)
+    if store.meta.task_type == "link":  # it trains on the store's edge splits (always non-empty)
+        from ntp.engine.link import check_link_config
+
+        check_link_config(cfg)
+    else:
         count_train_labels(store.meta.name, torch.from_numpy(store.labels()), store.split("train"))
     checkpoint.check_output_paths(cfg)
     if cfg.resume:
@@ -55,14 +59,18 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
         return None
     if meta.hetero:
         return _hetero_plan(spec, store)
-    out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
+    symmetric = bool(meta.preprocessing.get("symmetrized"))
+    if meta.task_type == "link":
+        resident, out_dim = _link_parts(spec, store, symmetric), cfg.hidden
+    else:
+        out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
+        params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
+        # on a GPU, nn_device "auto" may move the NN stage to the host; the ranks decide (and check) that themselves
+        resident = rank_resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges,
+                                       feature_dim=meta.feature_dim, out_dim=out_dim, world=spec.world_size,
+                                       params=params, nn_on_device=spec.device == "cpu" or cfg.nn_device == "device",
+                                       device_type=spec.device, symmetric=symmetric)
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), spec.world_size)
-    params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
-    # on a GPU, nn_device "auto" may move the NN stage to the host; the ranks decide (and check) that themselves
-    resident = rank_resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges,
-                                   feature_dim=meta.feature_dim, out_dim=out_dim, world=spec.world_size, params=params,
-                                   nn_on_device=spec.device == "cpu" or cfg.nn_device == "device",
-                                   device_type=spec.device, symmetric=bool(meta.preprocessing.get("symmetrized")))
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
                      width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),
                      ways_out=ways_out(resident), pipelined=cfg.overlap and spec.world_size > 1,
@@ -78,3 +86,15 @@ def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:
     plans = plan_operators(spec.config, load_relations(store), {t["name"]: t["count"] for t in types},
                            {t["name"]: t["feature_dim"] for t in types}, store.meta.num_classes, spec.world_size)
     return summary(plans)
+
+
+def _link_parts(spec: LaunchSpec, store, symmetric: bool) -> dict[str, int]:
+    """A link rank's parts (ntp.engine.link_memory), with the model every rank will build."""
+    from ntp.engine.link_memory import resident_parts
+    from ntp.engine.link_model import replicated_size
+
+    cfg, meta = spec.config, store.meta
+    return resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
+                          splits={name: store.link_split_shapes(name) for name in meta.split_names},
+                          world=spec.world_size,
+                          params=replicated_size(cfg, meta.feature_dim), device_type=spec.device, symmetric=symmetric)

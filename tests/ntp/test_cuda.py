@@ -131,6 +131,37 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
     assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
 
 
+@pytest.mark.parametrize("features", [True, False], ids=["features", "learned"])
+def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool) -> None:
+    """Link prediction's plan (ntp.engine.link_memory) on a GPU, whose chunks of pairs are 16 times a CPU's: a
+    step's allocator peak (above what lived before it, plus the features) is at most its parts but the topology and
+    one chunk of propagation; and the GPU trains as the CPU does."""
+    from ntp.engine import link_memory
+    from ntp.engine.chunking import degree_costs
+    from ntp.engine.link import split_shapes
+    from ntp.engine.loop import train_step
+    from tests.ntp.link_worker import link_graph, link_loader
+
+    graph, cfg = link_graph(n=50_000, d=64, edges=400_000, seed=2), _config(hidden=64, dropout=0.5, mode="tp")
+    first = {}
+    for device in ("cpu", "cuda:0"):  # the GPU's job stays: cuBLAS's workspace and Adam's state exist after a step
+        job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None), link_loader(graph, features))
+        first[device] = train_step(job, 0)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    train_step(job, 1)
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before + job.x.numel() * job.x.element_size()
+    topo = job.ctx.topology
+    parts = link_memory.resident_parts(cfg, num_nodes=50_000, num_edges=topo.num_edges,
+                                       feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits), world=1,
+                                       params=sum(p.numel() for p in job.model.replicated()), symmetric=topo.symmetric)
+    chunk = int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width).sum())
+    assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
+    np.testing.assert_allclose(first["cuda:0"], first["cpu"], rtol=1e-4)
+
+
 def test_a_bare_cuda_device_is_the_current_gpu() -> None:
     """``cuda`` without an index is the current GPU: the products then see their input where they are (a bare
     ``cuda`` once compared unequal to ``cuda:0`` and sent every product through host memory)."""

@@ -104,3 +104,34 @@ def test_chunked_loss_and_gradients_equal_whole_batch_autograd(decoder: str, mon
         torch.testing.assert_close(grads[name], p.grad, msg=lambda m: f"{name}: {m}")
     assert float(h_grad.abs().sum()) > 0 and all(g.abs().sum() > 0 for g in grads.values())
     assert len(grads) == (6 if decoder == "mlp" else 0)
+
+
+def test_mrr_scores_its_pairs_a_block_of_sources_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MRR split's negatives [E, K] are scored a block of positives at a time (E x K pairs never formed at once):
+    the same scores as the whole pairs, and the split's metric from them, over blocks that do not divide E."""
+    from ntp.engine.dist import DistEnv
+    from ntp.engine.link import _source_target_scores
+    from ntp.engine.link_data import link_from_arrays
+    from ntp.engine.loop import evaluate_splits
+    from ntp.engine.setup import setup
+    from tests.ntp.link_worker import link_graph
+
+    monkeypatch.setattr(link_pairs, "CPU_CHUNK", 16)  # 16 // 5: blocks of 3 sources
+    graph, rng = link_graph(seed=3), np.random.default_rng(4)
+    splits = {k: (p, rng.integers(0, graph["n"], (len(p), 5)) if q is not None else None)
+              for k, (p, q) in graph["splits"].items()}
+    data = lambda cfg, world, rank: link_from_arrays(graph["edge_index"], graph["n"], splits, graph["x"],  # noqa: E731
+                                                      metric="mrr")
+    job = setup(TrainConfig(model="gcn", hidden=8, seed=1, mode="single"), DistEnv(0, 1, 0, 1, torch.device("cpu"),
+                                                                                   None), data)
+    job.model.eval()
+    with torch.no_grad():
+        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
+        pos, neg = job.link.eval_sets["valid"]
+        whole = torch.stack([pos[:, :1].expand_as(neg).reshape(-1), neg.reshape(-1)], 1)
+        expected = link_pairs.score_pairs(job.model, h_cols, whole, job.comm).view(neg.shape)
+        scores = _source_target_scores(job, h_cols, pos[:, 0], neg)
+        valid = link_metric("mrr", link_pairs.score_pairs(job.model, h_cols, pos, job.comm), expected)
+    assert len(pos) % 3
+    torch.testing.assert_close(scores, expected, rtol=1e-6, atol=1e-7)  # the MLP's products on other batch sizes
+    assert evaluate_splits(job)["valid"] == pytest.approx(valid)

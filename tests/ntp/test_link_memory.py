@@ -1,0 +1,151 @@
+"""Link prediction's memory plan (ntp.engine.link_memory) holds what a link step really allocates, counted tensor by
+tensor (tests/ntp/live_bytes.py), on one rank and on two: the encoder, the learned embeddings with Adam's moments,
+the gradient of the encoder's output, a chunk of pairs in the decoder and the edges a CPU rank keeps. Before it, a
+link job's budget counted the propagation's parts only (41 MB of a step that allocates 83 MB here). The ranks and the
+launcher's preflight plan alike, and a budget too small fails before training, naming the link step's parts."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine import link_memory, link_pairs
+from ntp.engine.dist import DistEnv
+from ntp.engine.link import split_shapes
+from ntp.engine.loop import train_step
+from ntp.engine.setup import setup
+from ntp.errors import ConfigError, MemoryPlanError
+from ntp.run.preflight import check_launch
+from ntp.spec import resolve
+from tests.ntp.link_worker import link_graph, link_loader
+from tests.ntp.live_bytes import LiveBytes
+from tests.ntp.spawn import run_on_ranks
+
+N, FEATURES = 8_000, 48
+SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
+#: (options, whether the graph has features); 4096 positives and as many negatives a batch: a chunk of pairs
+CASES = [(dict(model="gcn", hidden=96, link_batch=4096), True),
+         (dict(model="gcn", hidden=96, link_batch=4096), False),  # learned embeddings
+         (dict(model="sage", hidden=96, link_batch=4096, decoder="dot"), True),
+         (dict(model="sage", hidden=64, link_batch=4096, decoder_layers=3), False),
+         (dict(model="gin", hidden=64, link_batch=4096, dropout=0.0), True)]
+IDS = [f"{o['model']}-{o.get('decoder', 'mlp')}-{'features' if f else 'learned'}" for o, f in CASES]
+
+
+def _graph() -> dict:
+    return link_graph(n=N, d=FEATURES, edges=60_000, seed=1)
+
+
+def _job(options: dict, features: bool, env: DistEnv = SINGLE):
+    return setup(TrainConfig(mode="tp", epochs=2, seed=1, **options), env, link_loader(_graph(), features))
+
+
+def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -> tuple[int, int]:
+    """A link step's peak live bytes with what it starts from (features, the embeddings and their Adam moments, the
+    edges and splits), and the plan's count of all but the topology, on a CPU rank."""
+    job = _job(options, features, env)
+    train_step(job, 0)  # the optimizer's state exists from here on
+    live = LiveBytes()
+    with live:
+        train_step(job, 1)
+    held = [job.x, job.link.taken, *job.link.pos.values(), *(q for q in job.link.neg.values() if q is not None)]
+    if job.model.embedding is not None:
+        weight = job.model.embedding.weight
+        held += [weight, *job.optimizer.state[weight].values()]
+    parts = link_memory.resident_parts(job.cfg, num_nodes=N, num_edges=job.data.num_edges,
+                                       feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits),
+                                       world=env.world, params=sum(p.numel() for p in job.model.replicated()),
+                                       device_type="cpu")
+    return live.peak + sum(t.numel() * t.element_size() for t in held), sum(parts.values()) - parts["topology"]
+
+
+@pytest.mark.parametrize("options, features", CASES, ids=IDS)
+def test_the_plan_covers_a_link_step_on_one_rank(options: dict, features: bool) -> None:
+    measured, planned = measured_and_planned(options, features)
+    assert measured <= planned < 2 * measured, f"the plan counts {planned} bytes, a step allocates {measured}"
+
+
+def _two_rank_worker(cases: list) -> list[tuple[int, int]]:
+    from ntp.engine.dist import distributed
+
+    with distributed(60, "cpu") as env:
+        return [measured_and_planned(options, features, env) for options, features in cases]
+
+
+def test_the_plan_covers_a_link_step_on_each_of_two_ranks() -> None:
+    for rank, results in enumerate(run_on_ranks(_two_rank_worker, 2, CASES[:2] + CASES[3:4], timeout=300)):
+        for (options, features), (measured, planned) in zip(CASES[:2] + CASES[3:4], results):
+            assert measured <= planned < 2 * measured, f"rank {rank}, {options}, features {features}: " \
+                                                         f"the plan counts {planned}, a step allocates {measured}"
+
+
+@pytest.mark.parametrize("options", [dict(decoder="dot"), dict(decoder_layers=2), dict(decoder_layers=4)],
+                         ids=["dot", "mlp-2", "mlp-4"])
+def test_a_chunk_of_pairs_holds_what_the_plan_counts(options: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoder's pass over a batch holds the gradient of the encoder's output and one chunk at a time: a chunk's
+    tensors die before the next chunk's are made (they lived on through the loop: six copies of a chunk where the
+    plan counts five)."""
+    job = _job(dict(model="gcn", hidden=64, link_batch=8192, **options), features=True)  # two chunks a batch
+    train_step(job, 0)
+    peaks = []
+
+    def measured(*args, **kwargs):
+        live = LiveBytes()
+        with live:
+            out = train_pairs(*args, **kwargs)
+        peaks.append(live.peak)
+        return out
+
+    train_pairs = link_pairs.train_pairs
+    monkeypatch.setattr("ntp.engine.link.train_pairs", measured)
+    train_step(job, 1)
+    planned = link_memory.pair_chunk_bytes(job.cfg, 1, 64, "cpu") + 4 * N * 64  # and the output's gradient
+    assert peaks and max(peaks) <= planned, (max(peaks), planned)
+
+
+def test_a_budget_too_small_names_the_link_steps_parts_and_the_minimum_it_names_works() -> None:
+    options = dict(model="gcn", hidden=64, link_batch=4096)
+    with pytest.raises(MemoryPlanError) as err:
+        _job(dict(options, memory_budget="5MB"), features=False).ctx.plan
+    message = str(err.value)
+    for part in ("cannot hold this rank", "NN stage", "node embeddings", "pair chunk", "raise --memory-budget",
+                 "--link-batch"):
+        assert part in message, message
+    assert "--nn-device" not in message  # a link rank's encoder stays on its device
+    minimum = re.search(r"at least ([0-9.]+[KMG]B)", message).group(1)
+    assert _job(dict(options, memory_budget=minimum), features=False).ctx.plan.num_chunks > 1
+
+
+@pytest.fixture(scope="module")
+def link_store(tmp_path_factory: pytest.TempPathFactory):
+    from storage.prepare import prepare
+    from tests.ntp.test_link_run import _community_folder
+
+    tmp = tmp_path_factory.mktemp("link")
+    return prepare("communities", from_dir=_community_folder(tmp / "folder", n=400), out=tmp / "store",
+                   symmetrize=True, progress=lambda line: None)
+
+
+def test_the_launcher_plans_a_link_job_as_its_ranks_do(link_store) -> None:
+    """The preflight reads the splits' shapes from the store (not their pairs) and counts the model the ranks build."""
+    cfg = TrainConfig(store=str(link_store), model="gcn", hidden=32, link_batch=512, mode="tp")
+    with pytest.raises(MemoryPlanError, match="pair chunk") as err:
+        check_launch(resolve(cfg.replace(memory_budget="100KB"), nproc=1, device="cpu"))
+    minimum = re.search(r"at least ([0-9.]+[KMG]B)", str(err.value)).group(1)
+    budgeted = cfg.replace(memory_budget=minimum)
+    plan = check_launch(resolve(budgeted, nproc=1, device="cpu"))
+    job = setup(budgeted, SINGLE)
+    assert plan.bounds == job.ctx.plan.bounds and plan.num_chunks > 1
+
+
+@pytest.mark.parametrize("option, message", [(dict(precision="bf16"), "--precision bf16 is not implemented"),
+                                             (dict(nn_device="cpu"), "--nn-device cpu is not implemented")])
+def test_options_link_prediction_would_ignore_are_refused(option: dict, message: str, link_store) -> None:
+    """They ran without a word: bfloat16 trained in float32, and the encoder stayed on the rank's device. The
+    launcher's preflight refuses them before any rank starts, and so does a rank."""
+    with pytest.raises(ConfigError, match=message):
+        _job(dict(model="gcn", hidden=16, **option), features=True)
+    with pytest.raises(ConfigError, match=message):
+        check_launch(resolve(TrainConfig(store=str(link_store), **option), nproc=1, device="cpu"))
