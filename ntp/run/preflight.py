@@ -96,5 +96,5 @@ def _link_parts(spec: LaunchSpec, store, symmetric: bool) -> dict[str, int]:
     cfg, meta = spec.config, store.meta
     return resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
                           splits={name: store.link_split_shapes(name) for name in meta.split_names},
-                          world=spec.world_size,
-                          params=replicated_size(cfg, meta.feature_dim), device_type=spec.device, symmetric=symmetric)
+                          world=spec.world_size, params=replicated_size(cfg, meta.feature_dim),
+                          device_type=spec.device, symmetric=symmetric)

@@ -155,8 +155,9 @@ def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool) -> 
     measured = torch.cuda.max_memory_allocated() - before + job.x.numel() * job.x.element_size()
     topo = job.ctx.topology
     parts = link_memory.resident_parts(cfg, num_nodes=50_000, num_edges=topo.num_edges,
-                                       feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits), world=1,
-                                       params=sum(p.numel() for p in job.model.replicated()), symmetric=topo.symmetric)
+                                       feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits),
+                                       world=1, params=sum(p.numel() for p in job.model.replicated()),
+                                       symmetric=topo.symmetric)
     chunk = int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width).sum())
     assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
     np.testing.assert_allclose(first["cuda:0"], first["cpu"], rtol=1e-4)
