@@ -108,7 +108,6 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
     as tests/ntp/test_memory_estimate.py counts on a CPU) is at most what the plan gives it: its parts but the
     topology, and the one chunk's working set (ntp.engine.chunking.degree_costs). On one rank the slice is the NN
     stage's rows and counts once (ntp.engine.placement.slice_is_rows), in float32 and bfloat16."""
-    from ntp.engine.chunking import degree_costs
     from ntp.engine.loop import train_step
     from ntp.engine.placement import rank_resident_parts
     from ntp.engine.precision import element_bytes
@@ -116,19 +115,36 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
     cfg = _config(hidden=64, dropout=0.5, **options)
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None), loader(_large_graph()))
     train_step(job, 0)  # cuBLAS's workspace and the optimiser's state exist from here on
+    measured = _step_bytes(job)
+    topo = job.ctx.topology
+    parts = rank_resident_parts(cfg, num_nodes=100_000, num_edges=topo.num_edges, feature_dim=128, out_dim=8, world=1,
+                                params=sum(p.numel() for p in job.model.parameters()), nn_on_device=True,
+                                symmetric=topo.symmetric)
+    chunk = _chunk_bytes(job, element_bytes(cfg.precision))
+    assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
+
+
+def _step_bytes(job) -> int:
+    """What a training step allocates on the GPU: the caching allocator's peak above what lived before it, plus the
+    features (as tests/ntp/test_memory_estimate.py counts on a CPU)."""
+    from ntp.engine.loop import train_step
+
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     train_step(job, 1)
     torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated() - before + job.x.numel() * job.x.element_size()
+    return torch.cuda.max_memory_allocated() - before + job.x.numel() * job.x.element_size()
+
+
+def _chunk_bytes(job, element_bytes: int = 4) -> int:
+    """The working set of propagation's chunk (ntp.engine.chunking.degree_costs): without a budget the plan makes one,
+    every row's cost."""
+    from ntp.engine.chunking import degree_costs
+
     topo = job.ctx.topology
-    parts = rank_resident_parts(cfg, num_nodes=100_000, num_edges=topo.num_edges, feature_dim=128, out_dim=8, world=1,
-                                params=sum(p.numel() for p in job.model.parameters()), nn_on_device=True,
-                                symmetric=topo.symmetric)
-    chunk = int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width,
-                             element_bytes=element_bytes(cfg.precision)).sum())
-    assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
+    return int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width,
+                            element_bytes=element_bytes).sum())
 
 
 @pytest.mark.parametrize("features", [True, False], ids=["features", "learned"])
@@ -137,7 +153,6 @@ def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool) -> 
     step's allocator peak (above what lived before it, plus the features) is at most its parts but the topology and
     one chunk of propagation; and the GPU trains as the CPU does."""
     from ntp.engine import link_memory
-    from ntp.engine.chunking import degree_costs
     from ntp.engine.link import split_shapes
     from ntp.engine.loop import train_step
     from tests.ntp.link_worker import link_graph, link_loader
@@ -147,18 +162,13 @@ def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool) -> 
     for device in ("cpu", "cuda:0"):  # the GPU's job stays: cuBLAS's workspace and Adam's state exist after a step
         job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None), link_loader(graph, features))
         first[device] = train_step(job, 0)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    train_step(job, 1)
-    torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated() - before + job.x.numel() * job.x.element_size()
+    measured = _step_bytes(job)
     topo = job.ctx.topology
     parts = link_memory.resident_parts(cfg, num_nodes=50_000, num_edges=topo.num_edges,
                                        feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits),
                                        world=1, params=sum(p.numel() for p in job.model.replicated()),
                                        symmetric=topo.symmetric)
-    chunk = int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width).sum())
+    chunk = _chunk_bytes(job)
     assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
     np.testing.assert_allclose(first["cuda:0"], first["cpu"], rtol=1e-4)
 
