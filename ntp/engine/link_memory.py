@@ -6,10 +6,11 @@ its column slice).
 A link step holds besides (ntp.engine.link, ntp.engine.link_pairs): the learned node embeddings of a graph without
 features, with their gradient and Adam's moments (this rank's columns; on a CPU rank also the whole matrices that
 the state dicts gather from several ranks, in host memory), the gradient of the encoder's output that the pairs'
-backward accumulates, one chunk of pairs in the decoder, and the batch's pairs. A CPU rank also holds, in its own
-memory, the training edges with the epoch's order of them, the sorted keys of the graph's edges that negative
-sampling avoids, and the evaluation splits' pairs. tests/ntp/test_link_memory.py counts a step's live tensor bytes
-against it.
+backward accumulates (and, where ``--offload all`` streams the slice through the device, the slice itself, which
+the decoder reads whole there), one chunk of pairs in the decoder, and the batch's pairs. A CPU rank also holds, in
+its own memory, the training edges with the epoch's order of them, the sorted keys of the graph's edges that
+negative sampling avoids, and the evaluation splits' pairs. tests/ntp/test_link_memory.py counts a step's live
+tensor bytes against it.
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def _parts(cfg: TrainConfig, *, num_nodes: int, num_edges: int, feature_dim: int
         gathered = (1 + 2 * bool(cfg.checkpoint_dir)) * num_nodes * width if world > 1 and on_host else 0
         step["node embeddings"] = F32 * (PARAMETER_COPIES * num_nodes * slice_width + gathered)
     step["output gradient"] = F32 * num_nodes * slice_width
+    if cfg.offload == "all" and device_type == "cuda" and world > 1:  # where products may stream the slice, the
+        step["decoder's slice"] = F32 * num_nodes * slice_width      # decoder still reads it whole on the device
     step["pair chunk"] = pair_chunk_bytes(cfg, world, slice_width, device_type)
     train_edges = splits["train"][0][0]
     step["pairs"] = BATCH_PAIR_BYTES * min(cfg.link_batch, train_edges)

@@ -105,6 +105,18 @@ def test_a_chunk_of_pairs_holds_what_the_plan_counts(options: dict, monkeypatch:
     assert peaks and max(peaks) <= planned, (max(peaks), planned)
 
 
+def test_the_decoders_slice_is_counted_where_offload_all_may_stream_it() -> None:
+    """Where ``--offload all`` streams the column slice through a GPU, the decoder still copies it there whole
+    (ntp.engine.link.LinkTask.train_epoch): counted on several ranks; one rank's slice is its NN stage's rows, which
+    never stream (ntp.engine.placement.slice_is_rows)."""
+    shape = dict(num_nodes=1_000, num_edges=8_000, feature_dim=16, splits={"train": ((4_000, 2), None)}, params=100)
+    cfg = TrainConfig(hidden=64, offload="all")
+    assert link_memory.resident_parts(cfg, world=2, **shape)["decoder's slice"] == 4 * 1_000 * 32
+    assert "decoder's slice" not in link_memory.resident_parts(cfg, world=1, **shape)
+    assert "decoder's slice" not in link_memory.resident_parts(cfg.replace(offload="topology"), world=2, **shape)
+    assert "decoder's slice" not in link_memory.resident_parts(cfg, world=2, device_type="cpu", **shape)
+
+
 def test_a_budget_too_small_names_the_link_steps_parts_and_the_minimum_it_names_works() -> None:
     options = dict(model="gcn", hidden=64, link_batch=4096)
     with pytest.raises(MemoryPlanError) as err:
