@@ -13,9 +13,10 @@ with the same threads, one after the other.
   python bench/link_pyg.py --quick                GCN, 1 epoch of 2 batches
   python bench/link_pyg.py --device cuda          both on the GPU (the evaluation too)
 
-Prints a table (wall and CPU seconds per training epoch, seconds per evaluation, PyG / ntp), saves it under
-bench/out/ and logs it to MLflow's 'benchmarks' experiment. CPU seconds count every thread of the process: on a
-shared machine they move less than wall seconds.
+Prints a table (wall and CPU seconds per training epoch, seconds per evaluation, the training's peak memory: the
+GPU's allocator, or the process's resident set on a CPU, and ntp's memory plan for a rank: ntp.engine.link_memory
+and one chunk of propagation; PyG / ntp), saves it under bench/out/ and logs it to MLflow's 'benchmarks' experiment.
+CPU seconds count every thread of the process: on a shared machine they move less than wall seconds.
 """
 from __future__ import annotations
 
@@ -105,20 +106,41 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None))
     job.link.pos["train"] = job.link.pos["train"][: steps * BATCH or None]
     epoch = iter(range(10**6))
-    queue.put(_timed(lambda: None, lambda: train_step(job, next(epoch)), lambda: None, lambda: evaluate_splits(job),
-                     epochs, device))
+    queue.put({**_timed(lambda: None, lambda: train_step(job, next(epoch)), lambda: None, lambda: evaluate_splits(job),
+                        epochs, device), "plan_gb": _plan_bytes(job, device) / 1e9})
+
+
+def _plan_bytes(job, device: str) -> int:
+    """What ntp's memory plan gives a rank for this job: its parts and one chunk of propagation (no budget: one)."""
+    from ntp.engine.chunking import degree_costs
+    from ntp.engine.link import split_shapes
+    from ntp.engine.link_memory import resident_parts
+
+    topo = job.ctx.topology
+    parts = resident_parts(job.cfg, num_nodes=topo.num_nodes, num_edges=topo.num_edges,
+                           feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits), world=1,
+                           params=sum(p.numel() for p in job.model.replicated()), device_type=device,
+                           symmetric=topo.symmetric)
+    chunk = degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width).sum()
+    return sum(parts.values()) + int(chunk)
 
 
 def _timed(train_mode, train_epoch, eval_mode, evaluate, epochs: int, device: str) -> dict:
-    """Wall and CPU seconds (all threads of the process) per epoch (median after the first) and per evaluation."""
+    """Wall and CPU seconds (all threads of the process) per epoch (median after the first) and per evaluation, and
+    the training's peak memory (the GPU's allocator, or the process's resident set)."""
+    import torch
+
+    from ntp.engine.chunking import _vm_hwm
+
     times = []
     for _ in range(epochs):
         train_mode()
         times.append(_clocked(train_epoch, device))
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else _vm_hwm()
     eval_mode()
     pick = lambda i: statistics.median(t[i] for t in times[1:] or times)  # noqa: E731
     return {"epoch_s": pick(0), "epoch_cpu_s": pick(1), "epochs_s": [t[0] for t in times],
-            "eval_s": _clocked(evaluate, device)[0]}
+            "eval_s": _clocked(evaluate, device)[0], "peak_gb": peak / 1e9}
 
 
 def _clocked(fn, device: str) -> tuple[float, float]:
@@ -163,8 +185,9 @@ def main() -> None:
     for model in args.models:
         ntp, pyg = run(_ntp_run, store, model, args), run(_pyg_run, store, model, args)
         row = {"model": model, "epochs": args.epochs, "steps": args.steps or "all"}
-        for key in ("epoch_s", "epoch_cpu_s", "eval_s"):
+        for key in ("epoch_s", "epoch_cpu_s", "eval_s", "peak_gb"):
             row.update({f"ntp_{key}": ntp[key], f"pyg_{key}": pyg[key], f"pyg/ntp_{key}": pyg[key] / ntp[key]})
+        row["ntp_plan_gb"] = ntp["plan_gb"]
         rows.append({**row, "ntp_epochs_s": [round(t, 3) for t in ntp["epochs_s"]],
                      "pyg_epochs_s": [round(t, 3) for t in pyg["epochs_s"]]})
         print(rows[-1], flush=True)
