@@ -1,8 +1,9 @@
 """Link prediction's memory plan (ntp.engine.link_memory) holds what a link step really allocates, counted tensor by
 tensor (tests/ntp/live_bytes.py), on one rank and on two: the encoder, the learned embeddings with Adam's moments,
 the gradient of the encoder's output, a chunk of pairs in the decoder and the edges a CPU rank keeps. Before it, a
-link job's budget counted the propagation's parts only (41 MB of a step that allocates 83 MB here). The ranks and the
-launcher's preflight plan alike, and a budget too small fails before training, naming the link step's parts."""
+link job's budget counted the propagation's parts only (41 MB of a step that allocates 83 MB: docs/benchmarks.md,
+section 7). The ranks and the launcher's preflight plan alike, and the launcher refuses a budget too small before any
+rank starts, naming the link step's parts."""
 from __future__ import annotations
 
 import re
