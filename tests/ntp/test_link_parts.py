@@ -122,8 +122,8 @@ def test_mrr_scores_its_pairs_a_block_of_sources_at_a_time(monkeypatch: pytest.M
               for k, (p, q) in graph["splits"].items()}
     data = lambda cfg, world, rank: link_from_arrays(graph["edge_index"], graph["n"], splits, graph["x"],  # noqa: E731
                                                       metric="mrr")
-    job = setup(TrainConfig(model="gcn", hidden=8, seed=1, mode="single"), DistEnv(0, 1, 0, 1, torch.device("cpu"),
-                                                                                   None), data)
+    env = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
+    job = setup(TrainConfig(model="gcn", hidden=8, seed=1, mode="single"), env, data)
     job.model.eval()
     with torch.no_grad():
         h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
