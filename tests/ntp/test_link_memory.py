@@ -15,7 +15,7 @@ from ntp.config import TrainConfig
 from ntp.engine import link_memory, link_pairs
 from ntp.engine.dist import DistEnv
 from ntp.engine.link import split_shapes
-from ntp.engine.loop import train_step
+from ntp.engine.loop import evaluate_splits, train_step
 from ntp.engine.setup import setup
 from ntp.errors import ConfigError, MemoryPlanError
 from ntp.run.preflight import check_launch
@@ -44,13 +44,15 @@ def _job(options: dict, features: bool, env: DistEnv = SINGLE):
 
 
 def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -> tuple[int, int]:
-    """A link step's peak live bytes with what it starts from (features, the embeddings and their Adam moments, the
-    edges and splits), and the plan's count of all but the topology, on a CPU rank."""
+    """The peak live bytes of a link step or of an evaluation, with what they start from (features, the embeddings
+    and their Adam moments, the edges and splits), and the plan's count of all but the topology, on a CPU rank."""
     job = _job(options, features, env)
     train_step(job, 0)  # the optimizer's state exists from here on
-    live = LiveBytes()
+    live, evaluation = LiveBytes(), LiveBytes()
     with live:
         train_step(job, 1)
+    with evaluation:
+        evaluate_splits(job)
     held = [job.x, job.link.taken, *job.link.pos.values(), *(q for q in job.link.neg.values() if q is not None)]
     if job.model.embedding is not None:
         weight = job.model.embedding.weight
@@ -59,7 +61,8 @@ def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -
                                        feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits),
                                        world=env.world, params=sum(p.numel() for p in job.model.replicated()),
                                        device_type="cpu")
-    return live.peak + sum(t.numel() * t.element_size() for t in held), sum(parts.values()) - parts["topology"]
+    peak = max(live.peak, evaluation.peak)
+    return peak + sum(t.numel() * t.element_size() for t in held), sum(parts.values()) - parts["topology"]
 
 
 @pytest.mark.parametrize("options, features", CASES, ids=IDS)
