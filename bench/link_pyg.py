@@ -113,14 +113,11 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
 def _plan_bytes(job, device: str) -> int:
     """What ntp's memory plan gives a rank for this job: its parts and one chunk of propagation (no budget: one)."""
     from ntp.engine.chunking import degree_costs
-    from ntp.engine.link import split_shapes
+    from ntp.engine.link import memory_shape
     from ntp.engine.link_memory import resident_parts
 
     topo = job.ctx.topology
-    parts = resident_parts(job.cfg, num_nodes=topo.num_nodes, num_edges=topo.num_edges,
-                           feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits), world=1,
-                           params=sum(p.numel() for p in job.model.replicated()), device_type=device,
-                           symmetric=topo.symmetric)
+    parts = resident_parts(job.cfg, **memory_shape(job.data, job.model, 1, device))
     chunk = degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width).sum()
     return sum(parts.values()) + int(chunk)
 

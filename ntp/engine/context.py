@@ -87,7 +87,8 @@ class GraphContext:
 
     @property
     def slice_is_rows(self) -> bool:
-        """Whether the column slice is the NN stage's rows, counted in ``reserved`` (ntp.engine.placement.slice_is_rows)."""
+        """Whether the column slice is the NN stage's rows, counted in ``reserved``
+        (ntp.engine.placement.slice_is_rows)."""
         return slice_is_rows(self.comm.world, self.reserved.get("NN stage", 0))
 
     @property

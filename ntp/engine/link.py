@@ -97,12 +97,8 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
                             (n, data.num_edges, data.feature_dim, shapes, cfg.to_json()))
     comm = Comm(part, env.device, group=None)
     model = LinkModel(cfg, n, data.feature_dim, part).to(env.device)
-    topology = _topology(data)
-    reserved = link_memory.reserved_parts(cfg, num_nodes=n, num_edges=data.num_edges, feature_dim=data.feature_dim,
-                                          splits=shapes, world=env.world,
-                                          params=sum(p.numel() for p in model.replicated()),
-                                          device_type=env.device.type, symmetric=getattr(topology, "symmetric", False))
-    ctx = GraphContext(topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
+    reserved = link_memory.reserved_parts(cfg, **memory_shape(data, model, env.world, env.device.type))
+    ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
                        memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
                        width=cfg.hidden, nn_device=env.device, reserved=reserved)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
@@ -113,6 +109,13 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer,
                 x=torch.from_numpy(data.features).to(env.device), y=torch.zeros(0), local_split={},
                 global_train_count=len(splits["train"][0]), link=task)
+
+
+def memory_shape(data: LinkGraphData, model: LinkModel, world: int, device_type: str) -> dict[str, Any]:
+    """What ntp.engine.link_memory plans a rank from: ``data`` and ``model`` on ``world`` ranks of ``device_type``."""
+    return dict(num_nodes=data.num_nodes, num_edges=data.num_edges, feature_dim=data.feature_dim,
+                splits=split_shapes(data.link_splits), world=world, params=sum(p.numel() for p in model.replicated()),
+                device_type=device_type, symmetric=bool(getattr(getattr(data, "topology", None), "symmetric", False)))
 
 
 def split_shapes(splits: dict) -> dict:

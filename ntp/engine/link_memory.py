@@ -72,8 +72,9 @@ def _parts(cfg: TrainConfig, *, num_nodes: int, num_edges: int, feature_dim: int
         gathered = (1 + 2 * bool(cfg.checkpoint_dir)) * num_nodes * width if world > 1 and on_host else 0
         step["node embeddings"] = F32 * (PARAMETER_COPIES * num_nodes * slice_width + gathered)
     step["output gradient"] = F32 * num_nodes * slice_width
-    if cfg.offload == "all" and device_type == "cuda" and world > 1:  # where products may stream the slice, the
-        step["decoder's slice"] = F32 * num_nodes * slice_width      # decoder still reads it whole on the device
+    if cfg.offload == "all" and device_type == "cuda" and world > 1:
+        # where products may stream the slice, the decoder still reads it whole on the device
+        step["decoder's slice"] = F32 * num_nodes * slice_width
     step["pair chunk"] = pair_chunk_bytes(cfg, world, slice_width, device_type)
     train_edges = splits["train"][0][0]
     step["pairs"] = BATCH_PAIR_BYTES * min(cfg.link_batch, train_edges)

@@ -153,7 +153,7 @@ def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool) -> 
     step's allocator peak (above what lived before it, plus the features) is at most its parts but the topology and
     one chunk of propagation; and the GPU trains as the CPU does."""
     from ntp.engine import link_memory
-    from ntp.engine.link import split_shapes
+    from ntp.engine.link import memory_shape
     from ntp.engine.loop import train_step
     from tests.ntp.link_worker import link_graph, link_loader
 
@@ -163,11 +163,7 @@ def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool) -> 
         job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None), link_loader(graph, features))
         first[device] = train_step(job, 0)
     measured = _step_bytes(job)
-    topo = job.ctx.topology
-    parts = link_memory.resident_parts(cfg, num_nodes=50_000, num_edges=topo.num_edges,
-                                       feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits),
-                                       world=1, params=sum(p.numel() for p in job.model.replicated()),
-                                       symmetric=topo.symmetric)
+    parts = link_memory.resident_parts(cfg, **memory_shape(job.data, job.model, 1, "cuda"))
     chunk = _chunk_bytes(job)
     assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
     np.testing.assert_allclose(first["cuda:0"], first["cpu"], rtol=1e-4)

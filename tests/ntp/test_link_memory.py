@@ -14,7 +14,7 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine import link_memory, link_pairs
 from ntp.engine.dist import DistEnv
-from ntp.engine.link import split_shapes
+from ntp.engine.link import memory_shape
 from ntp.engine.loop import evaluate_splits, train_step
 from ntp.engine.setup import setup
 from ntp.errors import ConfigError, MemoryPlanError
@@ -57,10 +57,7 @@ def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -
     if job.model.embedding is not None:
         weight = job.model.embedding.weight
         held += [weight, *job.optimizer.state[weight].values()]
-    parts = link_memory.resident_parts(job.cfg, num_nodes=N, num_edges=job.data.num_edges,
-                                       feature_dim=job.data.feature_dim, splits=split_shapes(job.data.link_splits),
-                                       world=env.world, params=sum(p.numel() for p in job.model.replicated()),
-                                       device_type="cpu")
+    parts = link_memory.resident_parts(job.cfg, **memory_shape(job.data, job.model, env.world, "cpu"))
     peak = max(live.peak, evaluation.peak)
     return peak + sum(t.numel() * t.element_size() for t in held), sum(parts.values()) - parts["topology"]
 

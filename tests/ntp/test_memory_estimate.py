@@ -20,7 +20,7 @@ CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5),
            dict(arch="coupled", model="gcn", hidden=128, dropout=0.0),
            dict(arch="decoupled", model="gcn", hidden=64, nn_layers=3, dropout=0.5),
            dict(arch="coupled", model="sage", hidden=64, dropout=0.5),
-           dict(arch="coupled", model="gin", hidden=64, dropout=0.5)]  # its layers' MLPs: ntp.engine.placement.inner_width
+           dict(arch="coupled", model="gin", hidden=64, dropout=0.5)]  # its MLPs: ntp.engine.placement.inner_width
 #: bfloat16 on a CPU, whose products sum a float32 copy into a float32 output
 BF16_CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5, precision="bf16"),
                 dict(arch="coupled", model="sage", hidden=64, dropout=0.5, precision="bf16")]
