@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import link_memory
+from ntp.engine import link_memory, precision
 from ntp.engine.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
 from ntp.engine.context import GraphContext
 from ntp.engine.data import GraphData
@@ -76,9 +76,6 @@ def check_link_config(cfg: TrainConfig) -> None:
     """Options link prediction does not take (the launcher's preflight checks them too)."""
     if cfg.mode == "data":
         raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
-    if cfg.precision != "fp32":
-        raise ConfigError(f"--precision {cfg.precision} is not implemented for link prediction yet: use --precision "
-                          "fp32")
     if cfg.nn_device == "cpu":
         raise ConfigError("--nn-device cpu is not implemented for link prediction yet: its encoder runs on the rank's "
                           "device; to hold less there use --offload topology or --offload all, or more ranks")
@@ -100,15 +97,23 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     reserved = link_memory.reserved_parts(cfg, **memory_shape(data, model, env.world, env.device.type))
     ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
                        memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
-                       width=cfg.hidden, nn_device=env.device, reserved=reserved)
+                       width=cfg.hidden, nn_device=env.device, reserved=reserved, precision=cfg.precision)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
         model.embedding.track_optimizer(optimizer)
     task = LinkTask(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
-    return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer,
-                x=torch.from_numpy(data.features).to(env.device), y=torch.zeros(0), local_split={},
-                global_train_count=len(splits["train"][0]), link=task)
+    x = torch.from_numpy(data.features).to(env.device, precision.dtype(cfg.precision))
+    return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer, x=x,
+                y=torch.zeros(0), local_split={}, global_train_count=len(splits["train"][0]), link=task)
+
+
+def graph_embeddings(job: Any) -> torch.Tensor:
+    """The encoder's output on this rank's column slice of every node (the graph layout the decoder reads), float32
+    on the rank's device: the all-to-all moves it in the run's precision (``--offload all`` leaves it in host
+    memory), and the decoder scores pairs in float32 (close scores rank apart)."""
+    h = job.model(job.x, job.ctx)
+    return job.ctx.to_graph(h.to(precision.dtype(job.cfg.precision))).to(job.comm.device, torch.float32)
 
 
 def memory_shape(data: LinkGraphData, model: LinkModel, world: int, device_type: str) -> dict[str, Any]:
@@ -157,7 +162,7 @@ class LinkTask:
             pairs = torch.cat([pos[idx], sample_negatives(gen, self.n, k, self.taken)]).to(comm.device)
             ctx.step = epoch * steps + b  # the encoder's dropout masks: one stream per step
             job.optimizer.zero_grad(set_to_none=True)
-            h_cols = ctx.to_graph(model(job.x, ctx)).to(comm.device)  # (--offload all keeps it in host memory)
+            h_cols = graph_embeddings(job)
             loss, h_grad = train_pairs(model, h_cols, pairs, k, comm, stream=cfg.seed * 1_000_003 + ctx.step)
             h_cols.backward(h_grad)  # the encoder's (and the embeddings') backward, once for all chunks
             all_reduce_gradients(model.replicated(), comm)
@@ -174,7 +179,7 @@ class LinkTask:
     def evaluate(self, job: Any) -> dict[str, float]:
         """The metric on train (a sample, see __init__), valid and test, identical on every rank."""
         job.model.eval()
-        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx)).to(job.comm.device)
+        h_cols = graph_embeddings(job)
         out, scored = {}, {}  # the training sample's negatives are the validation ones: scored once
         for split, (pos, neg) in self.eval_sets.items():
             s_pos = score_pairs(job.model, h_cols, pos, job.comm)

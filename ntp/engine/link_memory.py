@@ -38,7 +38,8 @@ TRAIN_EDGE_BYTES = 2 * 8 + 8
 ID_BYTES = 8
 #: Host bytes per edge of the message-passing graph on a CPU rank: its sorted int64 key, which negatives avoid.
 KEY_BYTES = 8
-#: float32 bytes: link prediction trains in float32 (ntp.engine.link rejects --precision bf16).
+#: float32 bytes: the learned embeddings, the decoder and its pairs stay float32 under --precision bf16 (only the
+#: encoder's parts, which ntp.engine.placement counts, are in the run's precision: ntp.engine.link.graph_embeddings).
 F32 = 4
 
 

@@ -28,6 +28,7 @@ from ntp.engine.dropout import drop
 from ntp.engine.linear import Linear
 from ntp.engine.models import build_model
 from ntp.engine.partition import Partition
+from ntp.engine.precision import dtype
 from ntp.errors import CheckpointError
 
 #: Communication kind of the pair exchanges (in the workers' byte counts).
@@ -62,7 +63,8 @@ class SlicedEmbedding(nn.Module):
         self.optimizer: torch.optim.Optimizer | None = None
 
     def forward(self, ctx: GraphContext) -> torch.Tensor:
-        return ctx.from_graph(self.weight, self.width)
+        """This rank's rows, in the run's precision (the encoder's input, as features would be)."""
+        return ctx.from_graph(self.weight.to(dtype(ctx.precision)), self.width)
 
     @torch.no_grad()
     def snapshot(self, ctx: GraphContext, with_optimizer: bool = False) -> None:

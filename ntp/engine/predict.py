@@ -159,10 +159,11 @@ def _prediction_columns(job: Job, logits: torch.Tensor) -> dict[str, np.ndarray]
 
 def _write_scores(job: Job, request: Request) -> dict:
     """A link model's scores (the decoder's logit and its sigmoid) of this rank's share of each batch of pairs."""
+    from ntp.engine.link import graph_embeddings
     from ntp.engine.link_pairs import own_pair_scores
 
     pairs = torch.from_numpy(exports.read_pairs(request.pairs))
-    h_cols = job.ctx.to_graph(job.model(job.x, job.ctx)).to(job.comm.device)
+    h_cols = graph_embeddings(job)
     idx, score = own_pair_scores(job.model, h_cols, pairs, job.comm)
     columns = {"pair": idx.numpy(), "src": pairs[idx, 0].numpy(), "dst": pairs[idx, 1].numpy(),
                "score": score.numpy(), "prob": torch.sigmoid(score).numpy()}

@@ -7,6 +7,7 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.dist import distributed
+from ntp.engine.link import graph_embeddings
 from ntp.engine.link_data import link_from_arrays
 from ntp.engine import link_pairs
 from ntp.engine.link_pairs import score_pairs
@@ -39,7 +40,7 @@ def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> di
     losses, grads = train_traced(job, epochs)
     job.model.eval()
     with torch.no_grad():
-        h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
+        h_cols = graph_embeddings(job)
         pos, neg = job.link.eval_sets["valid"]
         scores = torch.cat([score_pairs(job.model, h_cols, p, job.comm) for p in (pos, neg)])
     state = {k: v.clone() for k, v in job.model.state_dict().items()}

@@ -31,8 +31,11 @@ CASES = [(dict(model="gcn", hidden=96, link_batch=4096), True),
          (dict(model="gcn", hidden=96, link_batch=4096), False),  # learned embeddings
          (dict(model="sage", hidden=96, link_batch=4096, decoder="dot"), True),
          (dict(model="sage", hidden=64, link_batch=4096, decoder_layers=3), False),
-         (dict(model="gin", hidden=64, link_batch=4096, dropout=0.0), True)]
-IDS = [f"{o['model']}-{o.get('decoder', 'mlp')}-{'features' if f else 'learned'}" for o, f in CASES]
+         (dict(model="gin", hidden=64, link_batch=4096, dropout=0.0), True),
+         (dict(model="gcn", hidden=96, link_batch=4096, precision="bf16"), True),  # the encoder in bfloat16
+         (dict(model="sage", hidden=64, link_batch=4096, precision="bf16"), False)]
+IDS = [f"{o['model']}-{o.get('decoder', 'mlp')}-{'features' if f else 'learned'}-{o.get('precision', 'fp32')}"
+       for o, f in CASES]
 
 
 def _graph() -> dict:
@@ -153,11 +156,10 @@ def test_the_launcher_plans_a_link_job_as_its_ranks_do(link_store) -> None:
     assert plan.bounds == job.ctx.plan.bounds and plan.num_chunks > 1
 
 
-@pytest.mark.parametrize("option, message", [(dict(precision="bf16"), "--precision bf16 is not implemented"),
-                                             (dict(nn_device="cpu"), "--nn-device cpu is not implemented")])
+@pytest.mark.parametrize("option, message", [(dict(nn_device="cpu"), "--nn-device cpu is not implemented")])
 def test_options_link_prediction_would_ignore_are_refused(option: dict, message: str, link_store) -> None:
-    """They ran without a word: bfloat16 trained in float32, and the encoder stayed on the rank's device. The
-    launcher's preflight refuses them before any rank starts, and so does a rank."""
+    """It ran without a word: the encoder stayed on the rank's device. The launcher's preflight refuses it before any
+    rank starts, and so does a rank."""
     with pytest.raises(ConfigError, match=message):
         _job(dict(model="gcn", hidden=16, **option), features=True)
     with pytest.raises(ConfigError, match=message):

@@ -1,4 +1,5 @@
-"""``--precision bf16``: bfloat16 activations and traffic with float32 sums; tensor parallel close to one process.
+"""``--precision bf16``: bfloat16 activations and traffic with float32 sums; tensor parallel close to one process, for
+node classification and link prediction.
 
 bf16 runs are compared with a tolerance, not exactly: a Linear layer's weight gradient is a bfloat16 product per
 rank (autocast), summed across ranks in float32, so its rounding depends on the row split. fp32 stays exact
@@ -10,10 +11,12 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.aggregate import csr_matmul
+from ntp.engine.link_model import LINK
 from ntp.engine.metrics import GATHER, SPLIT
 from ntp.engine.placement import rank_resident_parts
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph
+from tests.ntp.link_worker import link_graph, trace_all as link_trace_all
 from tests.ntp.spawn import run_on_ranks
 
 EPOCHS = 3
@@ -23,6 +26,7 @@ BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.005
 CONFIGS = [dict(BASE, model="gcn", arch="decoupled"), dict(BASE, model="sage", arch="coupled"),
            dict(BASE, model="gat", arch="coupled"), dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch")]
 GRAPH = random_graph(directed=True, seed=1)
+LINK_GRAPH = link_graph()
 
 
 def _within(actual: torch.Tensor, expected: torch.Tensor, share: float, what: str) -> None:
@@ -109,3 +113,44 @@ def test_bf16_on_a_gpu_keeps_cublas_sums_in_float32() -> None:
         assert not matmul.allow_bf16_reduced_precision_reduction
     finally:
         matmul.allow_bf16_reduced_precision_reduction = before
+
+
+# Link prediction: the encoder in bfloat16, the learned embeddings, the decoder and its pairs in float32
+LINK_BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=2, dropout=0.5, lr=0.005, seed=5, link_batch=37,
+                 weight_decay=0.0, precision="bf16")
+LINK_CONFIGS = [(dict(LINK_BASE, model="gcn", arch="decoupled", decoder="mlp"), False),  # learned embeddings
+                (dict(LINK_BASE, model="sage", arch="coupled", decoder="dot"), True)]
+
+
+@pytest.fixture(scope="module")
+def link_single() -> list[dict]:
+    return link_trace_all([(dict(c, mode="single"), f) for c, f in LINK_CONFIGS], LINK_GRAPH, EPOCHS)
+
+
+def test_bf16_link_prediction_tensor_parallel_matches_one_process(link_single: list[dict]) -> None:
+    world = 3
+    per_rank = run_on_ranks(link_trace_all, world, [(dict(c, mode="tp"), f) for c, f in LINK_CONFIGS], LINK_GRAPH,
+                            EPOCHS)
+    for i, (cfg, features) in enumerate(LINK_CONFIGS):
+        where = f"bf16 link {cfg['model']} {cfg['decoder']} ({'features' if features else 'learned'}), world {world}"
+        ref, ranks = link_single[i], [r[i] for r in per_rank]
+        torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3, atol=0,
+                                   msg=lambda m: f"losses: {where}\n{m}")
+        grads = {n: torch.cat([r["grads"][n] for r in ranks], 1) if n == "embedding.weight" else g
+                 for n, g in ranks[0]["grads"].items()}  # the embeddings' column slices side by side
+        _grads_within(grads, ref["grads"], 0.02, where)
+        _within(ranks[0]["scores"], ref["scores"], 0.03, f"validation scores: {where}")
+        assert all(v.dtype == torch.float32 for v in ranks[0]["state"].values()), "parameters stay float32"
+
+
+def test_bf16_link_prediction_halves_the_encoders_traffic_and_stays_close_to_fp32() -> None:
+    """The encoder's all-to-alls move bfloat16, its output's too; the decoder's exchanges of pairs stay float32. (With
+    features: learned embeddings also gather their whole float32 matrices for the state dicts.)"""
+    cfg, features = dict(LINK_CONFIGS[1][0], mode="tp"), LINK_CONFIGS[1][1]
+    fp32, bf16 = run_on_ranks(link_trace_all, 2, [(dict(cfg, precision="fp32"), features), (cfg, features)],
+                              LINK_GRAPH, EPOCHS)[0]
+    for kind in (SPLIT, GATHER):
+        assert bf16["bytes"][kind] * 2 == fp32["bytes"][kind], f"{kind}: bf16 must move half of fp32's bytes"
+    assert bf16["bytes"][LINK] == fp32["bytes"][LINK], "the decoder's pairs move in float32"
+    torch.testing.assert_close(torch.tensor(bf16["losses"]), torch.tensor(fp32["losses"]), rtol=1e-2, atol=0)
+    _within(bf16["scores"], fp32["scores"], 0.05, "validation scores, bf16 against fp32")
