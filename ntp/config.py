@@ -32,6 +32,8 @@ Decomposition = Literal["none", "basis", "block"]
 
 #: Models whose propagation has no weights between steps: they only exist decoupled.
 DECOUPLED_ONLY = ("sgc", "appnp")
+#: --weight-decay left out: Kipf's GCN for node classifiers (and R-GCN), none for link prediction (OGB's examples)
+WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
 #: Keys of configs saved by older versions -> their names now.
 RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
 #: Fields that steer how long a run goes, where it writes and how it spreads the work, not what an epoch computes
@@ -70,7 +72,9 @@ class TrainConfig:
                                             "embeddings); empty: --dropout, as Kipf's GCN. PyG's GCN/GraphSAGE models "
                                             "and OGB's link-prediction examples use 0.")
     lr: float = opt(0.01, "Learning rate.")
-    weight_decay: float = opt(5e-4, "L2 weight decay (Adam) or decoupled decay (AdamW).")
+    weight_decay: float | None = opt(None, "L2 weight decay (Adam) or decoupled decay (AdamW); empty: 5e-4 (Kipf's "
+                                           "GCN), and 0 for link prediction (OGB's examples: under Adam, decay "
+                                           "pulls learned node embeddings, whose gradients are small, to zero).")
     optimizer: Optimizer = opt("adam", "adam or adamw.")
     norm: Norm = opt("none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer.")
     alpha: float = opt(0.1, "APPNP teleport probability.")
@@ -145,7 +149,7 @@ class TrainConfig:
             raise ConfigError(f"--alpha {self.alpha} must be in [0, 1]; APPNP commonly uses 0.1")
         if self.lr <= 0:
             raise ConfigError(f"--lr {self.lr} must be positive; e.g. --lr 0.01")
-        if self.weight_decay < 0:
+        if self.weight_decay is not None and self.weight_decay < 0:
             raise ConfigError(f"--weight-decay {self.weight_decay} must be >= 0")
         if self.clip_grad < 0:
             raise ConfigError(f"--clip-grad {self.clip_grad} must be >= 0 (0: no clipping); e.g. --clip-grad 1.0")
@@ -200,6 +204,13 @@ class TrainConfig:
     def first_dropout(self) -> float:
         """Dropout on the first layer's input: --input-dropout, or --dropout when it is not given."""
         return self.dropout if self.input_dropout is None else self.input_dropout
+
+    def decay(self, link: bool = False) -> float:
+        """The weight decay of a node classifier's or (``link``) a link predictor's optimiser: --weight-decay, or
+        its default for the task."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return LINK_WEIGHT_DECAY if link else WEIGHT_DECAY
 
     @property
     def memory_budget_bytes(self) -> int:

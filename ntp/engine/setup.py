@@ -102,7 +102,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
               flush=True)
     model = model.to(nn_device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.decay())
     r0, r1 = part.rows()
     local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1) for name in SPLITS}
     x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
