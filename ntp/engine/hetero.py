@@ -87,13 +87,13 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module, comm: Comm) -> torch.op
     any rank's slice of it has a gradient)."""
     if not cfg.sparse_embeddings:
         opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.decay())
+        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer != "adam":
         raise ConfigError("--sparse-embeddings updates with a row-wise Adam: use --optimizer adam")
     sliced = {id(p) for p in model.sliced()}
     return RowwiseAdam([{"params": [p for p in model.parameters() if id(p) not in sliced]},
                         {"params": model.sliced(), "rowwise": True, "weight_decay": 0.0}],
-                       lr=cfg.lr, weight_decay=cfg.decay(),
+                       lr=cfg.lr, weight_decay=cfg.weight_decay,
                        touched=lambda mask: comm.all_reduce(mask.to(torch.int32), ALLREDUCE) > 0)
 
 

@@ -99,7 +99,7 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
                        memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
                        width=cfg.hidden, nn_device=env.device, reserved=reserved, precision=cfg.precision)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.decay(link=True))
+    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
         model.embedding.track_optimizer(optimizer)
     task = LinkTask(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)

@@ -72,6 +72,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths
         check_output_paths(cfg)
     data = load(cfg, env.world, env.rank) if load else _load_from_store(cfg, env)
+    cfg = cfg.for_task(link=data.task_type == "link")
     if getattr(data, "hetero", False):  # node types and relations: R-GCN (ntp.engine.hetero)
         from ntp.engine.hetero import setup_hetero
 
@@ -102,7 +103,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
               flush=True)
     model = model.to(nn_device)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.decay())
+    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     r0, r1 = part.rows()
     local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1) for name in SPLITS}
     x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))

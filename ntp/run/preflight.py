@@ -37,17 +37,18 @@ def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
         count_train_labels(store.meta.name, torch.from_numpy(store.labels()), store.split("train"))
     checkpoint.check_output_paths(cfg)
     if cfg.resume:
-        _check_resume(spec, store.meta.fingerprint)
+        _check_resume(spec, store.meta)
     return _chunk_plan(spec, store)
 
 
-def _check_resume(spec: LaunchSpec, store_fingerprint: str) -> None:
-    """The checkpoint a rank would resume from loads and fits the options; the ranks warn about what they skip."""
-    cfg = spec.config
+def _check_resume(spec: LaunchSpec, meta) -> None:  # noqa: ANN001 (storage's StoreMeta)
+    """The checkpoint a rank would resume from loads and fits the options (as the ranks resolve them for the store's
+    task); the ranks warn about what they skip."""
+    cfg = spec.config.for_task(link=meta.task_type == "link")
     found = checkpoint.latest_loadable(cfg.checkpoint_dir, "cpu", lambda message: None)
     if found is not None:
         path, state = found
-        checkpoint.check_resumable(state, path, cfg, store_fingerprint, lambda message: None)
+        checkpoint.check_resumable(state, path, cfg, meta.fingerprint, lambda message: None)
 
 
 def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
