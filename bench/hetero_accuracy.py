@@ -88,26 +88,29 @@ def main() -> None:
     p.add_argument("--protocols", nargs="+", default=["paper", "valid"], choices=["paper", "valid"],
                    help="AIFB's protocols (IMDB: valid)")
     p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (paper: the last epoch only)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = p.parse_args()
     torch.set_num_threads(args.threads or torch.get_num_threads())
     seeds = args.seeds[:1] if args.quick else args.seeds
     rows = []
     plan = [("aifb", "paper", AIFB, True), ("aifb", "valid", AIFB, False), ("imdb", "valid", IMDB, False)]
     for name, protocol, cfg, merge in [s for s in plan if s[0] in args.datasets and s[1] in args.protocols]:
-        cfg = dict(cfg, epochs=5) if args.quick else cfg
+        cfg = dict(cfg, precision=args.precision, **({"epochs": 5} if args.quick else {}))
         path = store(name)
         runs = []
         for seed in seeds[:args.imdb_seeds] if name == "imdb" else seeds:
             runs.append(run(path, cfg, seed, merge, cfg["epochs"] if protocol == "paper" else args.eval_every))
             print(name, protocol, runs[-1], flush=True)
         for r in runs:
-            rows.append({"dataset": name, "protocol": protocol, **r})
-        rows.append({"dataset": name, "protocol": protocol + " (mean +- std)", "seed": len(runs),
+            rows.append({"dataset": name, "protocol": protocol, "precision": args.precision, **r})
+        rows.append({"dataset": name, "protocol": protocol + " (mean +- std)", "precision": args.precision,
+                     "seed": len(runs),
                      "test_last": summary(runs, "test_last"), "test_at_best_valid": summary(runs, "test_at_best_valid"),
                      "macro_f1_at_best_valid": summary(runs, "macro_f1_at_best_valid"),
                      "micro_f1_at_best_valid": summary(runs, "micro_f1_at_best_valid")})
-    report("hetero_accuracy_" + "_".join(args.datasets), rows, {"seeds": seeds, "aifb": AIFB, "imdb": IMDB, "quick": args.quick},
-           ["dataset", "protocol", "seed", "test_last", "test_at_best_valid", "macro_f1_at_best_valid",
+    report("hetero_accuracy_" + "_".join(args.datasets), rows,
+           {"seeds": seeds, "aifb": AIFB, "imdb": IMDB, "quick": args.quick, "precision": args.precision},
+           ["dataset", "protocol", "precision", "seed", "test_last", "test_at_best_valid", "macro_f1_at_best_valid",
             "micro_f1_at_best_valid", "s_per_epoch"])
 
 

@@ -98,7 +98,7 @@ class TrainConfig:
     precision: Precision = opt("fp32", "fp32, or bf16: features, activations, communication and aggregation in "
                                        "bfloat16, with float32 sums, parameters and optimiser state (half the "
                                        "activation memory and traffic; fp32 is the exactness reference). Link "
-                                       "prediction: its encoder (the decoder scores in float32). Not for rgcn.")
+                                       "prediction: its encoder (the decoder scores in float32).")
     offload: Offload = opt("none", "What aggregation keeps in host memory: none, topology (streamed to the device "
                                    "chunk by chunk through pinned staging buffers; about 1.5x the in-device epoch on "
                                    "an H200), or all (the column-slice embeddings too, in pinned memory, when the "

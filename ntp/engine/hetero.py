@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
+from ntp.engine import precision
 from ntp.engine.checkpoint import checkpoint_due
 from ntp.engine.collectives import Comm, all_gather_rows, all_reduce_gradients, check_same_on_all_ranks, gather
 from ntp.engine.dist import DistEnv
@@ -45,9 +46,6 @@ def check_hetero_config(cfg: TrainConfig, data: HeteroGraphData) -> None:
     if cfg.model != "rgcn":
         raise ConfigError(f"store {data.name!r} is heterogeneous ({len(data.counts)} node types, {len(data.relations)} "
                           f"relations): --model {cfg.model} handles one node and one edge type; use --model rgcn")
-    if cfg.precision != "fp32":
-        raise ConfigError(f"--precision {cfg.precision} is not implemented for R-GCN (heterogeneous stores) yet: "
-                          "use --precision fp32")
 
 
 def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[str, Any]:
@@ -60,7 +58,8 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     plans = None
     if cfg.memory_budget_bytes and not cfg.chunk_rows:  # an explicit --chunk-rows wins, as for homogeneous models
         plans = plan_operators(cfg, data.relations, data.counts, data.feature_dims, data.num_classes, env.world)
-    hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans)
+    hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans,
+                       precision=cfg.precision)
     model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
     optimizer = _optimizer(cfg, model, comm)
     for table in embedding_tables(model):  # checkpoints hold each whole table and its state: any world size resumes them
@@ -77,7 +76,7 @@ def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[
     if count == 0:
         raise ConfigError(f"graph {data.name!r} has no labeled training node of type {data.target!r}: nothing to "
                           "train on")
-    x = {t: torch.from_numpy(f).to(env.device) for t, f in data.features.items()}
+    x = {t: torch.from_numpy(f).to(env.device, precision.dtype(cfg.precision)) for t, f in data.features.items()}
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=hc, model=model, optimizer=optimizer, x=x,
                 y=y[r0:r1].to(env.device), local_split=local, global_train_count=count, task=HeteroTask())
 

@@ -8,6 +8,10 @@ of every type in the row and the column layouts with the messages of the (node, 
 (forward over pairs, backward over sources; also the one-hot layer's operators over stacked tables) is cut into the
 largest row blocks whose working set fits what the resident parts leave; the operator with the costliest single row
 is planned first, so an impossible budget names the smallest budget that works.
+
+Under ``--precision bf16`` the plan still counts float32 bytes: an upper bound there (a step's peak live bytes on a
+CPU rank, hidden 64, 8,400 vertices and 100,000 edges: coupled 17.6 MB in bf16 against 29.1 in fp32, decoupled 5.1
+against 8.5, the one-hot layer 50.9 against 52.8; its float32 tables and sums keep that one close).
 """
 from __future__ import annotations
 

@@ -146,10 +146,10 @@ class HeteroContext:
     per-worker records read (as ``GraphContext`` does)."""
 
     def __init__(self, data: HeteroGraphData, comm: Comm, *, norm: str, chunk_rows: int, seed: int,
-                 plans: dict | None = None) -> None:
+                 plans: dict | None = None, precision: str = "fp32") -> None:
         """``plans``: every typed operator's row blocks (ntp.engine.hetero_memory.plan_operators), else uniform
-        blocks of ``chunk_rows``."""
-        self.comm, self.seed, self.step = comm, seed, 0
+        blocks of ``chunk_rows``; ``precision``: of the activations (ntp.engine.precision)."""
+        self.comm, self.seed, self.step, self.precision = comm, seed, 0, precision
         self._plans = plans or {}
         self.types = list(data.counts)
         self.counts = dict(data.counts)

@@ -32,6 +32,7 @@ from ntp.engine.dropout import drop
 from ntp.engine.link_model import SlicedEmbedding
 from ntp.engine.linear import Linear, matmul
 from ntp.engine.partition import Partition
+from ntp.engine.precision import autocast, dtype
 from ntp.engine.relations import HeteroContext
 
 
@@ -47,6 +48,28 @@ def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str,
     if p == 0.0:
         return F.relu(x) if relu else x
     return drop(x, p, _dropout_stream(hc, node_type, layer), hc.row_offset(node_type), relu)
+
+
+def add_rows(y: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``y`` with the rows of ``source`` added at ``index`` (``index_add``), summed in float32 at least whatever the
+    dtypes (bf16: ntp.engine.precision), in ``y``'s dtype."""
+    acc = torch.promote_types(torch.promote_types(y.dtype, source.dtype), torch.float32)
+    return y.to(acc).index_add(0, index, source.to(acc)).to(y.dtype)
+
+
+class HeteroModel(nn.Module):
+    """An R-GCN model, run in the context's precision (ntp.engine.precision); its logits are float32."""
+
+    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+        with autocast(hc.precision, hc.device):
+            return self.compute(x, hc).float()
+
+    def compute(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def sliced(self) -> list[nn.Parameter]:
+        """The column-sliced tables' parameters (each rank's own columns: no gradient all-reduce)."""
+        return [t.weight for t in embedding_tables(self)]
 
 
 def embedding_tables(module: nn.Module) -> list[SlicedEmbedding]:
@@ -137,8 +160,8 @@ class HeteroInput(nn.Module):
             if t in self.linears:
                 rows[t] = self.linears[t](x[t])
                 cols[t] = split(rows[t], hc.comms[t])
-            else:
-                cols[t] = self.embeddings[t].weight
+            else:  # float32 parameters, in the run's precision from here on
+                cols[t] = self.embeddings[t].weight.to(dtype(hc.precision))
                 rows[t] = gather(cols[t], hc.comms[t], self.width)
         return rows, cols
 
@@ -169,7 +192,7 @@ class RGCNLayer(nn.Module):
                                     self.rel.out_dim):
                     y = y + self.rel.stacked(msgs, dst, rel, hc.into[t], len(y))
                 else:
-                    y = y.index_add(0, dst, self.rel(msgs, rel, hc.into[t]))
+                    y = add_rows(y, dst, self.rel(msgs, rel, hc.into[t]))
             out[t] = y
         return out
 
@@ -208,8 +231,8 @@ class FeaturelessLayer(nn.Module):
                 else:
                     per = torch.stack([op(v.weight) for v in self.bases])  # [B, pairs, slice]
                     msgs = torch.einsum("bpc,pb->pc", per, self.comp[op.pair_rel])
-                y = y.index_add(0, op.pair_dst, msgs)
-            out[t] = y
+                y = add_rows(y, op.pair_dst, msgs)
+            out[t] = y.to(dtype(hc.precision))  # float32 tables and sums; activations in the run's precision
         return out
 
 
@@ -221,7 +244,7 @@ def relu_column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type:
     return drop(h, p, _dropout_stream(hc, node_type, layer), 0, relu=True, column=cols[0], width=width)
 
 
-class CoupledRGCN(nn.Module):
+class CoupledRGCN(HeteroModel):
     """``nn_layers`` R-GCN layers (width ``hidden``), ReLU and dropout between them; logits of the target type."""
 
     def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
@@ -249,7 +272,7 @@ class CoupledRGCN(nn.Module):
         cols = {t: relu_column_dropout(h, p, hc, t, 0, width, (self.first.c0, self.first.c1)) for t, h in cols.items()}
         return {t: gather(h, hc.comms[t], width) for t, h in cols.items()}, cols
 
-    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+    def compute(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
         rows, cols = self._first(hc) if self.featureless else self.input(x, hc)
         if not self.layers:
             return gather(cols[self.target], hc.comms[self.target], self.first.width)
@@ -263,11 +286,8 @@ class CoupledRGCN(nn.Module):
             cols = {t: split(h, hc.comms[t]) for t, h in rows.items()}
         raise AssertionError("unreachable")
 
-    def sliced(self) -> list[nn.Parameter]:
-        return [t.weight for t in embedding_tables(self)]
 
-
-class DecoupledRGCN(nn.Module):
+class DecoupledRGCN(HeteroModel):
     """NN stage per type (MLP of its features to the class width, or an embedding), then relation-wise propagation."""
 
     def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
@@ -295,8 +315,9 @@ class DecoupledRGCN(nn.Module):
                 x = hetero_dropout(x, p, hc, t, i + 1, relu=True)
         return x
 
-    def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
-        h = {t: (split(self._nn(t, x[t], hc), hc.comms[t]) if t in self.mlps else self.embeddings[t].weight)
+    def compute(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
+        act = dtype(hc.precision)
+        h = {t: (split(self._nn(t, x[t], hc), hc.comms[t]) if t in self.mlps else self.embeddings[t].weight.to(act))
              for t in hc.types}
         n_types = len(hc.types)
         for _ in range(self.steps):
@@ -307,12 +328,9 @@ class DecoupledRGCN(nn.Module):
                 if hc.into[t]:
                     op = hc.ops[t]
                     msgs = op(everything) * self.mix[n_types + op.pair_rel].unsqueeze(1)
-                    new[t] = new[t].index_add(0, op.pair_dst, msgs)
+                    new[t] = add_rows(new[t], op.pair_dst, msgs)
             h = new
         return gather(h[self.target], hc.comms[self.target], self.out_dim)
-
-    def sliced(self) -> list[nn.Parameter]:
-        return [t.weight for t in embedding_tables(self)]
 
 
 def build_rgcn(cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,

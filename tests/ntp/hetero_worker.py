@@ -54,10 +54,11 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, env) -> dict:
     job.model.eval()
     with torch.no_grad():
         logits = job.model(job.x, job.ctx)
+    traffic = dict(job.comm.stats.bytes_sent), dict(job.comm.stats.calls)  # the model's, before the tables' gather
     HeteroTask.snapshot(job)  # the whole tables for the state dict (the loop does it when validation improves)
     sliced = [n for n, p in job.model.named_parameters() if any(p is q for q in job.model.sliced())]
     return {"losses": losses, "grads": grads, "logits": logits, "sliced": sliced,
-            "bytes": dict(job.comm.stats.bytes_sent), "calls": dict(job.comm.stats.calls),
+            "bytes": traffic[0], "calls": traffic[1],
             "state": {k: v.clone() for k, v in job.model.state_dict().items()}}
 
 

@@ -171,6 +171,24 @@ def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool, pre
     np.testing.assert_allclose(first["cuda:0"], first["cpu"], rtol=1e-4 if precision == "fp32" else 1e-2)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_rgcn_on_one_gpu_trains_like_the_cpu(precision: str) -> None:
+    """R-GCN with features and with R-GCN's one-hot first layer (basis tables): the GPU's losses are the CPU's (in
+    bf16 within its rounding; CUDA's own index_add would sum bfloat16 messages in bfloat16, rgcn.add_rows does not)."""
+    from tests.ntp.hetero_worker import featureless, hetero_graph, hetero_loader
+
+    graph = hetero_graph(seed=1)
+    for g, extra in ((graph, {}), (featureless(graph), dict(decomposition="basis", num_bases=2))):
+        losses = {}
+        for device in ("cpu", "cuda:0"):
+            cfg = TrainConfig(model="rgcn", arch="coupled", hidden=10, epochs=4, seed=3, mode="single",
+                              precision=precision, **extra)
+            job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None), hetero_loader(g))
+            fit(job, sinks=[])
+            losses[device] = [r.loss for r in job.history]
+        np.testing.assert_allclose(losses["cuda:0"], losses["cpu"], rtol=1e-4 if precision == "fp32" else 1e-2)
+
+
 def test_a_bare_cuda_device_is_the_current_gpu() -> None:
     """``cuda`` without an index is the current GPU: the products then see their input where they are (a bare
     ``cuda`` once compared unequal to ``cuda:0`` and sent every product through host memory)."""

@@ -1,5 +1,5 @@
 """``--precision bf16``: bfloat16 activations and traffic with float32 sums; tensor parallel close to one process, for
-node classification and link prediction.
+node classification, link prediction and R-GCN.
 
 bf16 runs are compared with a tolerance, not exactly: a Linear layer's weight gradient is a bfloat16 product per
 rank (autocast), summed across ranks in float32, so its rounding depends on the row split. fp32 stays exact
@@ -16,6 +16,7 @@ from ntp.engine.metrics import GATHER, SPLIT
 from ntp.engine.placement import rank_resident_parts
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph
+from tests.ntp.hetero_worker import hetero_graph, trace_all as hetero_trace_all
 from tests.ntp.link_worker import link_graph, trace_all as link_trace_all
 from tests.ntp.spawn import run_on_ranks
 
@@ -154,3 +155,55 @@ def test_bf16_link_prediction_halves_the_encoders_traffic_and_stays_close_to_fp3
     assert bf16["bytes"][LINK] == fp32["bytes"][LINK], "the decoder's pairs move in float32"
     torch.testing.assert_close(torch.tensor(bf16["losses"]), torch.tensor(fp32["losses"]), rtol=1e-2, atol=0)
     _within(bf16["scores"], fp32["scores"], 0.05, "validation scores, bf16 against fp32")
+
+
+# R-GCN: per-type features and activations in bfloat16, embedding tables float32 (cast as they are read), float32 sums
+RGCN_BASE = dict(hidden=10, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.005, seed=3, precision="bf16")
+RGCN_CONFIGS = [dict(RGCN_BASE, arch="coupled"), dict(RGCN_BASE, arch="decoupled"),
+                dict(RGCN_BASE, arch="coupled", featureless=True, decomposition="basis", num_bases=2)]
+HETERO_GRAPH = hetero_graph(seed=1)
+
+
+def test_bf16_rgcn_tensor_parallel_matches_one_process() -> None:
+    world = 3
+    single = run_on_ranks(hetero_trace_all, 1, [dict(c, mode="single") for c in RGCN_CONFIGS], HETERO_GRAPH,
+                          EPOCHS)[0]
+    per_rank = run_on_ranks(hetero_trace_all, world, [dict(c, mode="tp") for c in RGCN_CONFIGS], HETERO_GRAPH, EPOCHS)
+    for i, cfg in enumerate(RGCN_CONFIGS):
+        where = f"bf16 R-GCN {cfg['arch']}{' featureless' if cfg.get('featureless') else ''}, world {world}"
+        ref, ranks = single[i], [r[i] for r in per_rank]
+        torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3, atol=0,
+                                   msg=lambda m: f"losses: {where}\n{m}")
+        grads = {n: torch.cat([r["grads"][n] for r in ranks], 1) if n in ranks[0]["sliced"] else g
+                 for n, g in ranks[0]["grads"].items()}  # the tables' column slices side by side
+        _grads_within(grads, ref["grads"], 0.02, where)
+        _within(torch.cat([r["logits"] for r in ranks]), ref["logits"], 0.03, f"predictions: {where}")
+        assert ranks[0]["logits"].dtype == torch.float32, "R-GCN returns float32 logits under bf16"
+        assert all(v.dtype == torch.float32 for v in ranks[0]["state"].values()), "parameters stay float32"
+
+
+def test_bf16_rgcn_halves_traffic_and_stays_close_to_fp32() -> None:
+    cfg = dict(RGCN_CONFIGS[0], mode="tp")
+    fp32, bf16 = run_on_ranks(hetero_trace_all, 2, [dict(cfg, precision="fp32"), cfg], HETERO_GRAPH, EPOCHS)[0]
+    for kind in (SPLIT, GATHER):
+        assert bf16["bytes"][kind] * 2 == fp32["bytes"][kind], f"{kind}: bf16 must move half of fp32's bytes"
+    torch.testing.assert_close(torch.tensor(bf16["losses"]), torch.tensor(fp32["losses"]), rtol=1e-2, atol=0)
+    _grads_within(bf16["grads"], fp32["grads"], 0.1, "bf16 R-GCN against fp32")
+
+
+def test_bf16_rgcn_sums_rows_in_float32() -> None:
+    """add_rows sums rows of either precision into rows of either (float32 tables beside bfloat16 messages, bfloat16
+    rows beside float32 mixing weights) in float32, rounding once to the rows' dtype: index_add alone refuses mixed
+    dtypes, and on a GPU it sums bfloat16 in bfloat16."""
+    from ntp.engine.rgcn import add_rows
+
+    torch.manual_seed(0)
+    index = torch.randint(0, 4, (200,))
+    for y, source in ((torch.randn(4, 3), torch.randn(200, 3).bfloat16()),
+                      (torch.randn(4, 3).bfloat16(), torch.randn(200, 3))):
+        with pytest.raises(RuntimeError):
+            y.index_add(0, index, source)
+        expected = y.double().index_add(0, index, source.double()).to(y.dtype)
+        out = add_rows(y, index, source)
+        assert out.dtype == y.dtype
+        torch.testing.assert_close(out.double(), expected.double(), rtol=0, atol=1e-5 if y.dtype == torch.float32 else 0)

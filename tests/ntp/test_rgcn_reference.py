@@ -109,8 +109,6 @@ def test_wrong_model_or_options_say_the_fix() -> None:
     env = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
     with pytest.raises(ConfigError, match="heterogeneous .*use --model rgcn"):
         setup(TrainConfig(model="gcn", mode="single"), env, hetero_loader(hetero_graph()))
-    with pytest.raises(ConfigError, match="--precision bf16 is not implemented for R-GCN"):
-        setup(TrainConfig(model="rgcn", mode="single", precision="bf16"), env, hetero_loader(hetero_graph()))
     with pytest.raises(ConfigError, match="--model rgcn needs a heterogeneous store"):
         setup(TrainConfig(model="rgcn", mode="single"), env, loader(random_graph()))
     with pytest.raises(ConfigError, match="--decomposition basis needs --num-bases"):
