@@ -34,6 +34,7 @@ def test_pipeline_tracks_parent_children_metrics_plots_model(pipeline_result: di
     run = c.get_run(pipeline_result["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["mode"] == "tp" and run.data.params["world_size"] == "2"
+    assert run.data.params["weight_decay"] == "0.0005", "the value the ranks train with, not the option left out"
     assert run.data.params["store_fingerprint"] and run.data.tags.get(tracking.TAG_FLOW_RUN)
     assert len(c.get_metric_history(run.info.run_id, "loss")) == 3
     for key in ("valid_metric", "final_test_metric", "epoch_s_median", "compute_s_max", "bytes_sent_per_epoch_min",

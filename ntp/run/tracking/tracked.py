@@ -67,7 +67,8 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
 
     cfg = spec.config
     meta = open_store(cfg.store).meta.to_dict()
-    with start_training_run(cfg.to_dict(), world_size=spec.world_size, store_meta=meta, store_path=cfg.store,
+    params = cfg.for_task(link=meta["task_type"] == "link").to_dict()  # the values the ranks train with
+    with start_training_run(params, world_size=spec.world_size, store_meta=meta, store_path=cfg.store,
                             experiment=experiment, run_name=run_name or default_run_name(spec),
                             flow_run_id=flow_run_id, system_metrics=system_metrics,
                             tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node,
