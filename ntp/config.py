@@ -205,12 +205,13 @@ class TrainConfig:
         """Dropout on the first layer's input: --input-dropout, or --dropout when it is not given."""
         return self.dropout if self.input_dropout is None else self.input_dropout
 
-    def for_task(self, link: bool) -> TrainConfig:
-        """This config with the defaults that depend on the task filled in (a link predictor's or, else, a node
-        classifier's): --weight-decay. A job's config (what checkpoints and saved models hold) is resolved so."""
+    def for_task(self, task_type: str) -> TrainConfig:
+        """This config with the defaults that depend on the store's task (``task_type``: "link" for link prediction,
+        else a classifier's) filled in: --weight-decay. A job's config (what checkpoints and saved models hold) is
+        resolved so."""
         if self.weight_decay is not None:
             return self
-        return self.replace(weight_decay=LINK_WEIGHT_DECAY if link else WEIGHT_DECAY)
+        return self.replace(weight_decay=LINK_WEIGHT_DECAY if task_type == "link" else WEIGHT_DECAY)
 
     @property
     def memory_budget_bytes(self) -> int:

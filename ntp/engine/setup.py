@@ -72,7 +72,7 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths
         check_output_paths(cfg)
     data = load(cfg, env.world, env.rank) if load else _load_from_store(cfg, env)
-    cfg = cfg.for_task(link=data.task_type == "link")
+    cfg = cfg.for_task(data.task_type)
     if getattr(data, "hetero", False):  # node types and relations: R-GCN (ntp.engine.hetero)
         from ntp.engine.hetero import setup_hetero
 

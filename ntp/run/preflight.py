@@ -44,7 +44,7 @@ def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
 def _check_resume(spec: LaunchSpec, meta) -> None:  # noqa: ANN001 (storage's StoreMeta)
     """The checkpoint a rank would resume from loads and fits the options (as the ranks resolve them for the store's
     task); the ranks warn about what they skip."""
-    cfg = spec.config.for_task(link=meta.task_type == "link")
+    cfg = spec.config.for_task(meta.task_type)
     found = checkpoint.latest_loadable(cfg.checkpoint_dir, "cpu", lambda message: None)
     if found is not None:
         path, state = found

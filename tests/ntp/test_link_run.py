@@ -79,8 +79,8 @@ def test_link_prediction_defaults_to_no_weight_decay_and_learns(link_store: Path
     assert [g["weight_decay"] for g in default.optimizer.param_groups] == [0.0]
     assert [g["weight_decay"] for g in decayed.optimizer.param_groups] == [5e-4]
     assert default.cfg.weight_decay == 0.0, "the job's config (saved with the model) holds the value it used"
-    assert TrainConfig().for_task(link=False).weight_decay == 5e-4
-    assert TrainConfig(weight_decay=0.01).for_task(link=True).weight_decay == 0.01
+    assert TrainConfig().for_task("multiclass").weight_decay == 5e-4
+    assert TrainConfig(weight_decay=0.01).for_task("link").weight_decay == 0.01
     fit(default, sinks=[])
     fit(decayed, sinks=[])
     assert default.history[-1].loss < 1.0 < decayed.history[-1].loss, (default.history[-1], decayed.history[-1])
@@ -93,9 +93,9 @@ def test_a_checkpoint_written_with_the_old_default_decay_resumes_where_the_decay
     from ntp.errors import CheckpointError
 
     state = {"config": TrainConfig(weight_decay=5e-4).to_dict(), "store_fingerprint": ""}
-    check_resumable(state, Path("ckpt.pt"), TrainConfig().for_task(link=False), "", print)
+    check_resumable(state, Path("ckpt.pt"), TrainConfig().for_task("multiclass"), "", print)
     with pytest.raises(CheckpointError, match="--weight-decay 0.0005 -> 0.0"):
-        check_resumable(state, Path("ckpt.pt"), TrainConfig().for_task(link=True), "", print)
+        check_resumable(state, Path("ckpt.pt"), TrainConfig().for_task("link"), "", print)
 
 
 def test_mode_data_is_refused(link_store: Path) -> None:

@@ -67,7 +67,7 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
 
     cfg = spec.config
     meta = open_store(cfg.store).meta.to_dict()
-    params = cfg.for_task(link=meta["task_type"] == "link").to_dict()  # the values the ranks train with
+    params = cfg.for_task(meta["task_type"]).to_dict()  # the values the ranks train with
     with start_training_run(params, world_size=spec.world_size, store_meta=meta, store_path=cfg.store,
                             experiment=experiment, run_name=run_name or default_run_name(spec),
                             flow_run_id=flow_run_id, system_metrics=system_metrics,
