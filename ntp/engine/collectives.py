@@ -252,10 +252,12 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], comm: Comm) -> None:
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     if comm.world == 1 or not grads:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    # gradients on several devices (a link job's encoder on the host, its decoder on the GPU) meet on the comm's
+    devices = {g.device for g in grads}
+    flat = torch.cat([g.reshape(-1).to(comm.device if len(devices) > 1 else grads[0].device) for g in grads])
     comm.all_reduce(flat)
     offset = 0
     for p, g in zip(params, grads):
         n = g.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
+        p.grad = flat[offset : offset + n].view_as(p).to(p.device, copy=True)
         offset += n

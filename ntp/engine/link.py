@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import link_memory, precision
+from ntp.engine import link_memory, placement, precision
 from ntp.engine.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
 from ntp.engine.context import GraphContext
 from ntp.engine.data import GraphData
@@ -76,9 +76,6 @@ def check_link_config(cfg: TrainConfig) -> None:
     """Options link prediction does not take (the launcher's preflight checks them too)."""
     if cfg.mode == "data":
         raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
-    if cfg.nn_device == "cpu":
-        raise ConfigError("--nn-device cpu is not implemented for link prediction yet: its encoder runs on the rank's "
-                          "device; to hold less there use --offload topology or --offload all, or more ranks")
 
 
 def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any]:
@@ -93,17 +90,20 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     check_same_on_all_ranks("link graph (nodes, edges, features, splits)",
                             (n, data.num_edges, data.feature_dim, shapes, cfg.to_json()))
     comm = Comm(part, env.device, group=None)
-    model = LinkModel(cfg, n, data.feature_dim, part).to(env.device)
-    reserved = link_memory.reserved_parts(cfg, **memory_shape(data, model, env.world, env.device.type))
+    model = LinkModel(cfg, n, data.feature_dim, part)
+    shape = memory_shape(data, model, env.world, env.device.type)
+    nn_device, reserved = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
+                                                   link_memory.reserved_parts(cfg, **shape), report=env.is_main)
+    model.to(env.device).encoder.to(nn_device)  # the decoder and the embeddings' slice: the graph layout's device
     ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
                        memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
-                       width=cfg.hidden, nn_device=env.device, reserved=reserved, precision=cfg.precision)
+                       width=cfg.hidden, nn_device=nn_device, reserved=reserved, precision=cfg.precision)
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
         model.embedding.track_optimizer(optimizer)
     task = LinkTask(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
-    x = torch.from_numpy(data.features).to(env.device, precision.dtype(cfg.precision))
+    x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
     return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer, x=x,
                 y=torch.zeros(0), local_split={}, global_train_count=len(splits["train"][0]), link=task)
 

@@ -1,7 +1,7 @@
 """Link prediction's memory plan: what a rank holds besides one chunk of propagation, so that ``--memory-budget``
 bounds a link step as it bounds a node classifier's. The encoder counts as any model does (ntp.engine.placement: its
-NN stage on the rank's device, with the learned embeddings' rows as its input where the graph has no features, and
-its column slice).
+NN stage where it runs on the rank's device, with the learned embeddings' rows as its input where the graph has no
+features, and its column slice). The link step's parts stay on the rank's device wherever the encoder runs.
 
 A link step holds besides (ntp.engine.link, ntp.engine.link_pairs): the learned node embeddings of a graph without
 features, with their gradient and Adam's moments (this rank's columns; on a CPU rank also the whole matrices that
@@ -47,7 +47,8 @@ def resident_parts(cfg: TrainConfig, **shape) -> dict[str, int]:
     """What a link rank holds besides one chunk of propagation, by part (bytes): the encoder's and the link step's.
     ``shape``: ``num_nodes``, ``num_edges``, ``feature_dim`` (0: learned embeddings), ``splits`` (by split, the
     shapes of its positive pairs and of its negatives or None), ``world``, ``params`` (the encoder's and the
-    decoder's), and optionally ``device_type`` and ``symmetric`` (as ntp.engine.placement.rank_resident_parts)."""
+    decoder's), and optionally ``device_type``, ``symmetric`` and ``nn_on_device`` (as
+    ntp.engine.placement.rank_resident_parts: the encoder's NN stage counts where it runs on the rank's device)."""
     encoder, step = _parts(cfg, **shape)
     return {**encoder, **step}
 
@@ -61,11 +62,12 @@ def reserved_parts(cfg: TrainConfig, **shape) -> dict[str, int]:
 
 
 def _parts(cfg: TrainConfig, *, num_nodes: int, num_edges: int, feature_dim: int, splits: dict, world: int,
-           params: int, device_type: str = "cuda", symmetric: bool = False) -> tuple[dict[str, int], dict[str, int]]:
+           params: int, device_type: str = "cuda", symmetric: bool = False,
+           nn_on_device: bool = True) -> tuple[dict[str, int], dict[str, int]]:
     """The encoder's parts and the link step's own, by part (bytes)."""
     width, on_host = cfg.hidden, device_type == "cpu"
     encoder = rank_resident_parts(cfg, num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim or width,
-                                  out_dim=width, world=world, params=params, nn_on_device=True,
+                                  out_dim=width, world=world, params=params, nn_on_device=nn_on_device,
                                   device_type=device_type, symmetric=symmetric)
     slice_width = ceil_div(width, world)
     step = {}

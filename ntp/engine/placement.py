@@ -19,7 +19,8 @@ import bisect
 import torch
 
 from ntp.engine.aggregate import scales_rows
-from ntp.engine.chunking import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, format_bytes
+from ntp.engine.chunking import (DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, format_bytes,
+                                 free_device_bytes)
 from ntp.engine.dropout import dropped_copy_bytes
 from ntp.engine.partition import ceil_div
 from ntp.engine.precision import dtype, element_bytes
@@ -242,6 +243,23 @@ def choose_nn_device(choice: str, device: torch.device, nn_bytes: int, graph_byt
     if choice == "device":
         return device
     return device if nn_bytes + graph_bytes <= free_bytes * DEVICE_MARGIN else torch.device("cpu")
+
+
+def place_nn_stage(cfg, device: torch.device, resident: dict[str, int], reserved: dict[str, int],
+                   report: bool = False) -> tuple[torch.device, dict[str, int]]:
+    """Where the NN stage of a rank on ``device`` runs (:func:`choose_nn_device`; ``cfg``: a TrainConfig), from its
+    ``resident`` parts planned with the NN stage on the device (the part "NN stage"; the others stay there), and
+    ``reserved`` (what the model keeps on the device besides aggregation: GraphContext's ``reserved``) with the NN
+    stage's bytes left out where it runs on the host. ``report``: print where and why."""
+    nn_bytes = resident["NN stage"]
+    graph_bytes = sum(resident.values()) - nn_bytes
+    free = free_device_bytes(device)
+    if free and cfg.memory_budget_bytes:  # the budget bounds the whole rank: the NN stage fits in what it leaves
+        free = min(free, int(cfg.memory_budget_bytes / DEVICE_MARGIN))
+    nn_device = choose_nn_device(cfg.nn_device, device, nn_bytes, graph_bytes, free)
+    if free and report:
+        print(f"[ntp] {describe(nn_device, nn_bytes, graph_bytes, free)}", flush=True)
+    return nn_device, {**reserved, "NN stage": nn_bytes if nn_device == device else 0}
 
 
 def describe(nn_device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int) -> str:

@@ -12,7 +12,6 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine import placement, precision
 from ntp.engine.checkpoint import check_output_paths
-from ntp.engine.chunking import free_device_bytes
 from ntp.engine.context import GraphContext
 from ntp.engine.data import GraphData, load_rank_data, topology_bytes
 from ntp.engine.data_parallel import DataParallelContext
@@ -123,23 +122,15 @@ def _warn_cpu_overlap(busy_threads: int) -> None:
 
 def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
                     model: torch.nn.Module) -> tuple[torch.device, dict[str, int]]:
-    """Where the NN stage runs (ntp.engine.placement), and what the model keeps on the rank's device besides
-    aggregation, by part (the NN stage there; GAT's pattern and edge tensors)."""
+    """Where a node classifier's NN stage runs, and what the model keeps on the rank's device besides aggregation
+    (ntp.engine.placement.place_nn_stage)."""
     # the preflight's figures (the largest row block), so every rank plans alike
-    parts = placement.rank_resident_parts(cfg, num_nodes=data.num_nodes, num_edges=data.num_edges,
-                                          feature_dim=data.feature_dim, out_dim=data.out_dim, world=env.world,
-                                          params=sum(p.numel() for p in model.parameters()), nn_on_device=True,
-                                          device_type=env.device.type, symmetric=data.topology.symmetric)
-    nn_bytes = parts.pop("NN stage")
-    graph_bytes = sum(parts.values())
-    free = free_device_bytes(env.device)
-    if free and cfg.memory_budget_bytes:  # the budget bounds the whole rank: the NN stage fits in what it leaves
-        free = min(free, int(cfg.memory_budget_bytes / placement.DEVICE_MARGIN))
-    device = placement.choose_nn_device(cfg.nn_device, env.device, nn_bytes, graph_bytes, free)
-    if free and env.is_main:
-        print(f"[ntp] {placement.describe(device, nn_bytes, graph_bytes, free)}", flush=True)
-    attention = placement.attention_parts(cfg, data.num_nodes, data.num_edges)
-    return device, {"NN stage": nn_bytes if device == env.device else 0, **attention}
+    resident = placement.rank_resident_parts(cfg, num_nodes=data.num_nodes, num_edges=data.num_edges,
+                                             feature_dim=data.feature_dim, out_dim=data.out_dim, world=env.world,
+                                             params=sum(p.numel() for p in model.parameters()), nn_on_device=True,
+                                             device_type=env.device.type, symmetric=data.topology.symmetric)
+    reserved = {"NN stage": resident["NN stage"], **placement.attention_parts(cfg, data.num_nodes, data.num_edges)}
+    return placement.place_nn_stage(cfg, env.device, resident, reserved, report=env.is_main)
 
 
 def _load_from_store(cfg: TrainConfig, env: DistEnv) -> GraphData:

@@ -61,15 +61,16 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
     if meta.hetero:
         return _hetero_plan(spec, store)
     symmetric = bool(meta.preprocessing.get("symmetrized"))
+    # on a GPU, nn_device "auto" may move the NN stage to the host; the ranks decide (and check) that themselves
+    nn_on_device = spec.device == "cpu" or cfg.nn_device == "device"
     if meta.task_type == "link":
-        resident, out_dim = _link_parts(spec, store, symmetric), cfg.hidden
+        resident, out_dim = _link_parts(spec, store, symmetric, nn_on_device), cfg.hidden
     else:
         out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
         params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
-        # on a GPU, nn_device "auto" may move the NN stage to the host; the ranks decide (and check) that themselves
         resident = rank_resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges,
                                        feature_dim=meta.feature_dim, out_dim=out_dim, world=spec.world_size,
-                                       params=params, nn_on_device=spec.device == "cpu" or cfg.nn_device == "device",
+                                       params=params, nn_on_device=nn_on_device,
                                        device_type=spec.device, symmetric=symmetric)
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), spec.world_size)
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
@@ -89,7 +90,7 @@ def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:
     return summary(plans)
 
 
-def _link_parts(spec: LaunchSpec, store, symmetric: bool) -> dict[str, int]:
+def _link_parts(spec: LaunchSpec, store, symmetric: bool, nn_on_device: bool) -> dict[str, int]:
     """A link rank's parts (ntp.engine.link_memory), with the model every rank will build."""
     from ntp.engine.link_memory import resident_parts
     from ntp.engine.link_model import replicated_size
@@ -98,4 +99,4 @@ def _link_parts(spec: LaunchSpec, store, symmetric: bool) -> dict[str, int]:
     return resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
                           splits={name: store.link_split_shapes(name) for name in meta.split_names},
                           world=spec.world_size, params=replicated_size(cfg, meta.feature_dim),
-                          device_type=spec.device, symmetric=symmetric)
+                          device_type=spec.device, symmetric=symmetric, nn_on_device=nn_on_device)

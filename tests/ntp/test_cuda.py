@@ -171,6 +171,50 @@ def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool, pre
     np.testing.assert_allclose(first["cuda:0"], first["cpu"], rtol=1e-4 if precision == "fp32" else 1e-2)
 
 
+@pytest.mark.parametrize("features", [True, False], ids=["features", "learned"])
+def test_a_link_encoder_on_the_host_trains_like_the_cpu(features: bool) -> None:
+    """``--nn-device cpu`` for link prediction: the encoder (and its input) on the host, the decoder and the learned
+    embeddings' slice on the GPU with the graph layout; the losses are the CPU's."""
+    from tests.ntp.link_worker import link_graph, link_loader
+
+    graph = link_graph(n=400, d=12, edges=2_000, seed=3)
+    losses, jobs = {}, {}
+    for device, nn_device in (("cpu", "auto"), ("cuda:0", "cpu")):
+        cfg = _config(epochs=3, dropout=0.5, mode="single", nn_device=nn_device, link_batch=256)
+        jobs[device] = job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None), link_loader(graph, features))
+        fit(job, sinks=[])
+        losses[device] = [r.loss for r in job.history]
+    job = jobs["cuda:0"]
+    assert job.ctx.nn_device.type == "cpu" and job.x.device.type == "cpu"
+    assert {p.device.type for p in job.model.encoder.parameters()} == {"cpu"}
+    assert {p.device.type for p in job.model.decoder.parameters()} == {"cuda"}
+    assert job.ctx.reserved["NN stage"] == 0, "the encoder's rows are host memory: the GPU's plan leaves them out"
+    np.testing.assert_allclose(losses["cuda:0"], losses["cpu"], rtol=1e-4)
+
+
+def _sum_gradients_on_two_devices() -> list:
+    from ntp.engine.collectives import Comm, all_reduce_gradients
+    from ntp.engine.dist import distributed
+    from ntp.engine.partition import Partition
+
+    with distributed(60, "cpu") as env:  # gloo, whose all-reduce takes CUDA tensors: two ranks on one GPU
+        comm = Comm(Partition(10, env.world, env.rank), torch.device("cuda:0"))
+        params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, device="cuda:0"))]
+        for i, p in enumerate(params):
+            p.grad = torch.full_like(p, float(env.rank + 1 + 10 * i))
+        all_reduce_gradients(params, comm)
+        return [(p.grad.device.type, p.grad.cpu().tolist()) for p in params]
+
+
+def test_gradients_on_the_host_and_the_gpu_are_summed_over_ranks() -> None:
+    """A link job's encoder on the host and its decoder on the GPU: one flat all-reduce over both (torch.cat of
+    tensors on two devices raised before), each gradient back on its parameter's device."""
+    from tests.ntp.spawn import run_on_ranks
+
+    for rank in run_on_ranks(_sum_gradients_on_two_devices, 2):
+        assert rank == [("cpu", [3.0] * 3), ("cuda", [23.0] * 2)]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_rgcn_on_one_gpu_trains_like_the_cpu(precision: str) -> None:
     """R-GCN with features and with R-GCN's one-hot first layer (basis tables): the GPU's losses are the CPU's (in

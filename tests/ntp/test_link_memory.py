@@ -14,10 +14,10 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine import link_memory, link_pairs
 from ntp.engine.dist import DistEnv
-from ntp.engine.link import memory_shape
+from ntp.engine.link import memory_shape, split_shapes
 from ntp.engine.loop import evaluate_splits, train_step
 from ntp.engine.setup import setup
-from ntp.errors import ConfigError, MemoryPlanError
+from ntp.errors import MemoryPlanError
 from ntp.run.preflight import check_launch
 from ntp.spec import resolve
 from tests.ntp.link_worker import link_graph, link_loader
@@ -156,11 +156,22 @@ def test_the_launcher_plans_a_link_job_as_its_ranks_do(link_store) -> None:
     assert plan.bounds == job.ctx.plan.bounds and plan.num_chunks > 1
 
 
-@pytest.mark.parametrize("option, message", [(dict(nn_device="cpu"), "--nn-device cpu is not implemented")])
-def test_options_link_prediction_would_ignore_are_refused(option: dict, message: str, link_store) -> None:
-    """It ran without a word: the encoder stayed on the rank's device. The launcher's preflight refuses it before any
-    rank starts, and so does a rank."""
-    with pytest.raises(ConfigError, match=message):
-        _job(dict(model="gcn", hidden=16, **option), features=True)
-    with pytest.raises(ConfigError, match=message):
-        check_launch(resolve(TrainConfig(store=str(link_store), **option), nproc=1, device="cpu"))
+def test_an_encoder_on_the_host_leaves_the_gpu_the_link_step() -> None:
+    """``--nn-device cpu`` (or "auto" where the encoder does not fit): a GPU rank's plan leaves the encoder's rows
+    out and keeps the rest (the topology, the column slice, the embeddings' slice, the output's gradient, the pairs),
+    which stay on the GPU."""
+    shape = dict(num_nodes=N, num_edges=120_000, feature_dim=0, splits=split_shapes(_graph()["splits"]), world=2,
+                 params=10_000, device_type="cuda")
+    cfg = TrainConfig(model="sage", hidden=64, link_batch=4096)
+    on_gpu = link_memory.resident_parts(cfg, **shape)
+    on_host = link_memory.resident_parts(cfg, **shape, nn_on_device=False)
+    assert on_gpu["NN stage"] > 0 and on_host["NN stage"] == 0
+    assert {k: v for k, v in on_host.items() if k != "NN stage"} == {k: v for k, v in on_gpu.items() if k != "NN stage"}
+    assert link_memory.reserved_parts(cfg, **shape, nn_on_device=False)["NN stage"] == 0
+
+
+def test_the_launcher_takes_an_encoder_on_the_host(link_store) -> None:
+    """It refused ``--nn-device cpu`` for link prediction before; on a CPU rank the option changes nothing."""
+    cfg = TrainConfig(store=str(link_store), model="gcn", hidden=32, link_batch=512, memory_budget="64MB")
+    planned = check_launch(resolve(cfg.replace(nn_device="cpu"), nproc=1, device="cpu"))
+    assert planned.bounds == check_launch(resolve(cfg, nproc=1, device="cpu")).bounds
