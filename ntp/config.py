@@ -193,9 +193,10 @@ class TrainConfig:
         if self.model == "rgcn" and self.input_dropout is not None:
             raise ConfigError("--input-dropout applies to the homogeneous models; R-GCN's dropout is --dropout: drop "
                               "--input-dropout")
-        if self.model == "rgcn" and (self.overlap or self.offload != "none"):
-            raise ConfigError("--overlap and --offload apply to homogeneous models; R-GCN's relation-wise aggregation "
-                              "is bounded with --memory-budget SIZE (or --chunk-rows N): drop them and use that")
+        if self.model == "rgcn" and (self.overlap or self.offload != "none" or self.nn_device == "cpu"):
+            raise ConfigError("--overlap, --offload and --nn-device cpu apply to homogeneous models; R-GCN runs on "
+                              "the rank's device and its relation-wise aggregation is bounded with --memory-budget "
+                              "SIZE (or --chunk-rows N): drop them and use that")
         if self.norm != "none" and self.arch == "coupled":
             raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
                               "layers have none: use --arch decoupled, or drop --norm")

@@ -115,10 +115,9 @@ def test_wrong_model_or_options_say_the_fix() -> None:
         TrainConfig(model="rgcn", arch="coupled", decomposition="basis")
     with pytest.raises(ConfigError, match="use --model rgcn --arch coupled"):
         TrainConfig(model="gcn", decomposition="block", num_bases=2)
-    with pytest.raises(ConfigError, match="--overlap and --offload apply to homogeneous models.*--memory-budget"):
-        TrainConfig(model="rgcn", offload="topology")
-    with pytest.raises(ConfigError, match="--overlap and --offload apply to homogeneous models"):
-        TrainConfig(model="rgcn", overlap=True)
+    for option in (dict(offload="topology"), dict(overlap=True), dict(nn_device="cpu")):  # it ignored the last
+        with pytest.raises(ConfigError, match="--nn-device cpu apply to homogeneous models.*--memory-budget"):
+            TrainConfig(model="rgcn", **option)
     assert TrainConfig(model="rgcn", memory_budget="1GB").memory_budget_bytes == 1_000_000_000
     with pytest.raises(ValueError, match="not divisible by --num-bases 3"):
         RGCNLayer(2, 8, 6, "block", 3)
