@@ -8,8 +8,7 @@ then often go back to the OS and every page of them is faulted in, zeroed, again
 dropout's share) and 9 % of a 100k-vertex graph's epoch (docs/benchmarks.md, section 2). Fixing the mmap threshold at
 glibc's own largest (32 MB) and the trim threshold at 128 MB keeps such buffers; larger ones are still mapped and
 unmapped as before: a heap that also kept those made a 500k-vertex epoch 28 % faster for 23-60 % more peak memory,
-which a memory-bound system does not trade by default. ntp.engine.page_lock asks here which allocations surely have a
-mapping of their own."""
+which a memory-bound system does not trade by default."""
 from __future__ import annotations
 
 import ctypes
@@ -42,7 +41,7 @@ def user_settings() -> bool:
 def own_mapping_bytes() -> int:
     """Bytes from which an allocation surely has a mapping of its own, no page shared with another object
     (ntp.engine.page_lock locks such pages): the mmap threshold set here, which is also the largest glibc's own
-    reaches, or the user's, where larger (a value this cannot read: no size is sure)."""
+    reaches, or the user's, where larger (unreadable: no size holds)."""
     tunables = dict(item.partition("=")[::2] for item in os.environ.get("GLIBC_TUNABLES", "").split(":"))
     user = os.environ.get("MALLOC_MMAP_THRESHOLD_") or tunables.get("glibc.malloc.mmap_threshold")
     if user is None:
