@@ -36,17 +36,3 @@ def keep_freed_buffers() -> bool:
 
 def user_settings() -> bool:
     return any(name in os.environ for name in USER_SETTINGS) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
-
-
-def own_mapping_bytes() -> int:
-    """Bytes from which an allocation surely has a mapping of its own, no page shared with another object
-    (ntp.engine.page_lock locks such pages): the mmap threshold set here, which is also the largest glibc's own
-    reaches, or the user's, where larger (unreadable: no size holds)."""
-    tunables = dict(item.partition("=")[::2] for item in os.environ.get("GLIBC_TUNABLES", "").split(":"))
-    user = os.environ.get("MALLOC_MMAP_THRESHOLD_") or tunables.get("glibc.malloc.mmap_threshold")
-    if user is None:
-        return MMAP_THRESHOLD
-    try:
-        return max(MMAP_THRESHOLD, int(user, 0))
-    except ValueError:
-        return 1 << 62

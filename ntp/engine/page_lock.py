@@ -11,11 +11,15 @@ import weakref
 
 import torch
 
-from ntp.engine import heap
-
 #: cuMemHostRegister's flag: the device only reads the pages, so they are locked without write access (a shared
 #: mapping of the topology stays the one copy a machine's ranks share; ntp.engine.node_shared maps it so)
 _READ_ONLY = 0x08
+#: bytes from which glibc's malloc gives an allocation a mapping of its own (its threshold grows with use, to 32 MiB
+#: at most on 64-bit systems); a smaller one may lie in the heap, its first and last pages shared with other objects.
+#: An H100 raised CUDA's "invalid argument" in 3 of 4 runs of test_cuda.py's chunked offload cases, whose topologies
+#: were a few KB locked on such pages (locking a 480 MB topology never failed): the rule above would explain it, not
+#: yet shown on a GPU; staging what is smaller costs a copy of under 32 MiB
+_OWN_MAPPING_BYTES = 32 << 20
 _driver_lib = None
 
 
@@ -38,14 +42,10 @@ def pin_read_only(t: torch.Tensor, device: torch.device) -> bool:
 
 def owns_its_pages(t: torch.Tensor) -> bool:
     """Whether the pages of the host tensor ``t``'s storage hold nothing else: it lies in a file's mapping (a
-    topology the ranks of a machine share, ntp.engine.node_shared), or it is large enough for glibc's malloc to have
-    given it a mapping of its own (ntp.engine.heap.own_mapping_bytes). A smaller one may lie in the heap, its first and
-    last pages shared with other objects: an H100 raised CUDA's "invalid argument" in 3 of 4 runs of test_cuda.py's
-    chunked offload cases, whose topologies were a few KB locked on such pages (locking a 480 MB topology never
-    failed); the rule in this module's docstring would explain it, not yet shown on a GPU. Staging them costs a copy."""
+    topology the ranks of a machine share, ntp.engine.node_shared), or it is :data:`_OWN_MAPPING_BYTES` or more."""
     if not t.numel():
         return False
-    return t.untyped_storage().nbytes() >= heap.own_mapping_bytes() or _mapped_file(*_pages(t)) is not None
+    return t.untyped_storage().nbytes() >= _OWN_MAPPING_BYTES or _mapped_file(*_pages(t)) is not None
 
 
 def _pages(t: torch.Tensor) -> tuple[int, int]:

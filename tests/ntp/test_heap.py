@@ -57,22 +57,3 @@ def test_a_steps_freed_buffers_are_not_faulted_in_again() -> None:
 def test_a_users_own_malloc_settings_stand() -> None:
     assert _run("keep", MALLOC_TRIM_THRESHOLD_="65536")[0] == "False"
     assert _run("keep", GLIBC_TUNABLES="glibc.malloc.trim_threshold=65536")[0] == "False"
-
-
-def test_what_surely_has_its_own_mapping_follows_the_users_threshold(monkeypatch) -> None:
-    """ntp.engine.page_lock locks the pages of a tensor this large only: a user's larger threshold puts larger
-    allocations in the heap, where their first and last pages are shared."""
-    from ntp.engine import heap
-
-    for name in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
-        monkeypatch.delenv(name, raising=False)
-    assert heap.own_mapping_bytes() == 32 << 20
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
-    assert heap.own_mapping_bytes() == 32 << 20, "a smaller one maps more apart: 32 MiB still are"
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(256 << 20))
-    assert heap.own_mapping_bytes() == 256 << 20
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1:glibc.malloc.mmap_threshold=0x10000000")
-    assert heap.own_mapping_bytes() == 256 << 20
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=lots")
-    assert heap.own_mapping_bytes() > 1 << 50, "unreadable: nothing is sure to be apart"
