@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import heap, placement, precision
+from ntp.engine import placement, precision
 from ntp.engine.checkpoint import check_output_paths
 from ntp.engine.context import GraphContext
 from ntp.engine.data import GraphData, load_rank_data, topology_bytes
@@ -71,7 +71,6 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths
         check_output_paths(cfg)
     data = load(cfg, env.world, env.rank) if load else _load_from_store(cfg, env)
-    heap.keep_freed_buffers()  # from here a step's freed buffers stay for the next (ntp.engine.heap)
     cfg = cfg.for_task(data.task_type)
     if getattr(data, "hetero", False):  # node types and relations: R-GCN (ntp.engine.hetero)
         from ntp.engine.hetero import setup_hetero
