@@ -252,9 +252,9 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], comm: Comm) -> None:
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     if comm.world == 1 or not grads:
         return
-    # gradients on several devices (a link job's encoder on the host, its decoder on the GPU) meet on the comm's
-    devices = {g.device for g in grads}
-    flat = torch.cat([g.reshape(-1).to(comm.device if len(devices) > 1 else grads[0].device) for g in grads])
+    # gradients on two devices (a link job's encoder on the host, its decoder on the GPU) meet on the comm's
+    home = grads[0].device if len({g.device for g in grads}) == 1 else comm.device
+    flat = torch.cat([g.reshape(-1).to(home) for g in grads])
     comm.all_reduce(flat)
     offset = 0
     for p, g in zip(params, grads):
