@@ -86,6 +86,13 @@ def scales_rows(num_edges: int, elements: int, device_type: str = "cpu", precisi
     return num_edges >= PRESCALE_EDGES_PER_ELEMENT * elements
 
 
+def value_dtype(h: torch.Tensor) -> torch.dtype:
+    """The dtype :func:`csr_matmul` multiplies edge values in for an input ``h``: on a GPU ``h``'s own (cuSPARSE takes
+    values in its input's dtype and sums in float32), on a CPU the accumulation dtype (it multiplies a float32 copy of
+    a bfloat16 ``h``). Made in float32 and cast, a bfloat16 GPU product's values took 6 bytes per edge, not 2."""
+    return h.dtype if h.is_cuda else accumulation_dtype(h.dtype)
+
+
 def _with_dtype(block: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
     if block.dtype == dt:
         return block
@@ -197,10 +204,10 @@ class RowBlocks:
         values instead of gathering ``pre`` for every edge."""
         crow, col = part
         col_d = col if col.device == self.device else col.to(self.device)
-        vdt = accumulation_dtype(h.dtype)  # the operator's values stay exact: csr_matmul picks the product's dtype
+        vdt = value_dtype(h)
         pre = scaling.pre if scaled is None else None
         if pre is not None:
-            values = pre.index_select(0, col_d).to(vdt)
+            values = pre.to(vdt).index_select(0, col_d)
         elif h.is_cuda:  # cuSPARSE reads a value per edge
             values = torch.ones(col_d.shape[0], dtype=vdt, device=h.device)
         else:  # one value for every edge: the bags read it once

@@ -306,6 +306,32 @@ def test_bf16_on_the_gpu_trains_close_to_fp32_with_float32_sums() -> None:
         matmul.allow_bf16_reduced_precision_reduction = before
 
 
+def test_a_bf16_product_on_the_gpu_gathers_its_edge_values_in_bf16() -> None:
+    """A bfloat16 product's edge values (``pre`` of every edge's source) are made in bfloat16, 2 bytes an edge, and
+    equal float32 values cast: the allocator's peak above its input and output stays under 4 bytes an edge (made in
+    float32 and cast they took 6); the result is the float32 product's within bfloat16's rounding."""
+    from ntp.engine.aggregate import RowBlocks
+    from ntp.engine.operators import Scaling
+
+    n, degree, width = 20_000, 200, 8
+    gen = torch.Generator().manual_seed(0)
+    indptr = torch.arange(0, n * degree + 1, degree, dtype=torch.int64)
+    indices = torch.randint(0, n, (n * degree,), generator=gen, dtype=torch.int32)
+    dev = torch.device("cuda:0")
+    blocks = RowBlocks(indptr, indices, [0, n], dev)
+    scaling = Scaling(pre=torch.rand(n, generator=gen).to(dev))
+    h = torch.randn(n, width, generator=gen).to(dev)
+    low = h.bfloat16()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    y = blocks.matmul(low, scaling)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before - y.numel() * y.element_size()
+    assert extra < 4 * indices.numel(), extra
+    np.testing.assert_allclose(y.float().cpu(), blocks.matmul(low.float(), scaling).cpu(), rtol=2e-2, atol=0.1)
+
+
 def test_a_streamed_topology_is_copied_from_its_own_locked_pages(tmp_path, monkeypatch) -> None:
     """``--offload topology``: the host topology's pages are locked once, read-only, so each chunk goes to the GPU
     without a staging copy; a shared mapping of it (as the ranks of a machine share it) keeps the file's pages, no
