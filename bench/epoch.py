@@ -6,9 +6,9 @@
 ntp runs its own training step (ntp.engine.loop.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
 layers, decoupled = MLP then 2 propagation steps). PyG runs GCNConv(cached=True) / GATConv on edge_index (the way
 its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout
-rate (``--dropout``, 0.5 by default), threads; features of the store (synthetic: 128 wide). ntp's coupled model also
-runs with NTP_NATIVE=0 (CPU dropout in torch's ops, without its C kernel) and with no dropout, in turns with the
-default: the differences are dropout's share of the epoch with the kernel and with torch's ops.
+rate (``--dropout``, 0.5 by default), threads; features of the store (synthetic: 128 wide). ntp's coupled job also
+runs with NTP_NATIVE=0 (CPU dropout in torch's ops, without its C kernel) and with its dropouts at rate 0, in turns
+with the default: the differences are dropout's share of the epoch with the kernel and with torch's ops.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from common import (add_graph_arguments, add_single_process_arguments, base_pars
 
 
 def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, dropout: float = 0.5):
-    """One epoch of ntp's training step on ``store`` (a call runs the next epoch)."""
+    """ntp's job on ``store`` and a call that runs its next epoch."""
     from ntp.config import TrainConfig
     from ntp.engine.dist import init_distributed
     from ntp.engine.loop import train_step
@@ -36,27 +36,44 @@ def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads
                       dropout=dropout, threads=threads, mode="single")
     job = setup(cfg, init_distributed(60))
     epoch = iter(range(10**6))
-    return lambda: train_step(job, next(epoch))
+    return job, lambda: train_step(job, next(epoch))
 
 
 def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int,
               dropout: float) -> float:
-    return time_median(ntp_job(store, model, arch, hidden, heads, threads, dropout), repeats)[0]
+    return time_median(ntp_job(store, model, arch, hidden, heads, threads, dropout)[1], repeats)[0]
+
+
+@contextlib.contextmanager
+def no_dropout(model):
+    """``model``'s dropouts at rate 0 (the same job, its memory and caches as they are, without dropout)."""
+    from ntp.engine.dropout import RowDropout
+
+    layers = [m for m in model.modules() if isinstance(m, RowDropout)]
+    rates = [m.p for m in layers]
+    for m in layers:
+        m.p = 0.0
+    try:
+        yield
+    finally:
+        for m, rate in zip(layers, rates):
+            m.p = rate
 
 
 def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int,
                    dropout: float) -> dict:
     """The coupled epoch with dropout by the C kernel (inside the products after it), by torch's ops
-    (NTP_NATIVE=0) and without dropout, and dropout's share of the first two. The runs take turns of 5 epochs after
-    one to settle, ``repeats`` turns each; a share is the median over turns of the turn's difference from the run
-    without dropout, over the median epoch (a shared box drifts between turns by more than dropout costs)."""
-    runs = {"kernel": ntp_job(store, model, "coupled", hidden, heads, threads, dropout),
-            "torch_ops": ntp_job(store, model, "coupled", hidden, heads, threads, dropout),
-            "none": ntp_job(store, model, "coupled", hidden, heads, threads, dropout=0.0)}
-    turns: dict[str, list[float]] = {name: [] for name in runs}
+    (NTP_NATIVE=0) and without dropout, and dropout's share of the first two: one job, in turns of 5 epochs after
+    one to settle, ``repeats`` turns each; a share is the median over turns of the turn's difference from the turn
+    without dropout, over the median epoch (a shared box drifts between turns by more than dropout costs). On this
+    box (docs/benchmarks.md, section 2) a process's epochs settle fast or about 25 % slower for its whole life,
+    dropout's share with them: compare shares across several runs."""
+    job, step = ntp_job(store, model, "coupled", hidden, heads, threads, dropout)
+    ways = {"kernel": contextlib.nullcontext, "torch_ops": torch_ops_dropout, "none": lambda: no_dropout(job.model)}
+    turns: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(repeats):
-        for name, step in runs.items():
-            with torch_ops_dropout() if name == "torch_ops" else contextlib.nullcontext():
+        for name, way in ways.items():
+            with way():
                 turns[name].append(time_median(step, 5)[0])
 
     def share(name: str) -> float:
