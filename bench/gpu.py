@@ -44,6 +44,12 @@ VARIANTS = {
     "gcn --nn-device cpu": dict(model="gcn", arch="coupled", nn_device="cpu"),
     "gcn --offload all --nn-device cpu": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all",
                                               nn_device="cpu"),
+    # the NN stage streamed through the GPU in row blocks, its rows in host memory (ntp.engine.row_stream)
+    "gcn --nn-device stream": dict(model="gcn", arch="coupled", nn_device="stream"),
+    "gcn --offload topology --nn-device stream": dict(model="gcn", arch="coupled", memory_budget="BUDGET",
+                                                      offload="topology", nn_device="stream"),
+    "gcn --offload all --nn-device stream": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all",
+                                                 nn_device="stream"),
 }
 PLAN_GPUS = (1, 2, 4, 8, 16)
 PAPERS = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "hidden": 256, "classes": 172}

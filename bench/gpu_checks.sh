@@ -2,10 +2,9 @@
 # The GPU checks still pending, in one device call that fits a session's device time (15 minutes, a machine's
 # start included), most wanted first; each step has its own time limit, so a slow one leaves the next their share:
 #   run(command="bash bench/gpu_checks.sh", carry=[".device"], timeout_s=560)
-# 1. the CUDA path's tests (44 cases; 43 passed twice on an H100 on 2026-11-27; new since: a bf16 product's edge
-# values gathered in bf16); 2. one rank in bf16 at products scale against fp32 (4.12 GB on 2026-11-27 with the
-# values made in float32 first; about 3.6 GB expected now); 3. bench/link_pyg.py on the GPU (its ntp peak held the
-# last phase's only before 2026-11-27); 4. GraphSAGE on ogbl-ddi, seeds 8 and 9 (seeds 5-7 ran on the H100).
+# 1. the CUDA path's tests, the streamed NN stage's first (tests/ntp/test_cuda_stream.py); 2. products scale
+# (2.4M vertices, 120M edges), coupled GCN: in-device against the NN stage streamed in row blocks
+# (--nn-device stream) under budgets of 2 GB (a third of the in-device peak) and 1 GB.
 # Each step's output goes to $OUT/<step>.log (or /tmp), its last lines to stdout; bench/on_device.sh copies bench/out
 # to $OUT as well.
 set -uo pipefail
@@ -25,7 +24,7 @@ step() {  # step NAME SECONDS COMMAND...
   tail -n 40 "${OUT:-/tmp}/$name.log"
   echo "== $name: exit $status"
 }
-step cuda-tests 80 bash -c 'python3 -m pytest -q -m gpu -p no:cacheprovider tests/ntp/test_cuda.py | tail -3'
-step bf16 140 python3 bench/gpu.py --size products --epochs 4 --no-pyg --variants "gcn coupled" "gcn --precision bf16"
-step link-pyg 120 python3 bench/link_pyg.py --device cuda --epochs 3 --threads 8
-step ddi-seeds 200 python3 bench/link_ddi.py --models sage --seeds 8 9 --out "${OUT:-/tmp}/runs"
+step cuda-tests 120 bash -c 'python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/ntp/test_cuda_stream.py \
+  tests/ntp/test_cuda.py 2>&1 | grep -E "streamed step|passed|failed|Error" | tail -25'
+step stream 300 python3 bench/gpu.py --size products --epochs 4 --no-pyg --budget 2GB 1GB --variants "gcn coupled" \
+  "gcn --offload all --nn-device stream" "gcn --offload topology --nn-device stream"

@@ -24,7 +24,7 @@ Mode = Literal["single", "tp", "data"]
 Optimizer = Literal["adam", "adamw"]
 Norm = Literal["none", "batch", "layer"]
 Offload = Literal["none", "topology", "all"]
-NNDevice = Literal["auto", "device", "cpu"]
+NNDevice = Literal["auto", "device", "stream", "cpu"]
 Decoder = Literal["mlp", "dot"]
 Precision = Literal["fp32", "bf16"]
 RelNorm = Literal["mean", "total", "sum"]
@@ -41,12 +41,12 @@ RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
 RESUMABLE_CHANGES = frozenset({
     "epochs", "results", "checkpoint_dir", "checkpoint_every", "model_out", "resume", "resume_anyway", "eval_every",
     "patience", "collective_timeout_s", "threads", "fail_at_epoch", "fail_rank", "chunk_rows", "memory_budget",
-    "overlap", "offload", "nn_device", "mode", "store"})
+    "overlap", "offload", "nn_device", "nn_block_rows", "mode", "store"})
 
 #: Fields that say how inference runs on this hardware, not what the model computes: `ntp predict` and
 #: `ntp evaluate` take them from their command line, the rest comes from the saved model's config.
-INFERENCE_OPTIONS = ("chunk_rows", "memory_budget", "overlap", "offload", "nn_device", "collective_timeout_s",
-                     "threads")
+INFERENCE_OPTIONS = ("chunk_rows", "memory_budget", "overlap", "offload", "nn_device", "nn_block_rows",
+                     "collective_timeout_s", "threads")
 
 
 def opt(default: Any, help: str) -> Any:
@@ -104,8 +104,13 @@ class TrainConfig:
                                    "an H200), or all (the column-slice embeddings too, in pinned memory, when the "
                                    "budget cannot hold them on the device: each product copies them through the "
                                    "device in column blocks; docs/benchmarks.md, section 8).")
-    nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU), cpu, or auto (cpu when its "
-                                      "row blocks do not fit in device memory beside aggregation's chunks).")
+    nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU); stream (its rows in host "
+                                      "memory, computed on the GPU a block of rows at a time and recomputed in the "
+                                      "backward); cpu (on the host); or auto (device when its rows fit beside "
+                                      "aggregation's, else stream). Not gat, --norm batch or link prediction for "
+                                      "stream.")
+    nn_block_rows: int = opt(0, "Rows of a block of the streamed NN stage (--nn-device stream; 0: from the memory "
+                                "budget or the free device memory).")
     decoder: Decoder = opt("mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "
                                   "LinkPredictor on h_u * h_v) or dot (h_u . h_v).")
     decoder_layers: int = opt(2, "Link prediction: Linear layers of the mlp decoder (hidden width: --hidden).")
@@ -139,7 +144,7 @@ class TrainConfig:
                 raise ConfigError(f"--{flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
         _positive(self, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads", "decoder_layers",
                   "link_batch")
-        _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads", "num_bases")
+        _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads", "num_bases", "nn_block_rows")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout {self.dropout} must be in [0, 1); e.g. --dropout 0.5")
         if self.input_dropout is not None and not 0.0 <= self.input_dropout < 1.0:
@@ -197,9 +202,26 @@ class TrainConfig:
             raise ConfigError("--overlap, --offload and --nn-device cpu apply to homogeneous models; R-GCN runs on "
                               "the rank's device and its relation-wise aggregation is bounded with --memory-budget "
                               "SIZE (or --chunk-rows N): drop them and use that")
+        self._check_streaming()
         if self.norm != "none" and self.arch == "coupled":
             raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
                               "layers have none: use --arch decoupled, or drop --norm")
+
+    def _check_streaming(self) -> None:
+        """What ``--nn-device stream`` (ntp.engine.row_stream) can stream: row-wise segments only."""
+        if self.nn_block_rows and self.nn_device != "stream":
+            raise ConfigError("--nn-block-rows sizes the blocks of --nn-device stream: add --nn-device stream, or "
+                              "drop --nn-block-rows")
+        if self.nn_device != "stream":
+            return
+        if self.model in ("gat", "rgcn"):
+            raise ConfigError(f"--nn-device stream streams row-wise layers; --model {self.model} computes on its "
+                              "edges or relations on the device: use --nn-device cpu (or device) with it, or "
+                              "--model gcn, sage, gin, sgc or appnp")
+        if self.norm == "batch":
+            raise ConfigError("--norm batch needs statistics over all rows before any row's output, which a stage "
+                              "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "
+                              "--nn-device device or cpu")
 
     @property
     def first_dropout(self) -> float:

@@ -14,6 +14,7 @@ from ntp.engine.overlap import OverlappedOperator, propagate_gather, split_propa
 from ntp.engine.operators import CSR, scaling, with_self_loops
 from ntp.engine.placement import graph_resident_parts, offloaded_layout, slice_is_rows, ways_out
 from ntp.engine.precision import element_bytes
+from ntp.engine.row_stream import stream_rows
 from ntp.engine.topology import Topology
 from ntp.engine.transfer import moved
 
@@ -33,14 +34,15 @@ class GraphContext:
     def __init__(self, topology: Topology, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
                  width: int = 0, overlap: bool = False, offload: str = "none", send_once: bool = True,
                  nn_device: torch.device | None = None, reserved: dict[str, int] | None = None,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", row_block: int = 0) -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.engine.chunking; ``width``: the widest
         matrix propagated, for the budget); ``overlap``: propagation with per-chunk asynchronous split and gather
         (ntp.engine.overlap), ``send_once`` sends every source row once; ``offload``: what aggregation streams from
         host memory (ntp.engine.placement); ``nn_device``: where the row layout lives (default: the rank's device);
         ``reserved``: device memory the model keeps besides aggregation's, by part (the NN stage; GAT's pattern and
         edge tensors), which the chunks' budget leaves to it; ``precision``: of the activations
-        (ntp.engine.precision)."""
+        (ntp.engine.precision); ``row_block``: the NN stage streams through the device in blocks of this many rows,
+        its rows kept in host memory (``nn_device``; ntp.engine.row_stream), 0: it runs where its rows are."""
         self.topology = topology
         self.comm = comm
         self.chunk_rows = chunk_rows
@@ -52,6 +54,7 @@ class GraphContext:
         self.nn_device = nn_device or comm.device
         self.reserved = reserved or {}
         self.precision = precision
+        self.row_block = row_block
         self.seed = seed
         self.step = 0  #: training step (epoch): part of the dropout key, so masks are reproducible on resume
         self._operators: dict[str, SparseOperator] = {}
@@ -146,6 +149,21 @@ class GraphContext:
     @property
     def row_offset(self) -> int:
         return self.comm.part.rows()[0]
+
+    # -- the row layout --------------------------------------------------------------------------------------------
+    @property
+    def streams_rows(self) -> bool:
+        """Whether row-wise segments stream through the device in row blocks (``--nn-device stream``)."""
+        return self.row_block > 0
+
+    def rows(self, fn, *inputs: torch.Tensor, params=()) -> torch.Tensor:  # noqa: ANN001
+        """``fn(self, *inputs)`` for a row-wise segment ``fn`` (whole rows in, whole rows out; ``params``: the
+        parameters it reads): where the rows are, or, when :attr:`streams_rows`, a block of rows at a time on the
+        rank's device, recomputed in the backward (ntp.engine.row_stream)."""
+        if not self.streams_rows:
+            return fn(self, *inputs)
+        return stream_rows(fn, self, inputs, [p for p in params if p.requires_grad], device=self.device,
+                           block_rows=self.row_block, precision=self.precision)
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,9 @@ def check_link_config(cfg: TrainConfig) -> None:
     """Options link prediction does not take (the launcher's preflight checks them too)."""
     if cfg.mode == "data":
         raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
+    if cfg.nn_device == "stream":
+        raise ConfigError("--nn-device stream streams a node classifier's NN stage; link prediction's encoder does "
+                          "not stream yet: use --nn-device cpu, or auto")
 
 
 def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any]:
@@ -92,8 +95,9 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     comm = Comm(part, env.device, group=None)
     model = LinkModel(cfg, n, data.feature_dim, part)
     shape = memory_shape(data, model, env.world, env.device.type)
-    nn_device, reserved = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
-                                                   link_memory.reserved_parts(cfg, **shape), report=env.is_main)
+    placed = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
+                                      link_memory.reserved_parts(cfg, **shape), report=env.is_main, streamable=False)
+    nn_device, reserved = placed.home, placed.reserved
     model.to(env.device).encoder.to(nn_device)  # the decoder and the embeddings' slice: the graph layout's device
     ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
                        memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,

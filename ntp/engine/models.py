@@ -12,6 +12,8 @@ rank the collectives are identities, so ``--mode single`` is the same code with 
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -89,13 +91,16 @@ class DecoupledGNN(GraphModel):
         self.attention = EdgeAttention(cfg.heads, out_dim) if cfg.model == "gat" else None
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
-        z = self.mlp(x, ctx)
+        z = ctx.rows(self._mlp, x, params=self.mlp.parameters())
         if self.attention is None:  # split, K steps, gather: one call, so the context may pipeline it
             alpha = self.alpha if self.model == "appnp" else None
             return ctx.propagate_rows(DECOUPLED_OPERATOR[self.model], z, self.steps, alpha)
         z_cols = ctx.to_graph(z)
         h = self._attend(z, z_cols, ctx)
         return ctx.from_graph(h, self.out_dim)
+
+    def _mlp(self, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x, ctx)
 
     def _attend(self, z_rows: torch.Tensor, z_cols: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         alpha = self.attention(z_rows, ctx, shared_heads=True)
@@ -123,8 +128,16 @@ def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: tor
     return ctx.propagate_rows(name, z, 1)
 
 
+def widens(weight: torch.Tensor) -> bool:
+    """Whether a product with ``weight`` widens its input: :func:`propagated_linear` then propagates first."""
+    return weight.shape[1] < weight.shape[0]
+
+
 class GCNLayer(nn.Module):
     """PyG GCNConv: ``A_gcn @ (x W) + b``."""
+
+    operator = "gcn"
+    reads_input_after = False  #: whether :meth:`after` reads the layer's input
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -134,9 +147,34 @@ class GCNLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
         return propagated_linear(ctx, "gcn", x, self.lin.weight, dropout, relu) + self.bias
 
+    # the same layer as two row-wise parts around its propagation (CoupledGNN's streamed form)
+    def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
+        return dropped_product(ctx, x, self.lin.weight, dropout, relu)
+
+    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
+              relu: bool) -> torch.Tensor:
+        return product_after(p, self.lin.weight) + self.bias
+
+
+def dropped_product(ctx: GraphContext, x: torch.Tensor, weight: torch.Tensor, dropout: RowDropout | None,
+                    relu: bool) -> torch.Tensor:
+    """The row-wise part of :func:`propagated_linear` before its propagation: the dropout, and the product where it
+    narrows."""
+    if widens(weight):
+        return dropout(x, ctx, relu) if dropout is not None else x
+    return dropout.linear(x, ctx, weight, relu=relu) if dropout is not None else linear(x, weight)
+
+
+def product_after(p: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The row-wise part of :func:`propagated_linear` after its propagation: the product where it widens."""
+    return linear(p, weight) if widens(weight) else p
+
 
 class SAGELayer(nn.Module):
     """PyG SAGEConv (mean): ``mean_{u in N(v)} x_u W_l + b_l + x_v W_r``."""
+
+    operator = "mean"
+    reads_input_after = True
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -148,9 +186,19 @@ class SAGELayer(nn.Module):
         agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
         return agg + self.lin_l.bias + self.lin_r(x)
 
+    def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
+        return dropped_product(ctx, dropout(x, ctx, relu), self.lin_l.weight, None, False)
+
+    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
+              relu: bool) -> torch.Tensor:  # the root term drops the input again: the same mask
+        return product_after(p, self.lin_l.weight) + self.lin_l.bias + self.lin_r(dropout(x, ctx, relu))
+
 
 class GINLayer(nn.Module):
     """PyG GINConv (eps = 0) with nn = Linear-ReLU-Linear: ``nn(x_v + sum_{u in N(v)} x_u)``."""
+
+    operator = "sum_root"
+    reads_input_after = False
 
     def __init__(self, in_dim: int, out_dim: int, hidden: int) -> None:
         super().__init__()
@@ -160,6 +208,13 @@ class GINLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
         agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout, relu)
         return self.lin2(F.relu(agg + self.lin1.bias))
+
+    def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
+        return dropped_product(ctx, x, self.lin1.weight, dropout, relu)
+
+    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
+              relu: bool) -> torch.Tensor:
+        return self.lin2(F.relu(product_after(p, self.lin1.weight) + self.lin1.bias))
 
 
 class GATLayer(nn.Module):
@@ -214,11 +269,49 @@ class CoupledGNN(GraphModel):
         raise ValueError(f"model {cfg.model} has no coupled form")
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        if ctx.streams_rows:
+            return self._streamed(x, ctx)
         gat = self.model == "gat"
         for i, (layer, dropout) in enumerate(zip(self.layers, self.dropouts)):
             x = F.elu(x) if gat and i > 0 else x  # ReLU is the dropout's mask; GAT's ELU is not a mask
             x = layer(x, ctx, dropout, relu=i > 0 and not gat)
         return x
+
+    def _streamed(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        """The layers regrouped into row-wise segments between propagations, each streamed through the device
+        (ntp.engine.row_stream): the first layer's part before its propagation; then each layer's part after it
+        with the next layer's part before its own (one trip of the rows, not two); the last layer's part after.
+        The same values as :meth:`compute`'s in-memory form. A layer whose part after reads its input (GraphSAGE's
+        root term) gets it from the segment that made it."""
+        layers, drops = self.layers, self.dropouts
+        z = ctx.rows(partial(_first_segment, layers[0], drops[0]), x, params=layers[0].parameters())
+        for i, layer in enumerate(layers):
+            p = ctx.propagate_rows(layer.operator, z, 1)
+            inputs = (p, x) if layer.reads_input_after else (p,)
+            following = layers[i + 1] if i + 1 < len(layers) else None
+            params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
+            segment = partial(_segment, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
+            out = ctx.rows(segment, *inputs, params=params)
+            if following is None:
+                return out
+            x, z = out if following.reads_input_after else (None, out)
+        return x
+
+
+def _first_segment(layer: nn.Module, dropout: RowDropout, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
+    return layer.before(ctx, x, dropout, False)
+
+
+def _segment(layer: nn.Module, dropout: RowDropout, relu: bool, following: nn.Module | None,
+             following_dropout: RowDropout | None, ctx: GraphContext, p: torch.Tensor,
+             x: torch.Tensor | None = None):
+    """``layer``'s part after its propagation ``p`` (its input ``x`` where it reads it), then ``following``'s part
+    before its own: its input as well where its part after reads it."""
+    h = layer.after(ctx, p, x, dropout, relu)
+    if following is None:
+        return h
+    z = following.before(ctx, h, following_dropout, True)
+    return (h, z) if following.reads_input_after else z
 
 
 def build_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> nn.Module:

@@ -15,6 +15,8 @@ but these copies (which are no-ops).
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -47,6 +49,13 @@ ATTENTION_COPIES = 8
 #: Device bytes per edge of the attention pattern (ntp.engine.aggregate.EdgeWeightedTopology: sources, destinations,
 #: transposed sources and their permutation, 32-bit).
 ATTENTION_INDEX_BYTES = 4 * 4
+#: the most device memory a streamed NN block takes (ntp.engine.row_stream): a larger one runs no faster, its
+#: products being long already, and leaves less to aggregation's chunks
+STREAM_BLOCK_BYTES = 1 << 30
+#: the share of what the budget leaves besides aggregation's resident parts that a streamed NN block may take
+STREAM_BLOCK_SHARE = 0.5
+#: the fewest rows of a streamed NN block: fewer, and each block's fixed costs (copies, kernel launches) dominate
+MIN_STREAM_ROWS = 1024
 
 
 def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
@@ -219,52 +228,129 @@ def ways_out(resident: dict[str, int]) -> str:
 
 def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int,
                         params: int, nn_on_device: bool, device_type: str = "cuda",
-                        symmetric: bool = False) -> dict[str, int]:
+                        symmetric: bool = False, row_block: int = 0) -> dict[str, int]:
     """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
-    before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device; ``symmetric``:
-    ``A`` is, so one direction of the topology is kept)."""
+    before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device, or, streamed in
+    blocks of ``row_block`` rows, one block: "NN block"; ``symmetric``: ``A`` is, so one direction of the topology
+    is kept)."""
     rows = ceil_div(num_nodes, world)
     nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
                               device_type, cfg.first_dropout, inner_width(cfg),
-                              input_dropped_in_product(cfg)) if nn_on_device else 0
+                              input_dropped_in_product(cfg)) if nn_on_device and not row_block else 0
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
                                  symmetric=symmetric, rows_counted=slice_is_rows(world, nn_bytes))
     parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     parts["NN stage"] = nn_bytes
+    if row_block:
+        parts["NN block"] = stream_block_bytes(stream_row_bytes(cfg, feature_dim, out_dim, device_type), row_block,
+                                               params)
     return parts
 
 
-def choose_nn_device(choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int) -> torch.device:
-    """The device of the NN stage: ``choice`` "cpu" or "device" as given; "auto": the rank's device when the NN
-    stage (``nn_bytes``) fits beside aggregation (``graph_bytes``) in ``free_bytes`` with the usual margin."""
+def stream_row_bytes(cfg, in_dim: int, out_dim: int, device_type: str = "cuda") -> int:
+    """Device bytes of one row of the NN stage streamed in row blocks (``cfg``: a TrainConfig;
+    ntp.engine.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
+    layer counted, though a segment holds one or two), and the blocks on their way: two of the input coming, two of
+    the widest output leaving."""
+    per_row = nn_stage_bytes(1, in_dim, cfg.hidden, out_dim, cfg.nn_layers, 0, cfg.precision, device_type,
+                             cfg.first_dropout, inner_width(cfg), input_dropped_in_product(cfg))
+    return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim)
+
+
+def stream_block_bytes(row_bytes: int, row_block: int, params: int) -> int:
+    """Device bytes of the NN stage streamed in blocks of ``row_block`` rows of ``row_bytes``
+    (:func:`stream_row_bytes`): a block, and the parameters (with their gradients and optimiser state: they stay on
+    the device)."""
+    return row_block * row_bytes + 4 * params * PARAMETER_COPIES
+
+
+def stream_block_rows(row_bytes: int, rows: int, room: int) -> int:
+    """Rows of a streamed NN block: as many as :data:`STREAM_BLOCK_SHARE` of ``room`` (what the budget leaves
+    besides aggregation's resident parts; 0: unknown, as on a CPU rank) holds, up to :data:`STREAM_BLOCK_BYTES`, and
+    at least :data:`MIN_STREAM_ROWS` (a budget that cannot hold them fails in the plan, naming one that can)."""
+    target = min(STREAM_BLOCK_BYTES, int(room * STREAM_BLOCK_SHARE)) if room > 0 else STREAM_BLOCK_BYTES
+    return max(1, min(rows, max(MIN_STREAM_ROWS, target // max(1, row_bytes))))
+
+
+def nn_placement(choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int,
+                 streamable: bool = True) -> str:
+    """Where the NN stage runs: "device" (the rank's device, its rows there), "stream" (its rows in host memory,
+    streamed through the device in row blocks: ntp.engine.row_stream) or "cpu" (on the host). ``choice`` "device",
+    "stream" or "cpu" as given (on a CPU rank "device" is "cpu", and "stream" runs its blocks on the CPU, as the
+    tests do); "auto": the device when the NN stage (``nn_bytes``) fits beside aggregation (``graph_bytes``) in
+    ``free_bytes`` with the usual margin, else streamed (on the host where the model does not stream:
+    ``streamable``)."""
+    if choice == "stream":
+        return "stream"
     if choice == "cpu" or device.type == "cpu":
-        return torch.device("cpu")
+        return "cpu"
     if choice == "device":
-        return device
-    return device if nn_bytes + graph_bytes <= free_bytes * DEVICE_MARGIN else torch.device("cpu")
+        return "device"
+    if nn_bytes + graph_bytes <= free_bytes * DEVICE_MARGIN:
+        return "device"
+    return "stream" if streamable else "cpu"
+
+
+@dataclass(frozen=True)
+class NNPlacement:
+    """Where a rank's NN stage runs: ``home``, where its rows live; ``row_block``, rows of a block streamed through
+    the rank's device (0: it computes at ``home``); ``reserved``: what the model keeps on the rank's device besides
+    aggregation, by part (GraphContext's ``reserved``)."""
+
+    home: torch.device
+    row_block: int
+    reserved: dict[str, int]
+
+
+def stream_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int, params: int,
+                 device_type: str, symmetric: bool, room: int) -> tuple[int, dict[str, int]]:
+    """The rows of a streamed NN block, and a rank's resident parts (:func:`rank_resident_parts`) with its NN stage
+    streamed in such blocks (``cfg``: a TrainConfig). The rows: ``--nn-block-rows``, or as many rows as :func:`stream_block_rows` gives from ``room`` (the budget,
+    or the free device memory with its margin; 0: unknown) less aggregation's parts and the parameters. The
+    preflight and the ranks plan with it alike."""
+    shape = dict(num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim, out_dim=out_dim, world=world,
+                 params=params, device_type=device_type, symmetric=symmetric)
+    block = cfg.nn_block_rows
+    if not block:
+        graph = sum(rank_resident_parts(cfg, nn_on_device=False, **shape).values())
+        left = room - graph - 4 * params * PARAMETER_COPIES if room else 0
+        block = stream_block_rows(stream_row_bytes(cfg, feature_dim, out_dim, device_type),
+                                  ceil_div(num_nodes, world), max(left, 1) if room else 0)
+    return block, rank_resident_parts(cfg, nn_on_device=False, row_block=block, **shape)
 
 
 def place_nn_stage(cfg, device: torch.device, resident: dict[str, int], reserved: dict[str, int],
-                   report: bool = False) -> tuple[torch.device, dict[str, int]]:
-    """Where the NN stage of a rank on ``device`` runs (:func:`choose_nn_device`; ``cfg``: a TrainConfig), from its
+                   report: bool = False,
+                   streamed: Callable[..., tuple[int, dict[str, int]]] | None = None) -> NNPlacement:
+    """Where the NN stage of a rank on ``device`` runs (:func:`nn_placement`; ``cfg``: a TrainConfig), from its
     ``resident`` parts planned with the NN stage on the device (the part "NN stage"; the others stay there), and
-    ``reserved`` (what the model keeps on the device besides aggregation: GraphContext's ``reserved``) with the NN
-    stage's bytes left out where it runs on the host. ``report``: print where and why."""
+    ``reserved`` (what the model keeps on the device besides aggregation) with the NN stage's bytes left out where it
+    runs on the host, or a block's where it streams: ``streamed`` gives its rows and the parts then from the room
+    (:func:`stream_parts`; None: the task does not stream, and ntp.config's checks refuse ``--nn-device stream``).
+    ``report``: print where and why."""
     nn_bytes = resident["NN stage"]
     graph_bytes = sum(resident.values()) - nn_bytes
     free = free_device_bytes(device)
     if free and cfg.memory_budget_bytes:  # the budget bounds the whole rank: the NN stage fits in what it leaves
         free = min(free, int(cfg.memory_budget_bytes / DEVICE_MARGIN))
-    nn_device = choose_nn_device(cfg.nn_device, device, nn_bytes, graph_bytes, free)
-    if free and report:
-        print(f"[ntp] {describe(nn_device, nn_bytes, graph_bytes, free)}", flush=True)
-    return nn_device, {**reserved, "NN stage": nn_bytes if nn_device == device else 0}
+    where = nn_placement(cfg.nn_device, device, nn_bytes, graph_bytes, free, streamed is not None)
+    block, nn_part = 0, {"NN stage": nn_bytes if where == "device" else 0}
+    if where == "stream":
+        block, parts = streamed(room=cfg.memory_budget_bytes or int(free * DEVICE_MARGIN))
+        nn_part = {"NN stage": 0, "NN block": parts["NN block"]}
+    home = device if where == "device" else torch.device("cpu")
+    if report and (free or block):
+        print(f"[ntp] {describe(where, device, nn_bytes, graph_bytes, free, block)}", flush=True)
+    return NNPlacement(home, block, {**reserved, **nn_part})
 
 
-def describe(nn_device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int) -> str:
+def describe(where: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int,
+             row_block: int = 0) -> str:
     """One line for the worker log: where the NN stage runs and why."""
+    what = {"device": f"NN stage on {device}", "cpu": "NN stage on cpu",
+            "stream": f"NN stage streamed through {device} in blocks of {row_block} rows, its rows in host memory"}[where]
     if not free_bytes:
-        return f"NN stage on {nn_device}"
-    return (f"NN stage on {nn_device}: needs {format_bytes(nn_bytes)}, aggregation keeps {format_bytes(graph_bytes)}, "
+        return what
+    return (f"{what}: it needs {format_bytes(nn_bytes)} whole, aggregation keeps {format_bytes(graph_bytes)}, "
             f"{format_bytes(free_bytes)} free on the device")

@@ -92,20 +92,23 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
     comm = Comm(part, env.device, group=None)
     width = placement.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
     model = build_model(cfg, data.feature_dim, data.out_dim)
-    nn_device, reserved = _place_nn_stage(cfg, env, data, model)
+    placed = _place_nn_stage(cfg, env, data, model)
+    nn_device = placed.home
     ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
     ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, memory_budget=cfg.memory_budget_bytes,
                   overlap=cfg.overlap, offload=cfg.offload, width=width, nn_device=nn_device,
-                  reserved=reserved, precision=cfg.precision)
+                  reserved=placed.reserved, precision=cfg.precision, row_block=placed.row_block)
     if env.is_main and cfg.offload == "all" and ctx.device.type == "cuda":
         print(f"[ntp] {placement.describe_streaming(ctx.column_block, ctx.slice_width, ctx.topology_offload == 'none')}",
               flush=True)
-    model = model.to(nn_device)
+    model = model.to(env.device if placed.row_block else nn_device)  # streamed: the parameters stay on the device
     opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     r0, r1 = part.rows()
     local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1) for name in SPLITS}
     x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
+    if placed.row_block and env.device.type == "cuda":
+        x = x.pin_memory()  # its blocks reach the device at the bus's speed, no staging copy
     return Job(cfg, env, data, comm, ctx, model, optimizer, x=x,
                y=y_all[r0:r1].to(nn_device), local_split={k: v.to(nn_device) for k, v in local_split.items()},
                global_train_count=train_count)
@@ -121,16 +124,18 @@ def _warn_cpu_overlap(busy_threads: int) -> None:
 
 
 def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
-                    model: torch.nn.Module) -> tuple[torch.device, dict[str, int]]:
+                    model: torch.nn.Module) -> placement.NNPlacement:
     """Where a node classifier's NN stage runs, and what the model keeps on the rank's device besides aggregation
     (ntp.engine.placement.place_nn_stage)."""
     # the preflight's figures (the largest row block), so every rank plans alike
-    resident = placement.rank_resident_parts(cfg, num_nodes=data.num_nodes, num_edges=data.num_edges,
-                                             feature_dim=data.feature_dim, out_dim=data.out_dim, world=env.world,
-                                             params=sum(p.numel() for p in model.parameters()), nn_on_device=True,
-                                             device_type=env.device.type, symmetric=data.topology.symmetric)
+    shape = dict(num_nodes=data.num_nodes, num_edges=data.num_edges, feature_dim=data.feature_dim,
+                 out_dim=data.out_dim, world=env.world, params=sum(p.numel() for p in model.parameters()),
+                 device_type=env.device.type, symmetric=data.topology.symmetric)
+    resident = placement.rank_resident_parts(cfg, nn_on_device=True, **shape)
     reserved = {"NN stage": resident["NN stage"], **placement.attention_parts(cfg, data.num_nodes, data.num_edges)}
-    return placement.place_nn_stage(cfg, env.device, resident, reserved, report=env.is_main)
+    streamable = cfg.model != "gat" and cfg.norm != "batch"  # row-wise segments only (ntp.config's checks)
+    return placement.place_nn_stage(cfg, env.device, resident, reserved, report=env.is_main,
+                                    streamed=partial(placement.stream_parts, cfg, **shape) if streamable else None)
 
 
 def _load_from_store(cfg: TrainConfig, env: DistEnv) -> GraphData:

@@ -12,7 +12,7 @@ from ntp.engine import checkpoint
 from ntp.engine.chunking import ChunkPlan, make_plan, streams_topology, uniform_plan
 from ntp.engine.models import build_model
 from ntp.engine.partition import ceil_div
-from ntp.engine.placement import propagated_width, rank_resident_parts, ways_out
+from ntp.engine.placement import propagated_width, rank_resident_parts, stream_parts, ways_out
 from ntp.engine.precision import element_bytes
 from ntp.engine.setup import count_train_labels
 from ntp.errors import ConfigError
@@ -68,10 +68,13 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
     else:
         out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
         params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
-        resident = rank_resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges,
-                                       feature_dim=meta.feature_dim, out_dim=out_dim, world=spec.world_size,
-                                       params=params, nn_on_device=nn_on_device,
-                                       device_type=spec.device, symmetric=symmetric)
+        shape = dict(num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
+                     out_dim=out_dim, world=spec.world_size, params=params, device_type=spec.device,
+                     symmetric=symmetric)
+        if cfg.nn_device == "stream":  # the ranks size the blocks from the budget alike
+            resident = stream_parts(cfg, room=cfg.memory_budget_bytes, **shape)[1]
+        else:
+            resident = rank_resident_parts(cfg, nn_on_device=nn_on_device, **shape)
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), spec.world_size)
     return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
                      width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),

@@ -19,7 +19,7 @@ from ntp.config import TrainConfig, parse_bytes
 from ntp.errors import ConfigError, MemoryPlanError
 from ntp.engine.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.dist import DistEnv
-from ntp.engine.placement import choose_nn_device, graph_resident_parts, nn_stage_bytes, rank_resident_parts
+from ntp.engine.placement import graph_resident_parts, nn_placement, nn_stage_bytes, rank_resident_parts
 from ntp.engine.loop import fit
 from ntp.engine.setup import setup
 from tests.ntp.exactness_worker import trace_all
@@ -317,7 +317,7 @@ def test_a_stored_transpose_builds_the_same_topology_as_sorting() -> None:
 
 
 # -- placement: where the NN stage runs ------------------------------------------------------------------------------------
-def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation() -> None:
+def test_nn_stage_streams_only_when_it_does_not_fit_beside_aggregation() -> None:
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     gib = 1 << 30
     # an ogbn-products row block on one of 4 ranks: 612k rows, 100 features, hidden 256, 47 classes (~6.4 GB)
@@ -328,13 +328,15 @@ def test_nn_stage_moves_to_the_cpu_only_when_it_does_not_fit_beside_aggregation(
     assert graph == 4 * 2_450_000 * 4, "offload all needs a column of a product's input and output, and one each way"
     assert graph_bytes(2_450_000, 124_000_000, 12, "topology") > 0
     assert graph_bytes(10, 20, 4, "none") > graph_bytes(10, 20, 4, "topology")
-    assert choose_nn_device("auto", gpu, nn, graph, 80 * gib) == gpu
-    assert choose_nn_device("auto", gpu, nn, graph, 4 * gib) == cpu, f"{nn / gib:.1f} GiB cannot fit in 4 GiB"
-    assert choose_nn_device("auto", gpu, small, graph, 4 * gib) == gpu
-    assert choose_nn_device("auto", gpu, small, 4 * gib, 4 * gib) == cpu, "what aggregation keeps comes first"
-    assert choose_nn_device("device", gpu, nn, graph, 1) == gpu, "an explicit choice is obeyed"
-    assert choose_nn_device("cpu", gpu, small, graph, 80 * gib) == cpu
-    assert choose_nn_device("auto", cpu, small, graph, 0) == cpu and choose_nn_device("device", cpu, 1, 1, 0) == cpu
+    assert nn_placement("auto", gpu, nn, graph, 80 * gib) == "device"
+    assert nn_placement("auto", gpu, nn, graph, 4 * gib) == "stream", f"{nn / gib:.1f} GiB cannot fit in 4 GiB"
+    assert nn_placement("auto", gpu, nn, graph, 4 * gib, streamable=False) == "cpu", "GAT, batch norm, link"
+    assert nn_placement("auto", gpu, small, graph, 4 * gib) == "device"
+    assert nn_placement("auto", gpu, small, 4 * gib, 4 * gib) == "stream", "what aggregation keeps comes first"
+    assert nn_placement("device", gpu, nn, graph, 1) == "device", "an explicit choice is obeyed"
+    assert nn_placement("cpu", gpu, small, graph, 80 * gib) == "cpu"
+    assert nn_placement("auto", cpu, small, graph, 0) == "cpu" and nn_placement("device", cpu, 1, 1, 0) == "cpu"
+    assert nn_placement("stream", cpu, small, graph, 0) == "stream", "the tests stream blocks on a CPU"
 
 
 # -- single process: any chunk size, any budget, same training ----------------------------------------------------------
