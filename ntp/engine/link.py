@@ -96,7 +96,7 @@ def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any
     model = LinkModel(cfg, n, data.feature_dim, part)
     shape = memory_shape(data, model, env.world, env.device.type)
     placed = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
-                                      link_memory.reserved_parts(cfg, **shape), report=env.is_main, streamable=False)
+                                      link_memory.reserved_parts(cfg, **shape), report=env.is_main)
     nn_device, reserved = placed.home, placed.reserved
     model.to(env.device).encoder.to(nn_device)  # the decoder and the embeddings' slice: the graph layout's device
     ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,

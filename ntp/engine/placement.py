@@ -335,11 +335,11 @@ def place_nn_stage(cfg, device: torch.device, resident: dict[str, int], reserved
     if free and cfg.memory_budget_bytes:  # the budget bounds the whole rank: the NN stage fits in what it leaves
         free = min(free, int(cfg.memory_budget_bytes / DEVICE_MARGIN))
     where = nn_placement(cfg.nn_device, device, nn_bytes, graph_bytes, free, streamed is not None)
-    block, nn_part = 0, {"NN stage": nn_bytes if where == "device" else 0}
+    home = device if where == "device" else torch.device("cpu")
+    block, nn_part = 0, {"NN stage": nn_bytes if home == device else 0}  # a CPU rank's host is its device
     if where == "stream":
         block, parts = streamed(room=cfg.memory_budget_bytes or int(free * DEVICE_MARGIN))
         nn_part = {"NN stage": 0, "NN block": parts["NN block"]}
-    home = device if where == "device" else torch.device("cpu")
     if report and (free or block):
         print(f"[ntp] {describe(where, device, nn_bytes, graph_bytes, free, block)}", flush=True)
     return NNPlacement(home, block, {**reserved, **nn_part})

@@ -118,4 +118,4 @@ def test_help_states_each_default_once(command: str) -> None:
     text = " ".join(sub.format_help().split())
     assert "(default: None)" not in text and text.count("(default: 100)") <= 1, text
     if command == "train":
-        assert "--offload {none,topology,all}" in text and "--nn-device {auto,device,cpu}" in text
+        assert "--offload {none,topology,all}" in text and "--nn-device {auto,device,stream,cpu}" in text

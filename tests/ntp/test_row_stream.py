@@ -1,0 +1,99 @@
+"""The NN stage streamed in row blocks (``--nn-device stream``, ntp.engine.row_stream) computes what the in-memory
+stage computes: losses, every gradient and the predictions, for every model that streams, both architectures,
+1-3 ranks, blocks of a size that divides nothing. On a CPU the blocks are views (the GPU's copies are
+tests/ntp/test_cuda_stream.py's)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine.row_stream import stream_rows
+from ntp.errors import ConfigError, MemoryPlanError
+from tests.ntp.exactness_worker import trace_all
+from tests.ntp.graphs import random_graph
+from tests.ntp.spawn import run_on_ranks
+from tests.ntp.test_exactness import BASE, EPOCHS, assert_close_to_scale
+
+CONFIGS = (
+    [dict(BASE, model=m, arch="decoupled") for m in ("gcn", "sgc", "appnp", "sage", "gin")]
+    + [dict(BASE, model=m, arch="coupled") for m in ("gcn", "sage", "gin")]
+    + [dict(BASE, model=m, arch="coupled", hidden=24) for m in ("gcn", "sage")]  # wider than the features
+    + [dict(BASE, model="gin", arch="coupled", nn_layers=3),
+       dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="layer")]
+)
+GRAPHS = {"directed": random_graph(directed=True, seed=1), "symmetric": random_graph(directed=False, seed=2)}
+STREAMED = dict(nn_device="stream", nn_block_rows=7)  # 100 rows: 15 blocks, the last of 2 rows
+
+
+@pytest.fixture(scope="module")
+def in_memory() -> dict:
+    return {g: trace_all([dict(c, mode="single") for c in CONFIGS], graph, EPOCHS) for g, graph in GRAPHS.items()}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("graph_name", list(GRAPHS))
+def test_a_streamed_nn_stage_equals_the_in_memory_one(world: int, graph_name: str, in_memory: dict) -> None:
+    mode = "single" if world == 1 else "tp"
+    per_rank = run_on_ranks(trace_all, world, [dict(c, mode=mode, **STREAMED) for c in CONFIGS], GRAPHS[graph_name],
+                            EPOCHS)
+    for i, cfg in enumerate(CONFIGS):
+        ref, ranks = in_memory[graph_name][i], [r[i] for r in per_rank]
+        where = f"{cfg['arch']} {cfg['model']} (hidden {cfg['hidden']}, {cfg['nn_layers']} layers) on the " \
+                f"{graph_name} graph, world {world}"
+        for rank_result in ranks:
+            torch.testing.assert_close(torch.tensor(rank_result["losses"]), torch.tensor(ref["losses"]),
+                                       rtol=1e-5, atol=1e-6, msg=lambda m: f"losses differ: {where}\n{m}")
+            for name, g in ref["grads"].items():
+                assert_close_to_scale(rank_result["grads"][name], g, f"gradient of {name}: {where}")
+        assert_close_to_scale(torch.cat([r["logits"] for r in ranks]), ref["logits"], f"predictions: {where}")
+
+
+def test_a_segment_sees_its_blocks_global_rows_and_returns_gradients_of_inputs_and_parameters() -> None:
+    """``stream_rows`` on its own: a segment of two inputs and two outputs, one parameter; each block's position is
+    its first row's; an output left unused has no gradient to stream, and an input that wants none gets none."""
+
+    class Position:
+        row_offset, seed, step = 100, 0, 0
+
+    weight = torch.randn(3, 4, requires_grad=True)
+    x, y = torch.randn(10, 3, requires_grad=True), torch.randn(10, 4)
+    firsts = []
+
+    def segment(pos, x, y):
+        firsts.append(pos.row_offset)
+        return x @ weight + y, (x * 2).sum(1, keepdim=True)
+
+    out, unused = stream_rows(segment, Position(), [x, y], [weight], device=torch.device("cpu"), block_rows=4)
+    assert firsts == [100, 104, 108]
+    out.pow(2).sum().backward()
+    expected_x, expected_w = torch.autograd.grad((x @ weight + y).pow(2).sum(), [x, weight])
+    torch.testing.assert_close(x.grad, expected_x)
+    torch.testing.assert_close(weight.grad, expected_w)
+    assert y.grad is None
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(model="gat"), "--model gat computes on its edges"),
+    (dict(norm="batch"), "--norm batch needs statistics over all rows"),
+    (dict(nn_device="cpu", nn_block_rows=64), "--nn-block-rows sizes the blocks of --nn-device stream"),
+])
+def test_what_cannot_stream_is_refused_with_its_fix(options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(**{"nn_device": "stream", **options})
+
+
+def test_a_budget_too_small_for_a_block_fails_before_training_naming_one_that_works(cora_store: str) -> None:
+    """The preflight plans the streamed block as the ranks do: a budget that cannot hold it and the rest fails with
+    the part "NN block" and the smallest budget that works, which then passes."""
+    from ntp.run.preflight import check_launch
+    from ntp.spec import resolve
+
+    cfg = TrainConfig(store=cora_store, arch="coupled", nn_device="stream", memory_budget="200KB")
+    with pytest.raises(MemoryPlanError) as err:
+        check_launch(resolve(cfg, nproc=1, device="cpu"))
+    assert "NN block" in str(err.value), err.value
+    minimum = re.search(r"at least ([0-9.]+[KMG]B)", str(err.value)).group(1)
+    assert check_launch(resolve(cfg.replace(memory_budget=minimum), nproc=1, device="cpu")) is not None
