@@ -50,6 +50,9 @@ VARIANTS = {
                                                       offload="topology", nn_device="stream"),
     "gcn --offload all --nn-device stream": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all",
                                                  nn_device="stream"),
+    "gcn --offload all --nn-device stream --precision bf16": dict(model="gcn", arch="coupled", memory_budget="BUDGET",
+                                                                  offload="all", nn_device="stream",
+                                                                  precision="bf16"),
 }
 PLAN_GPUS = (1, 2, 4, 8, 16)
 PAPERS = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "hidden": 256, "classes": 172}
