@@ -5,7 +5,7 @@
 # 1. the CUDA path's tests, the streamed NN stage's first (tests/ntp/test_cuda_stream.py); 2. products scale
 # (2.4M vertices, 120M edges), coupled GCN: the NN stage streamed in row blocks (--nn-device stream) in bf16 under
 # budgets of 2 GB and 1 GB, with the slice on the device (--offload topology) at 3.5 GB, and the NN stage on the
-# host (--nn-device cpu) beside them (fp32 streamed and in-device: docs/benchmarks.md, section 9).
+# host (--nn-device cpu) beside them (fp32 streamed and in-device: docs/benchmarks.md, section 8).
 # Each step's output goes to $OUT/<step>.log (or /tmp), its last lines to stdout; bench/on_device.sh copies bench/out
 # to $OUT as well.
 set -uo pipefail
