@@ -94,9 +94,10 @@ class _Runner:
                     continue
                 found = iter(torch.autograd.grad([y for y, _ in outs], wrt, [g.to(y.dtype) for y, g in outs],
                                                  allow_unused=True))
-                for out, w in zip(grad_in, wants_in):
+                for out, x, w in zip(grad_in, xs, wants_in):
                     if w:
-                        downloads.copy(out[a:b], _or_zeros(next(found), xs[0].shape[0], out))
+                        g = next(found)  # None: the segment ignores this input
+                        downloads.copy(out[a:b], torch.zeros_like(x) if g is None else g)
                 for acc, w in zip(grad_param, wants_param):
                     g = next(found) if w else None
                     if g is not None:
@@ -117,10 +118,6 @@ class _Runner:
             return
         pinned = all(t.is_pinned() for t in tensors)
         yield from zip(spans, streamed(parts, self.device, pinned=pinned))
-
-
-def _or_zeros(grad: torch.Tensor | None, rows: int, like: torch.Tensor) -> torch.Tensor:
-    return grad if grad is not None else torch.zeros(rows, *like.shape[1:], dtype=like.dtype)
 
 
 class _Streamed(torch.autograd.Function):
