@@ -212,16 +212,21 @@ class TrainConfig:
         if self.nn_block_rows and self.nn_device != "stream":
             raise ConfigError("--nn-block-rows sizes the blocks of --nn-device stream: add --nn-device stream, or "
                               "drop --nn-block-rows")
-        if self.nn_device != "stream":
+        if self.nn_device != "stream" or self.nn_streams:
             return
         if self.model in ("gat", "rgcn"):
             raise ConfigError(f"--nn-device stream streams row-wise layers; --model {self.model} computes on its "
                               "edges or relations on the device: use --nn-device cpu (or device) with it, or "
                               "--model gcn, sage, gin, sgc or appnp")
-        if self.norm == "batch":
-            raise ConfigError("--norm batch needs statistics over all rows before any row's output, which a stage "
-                              "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "
-                              "--nn-device device or cpu")
+        raise ConfigError("--norm batch needs statistics over all rows before any row's output, which a stage "
+                          "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "
+                          "--nn-device device or cpu")
+
+    @property
+    def nn_streams(self) -> bool:
+        """Whether the NN stage can stream in row blocks (ntp.engine.row_stream): its work is row-wise, as it is but
+        for attention and relations (gat, rgcn) and batch statistics (--norm batch)."""
+        return self.model not in ("gat", "rgcn") and self.norm != "batch"
 
     @property
     def first_dropout(self) -> float:

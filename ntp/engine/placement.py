@@ -306,9 +306,9 @@ class NNPlacement:
 def stream_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int, params: int,
                  device_type: str, symmetric: bool, room: int) -> tuple[int, dict[str, int]]:
     """The rows of a streamed NN block, and a rank's resident parts (:func:`rank_resident_parts`) with its NN stage
-    streamed in such blocks (``cfg``: a TrainConfig). The rows: ``--nn-block-rows``, or as many rows as :func:`stream_block_rows` gives from ``room`` (the budget,
-    or the free device memory with its margin; 0: unknown) less aggregation's parts and the parameters. The
-    preflight and the ranks plan with it alike."""
+    streamed in such blocks (``cfg``: a TrainConfig). The rows: ``--nn-block-rows``, or as many as
+    :func:`stream_block_rows` gives from ``room`` (the budget, or the free device memory with its margin; 0: unknown)
+    less aggregation's parts and the parameters. The preflight and the ranks plan with it alike."""
     shape = dict(num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim, out_dim=out_dim, world=world,
                  params=params, device_type=device_type, symmetric=symmetric)
     block = cfg.nn_block_rows
@@ -349,7 +349,8 @@ def describe(where: str, device: torch.device, nn_bytes: int, graph_bytes: int, 
              row_block: int = 0) -> str:
     """One line for the worker log: where the NN stage runs and why."""
     what = {"device": f"NN stage on {device}", "cpu": "NN stage on cpu",
-            "stream": f"NN stage streamed through {device} in blocks of {row_block} rows, its rows in host memory"}[where]
+            "stream": f"NN stage streamed through {device} in blocks of {row_block} rows, its rows in host "
+                      "memory"}[where]
     if not free_bytes:
         return what
     return (f"{what}: it needs {format_bytes(nn_bytes)} whole, aggregation keeps {format_bytes(graph_bytes)}, "

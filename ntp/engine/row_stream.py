@@ -128,7 +128,7 @@ class _Streamed(torch.autograd.Function):
     def forward(ctx, runner: _Runner, *tensors: torch.Tensor):  # type: ignore[override]
         ctx.set_materialize_grads(False)  # an output that nothing used has no gradient to stream
         inputs, params = tensors[: runner.n_inputs], tensors[runner.n_inputs:]
-        ctx.runner, ctx.n_params = runner, len(params)
+        ctx.runner = runner
         ctx.save_for_backward(*inputs, *params)
         return runner.forward(inputs)
 

@@ -133,9 +133,8 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
                  device_type=env.device.type, symmetric=data.topology.symmetric)
     resident = placement.rank_resident_parts(cfg, nn_on_device=True, **shape)
     reserved = {"NN stage": resident["NN stage"], **placement.attention_parts(cfg, data.num_nodes, data.num_edges)}
-    streamable = cfg.model != "gat" and cfg.norm != "batch"  # row-wise segments only (ntp.config's checks)
     return placement.place_nn_stage(cfg, env.device, resident, reserved, report=env.is_main,
-                                    streamed=partial(placement.stream_parts, cfg, **shape) if streamable else None)
+                                    streamed=partial(placement.stream_parts, cfg, **shape) if cfg.nn_streams else None)
 
 
 def _load_from_store(cfg: TrainConfig, env: DistEnv) -> GraphData:

@@ -53,26 +53,29 @@ def test_a_streamed_nn_stage_equals_the_in_memory_one(world: int, graph_name: st
 
 def test_a_segment_sees_its_blocks_global_rows_and_returns_gradients_of_inputs_and_parameters() -> None:
     """``stream_rows`` on its own: a segment of two inputs and two outputs, one parameter; each block's position is
-    its first row's; an output left unused has no gradient to stream, and an input that wants none gets none."""
+    its first row's; an output left unused has no gradient to stream, an input that wants none gets none, and one
+    the segment ignores gets zeros."""
 
     class Position:
         row_offset, seed, step = 100, 0, 0
 
     weight = torch.randn(3, 4, requires_grad=True)
     x, y = torch.randn(10, 3, requires_grad=True), torch.randn(10, 4)
+    ignored = torch.randn(10, 2, requires_grad=True)
     firsts = []
 
-    def segment(pos, x, y):
+    def segment(pos, x, y, ignored):
         firsts.append(pos.row_offset)
         return x @ weight + y, (x * 2).sum(1, keepdim=True)
 
-    out, unused = stream_rows(segment, Position(), [x, y], [weight], device=torch.device("cpu"), block_rows=4)
+    out, unused = stream_rows(segment, Position(), [x, y, ignored], [weight], device=torch.device("cpu"), block_rows=4)
     assert firsts == [100, 104, 108]
     out.pow(2).sum().backward()
     expected_x, expected_w = torch.autograd.grad((x @ weight + y).pow(2).sum(), [x, weight])
     torch.testing.assert_close(x.grad, expected_x)
     torch.testing.assert_close(weight.grad, expected_w)
     assert y.grad is None
+    torch.testing.assert_close(ignored.grad, torch.zeros(10, 2))
 
 
 @pytest.mark.parametrize("options, message", [
