@@ -154,7 +154,7 @@ def time_median(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[f
 @contextlib.contextmanager
 def torch_ops_dropout():
     """ntp's CPU dropout without its C kernel (NTP_NATIVE=0): the masks drawn, then applied by torch's ops."""
-    from ntp.engine import native
+    from ntp.engine.kernels import native
 
     before = os.environ.get("NTP_NATIVE")
     os.environ["NTP_NATIVE"] = "0"

@@ -5,7 +5,7 @@
 
 Decoupled: nn_layers = L Linear layers then 2 propagation steps (the split width is the class count, whatever L and
 the width are). Coupled: L GCN layers, each split at the narrower of its input and output widths. Data parallel:
-the coupled model with halo exchange. "model_MB" is ntp.engine.cost's prediction for split+gather bytes (tp modes).
+the coupled model with halo exchange. "model_MB" is ntp.engine.distributed.cost's prediction for split+gather bytes (tp modes).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from runs import run_job
 
 
 def main() -> None:
-    from ntp.engine import cost
+    from ntp.engine.distributed import cost
     from storage import open_store
 
     p = base_parser(__doc__)

@@ -36,8 +36,8 @@ from common import ALLOCATORS, base_parser, report, same_allocator, torch_ops_dr
 
 def layer_runs(kind: str, rows: int, width_in: int, width_out: int, rate: float, device: torch.device) -> dict:
     """The ways to run one layer: each a call that runs it forward and backward, and returns the saved bytes."""
-    from ntp.engine.dropout import RowDropout
-    from ntp.engine.linear import Linear
+    from ntp.engine.kernels.dropout import RowDropout
+    from ntp.engine.kernels.linear import Linear
 
     hidden = kind == "hidden"
     x = torch.randn(rows, width_in, device=device)
@@ -105,7 +105,7 @@ def _sync(device: torch.device) -> None:
 def kernel_ns(rows: int, width: int, rate: float, relu: bool, device: torch.device, calls: int = 200) -> float | None:
     """The kernel's time an element (None where it is not built): on a CPU on one block of ``RowDropout.linear``'s
     rows, on CUDA on all ``rows`` (with the backward's mask where ``relu``, as a hidden layer writes it)."""
-    from ntp.engine import cuda_dropout, dropout
+    from ntp.engine.kernels import cuda_dropout, dropout
 
     x = torch.randn(dropout._block_rows(width, 4) if device.type == "cpu" else rows, width, device=device)
     if not dropout.one_pass(x):

@@ -3,7 +3,7 @@
     python bench/epoch.py --quick
     python bench/epoch.py --graphs synthetic cornell5 tolokers --size big --with-dgl
 
-ntp runs its own training step (ntp.engine.loop.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
+ntp runs its own training step (ntp.engine.train.loop.setup + train_step, --mode single; coupled = the classic GCNConv/GATConv
 layers, decoupled = MLP then 2 propagation steps). PyG runs GCNConv(cached=True) / GATConv on edge_index (the way
 its examples train full-graph), DGL GraphConv / GATConv in its own environment. Same hidden width, heads, dropout
 rate (``--dropout``, 0.5 by default), threads; features of the store (synthetic: 128 wide). ntp's coupled job also
@@ -28,9 +28,9 @@ from common import (add_graph_arguments, add_single_process_arguments, base_pars
 def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, dropout: float = 0.5):
     """ntp's job on ``store`` and a call that runs its next epoch."""
     from ntp.config import TrainConfig
-    from ntp.engine.dist import init_distributed
-    from ntp.engine.loop import train_step
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import init_distributed
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
 
     cfg = TrainConfig(store=str(store), model=model, arch=arch, hidden=hidden, heads=heads, nn_layers=2, prop_steps=2,
                       dropout=dropout, threads=threads, mode="single")
@@ -47,7 +47,7 @@ def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threa
 @contextlib.contextmanager
 def no_dropout(model):
     """``model``'s dropouts at rate 0 (the same job, its memory and caches as they are, without dropout)."""
-    from ntp.engine.dropout import RowDropout
+    from ntp.engine.kernels.dropout import RowDropout
 
     layers = [m for m in model.modules() if isinstance(m, RowDropout)]
     rates = [m.p for m in layers]

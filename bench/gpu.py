@@ -44,7 +44,7 @@ VARIANTS = {
     "gcn --nn-device cpu": dict(model="gcn", arch="coupled", nn_device="cpu"),
     "gcn --offload all --nn-device cpu": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all",
                                               nn_device="cpu"),
-    # the NN stage streamed through the GPU in row blocks, its rows in host memory (ntp.engine.row_stream)
+    # the NN stage streamed through the GPU in row blocks, its rows in host memory (ntp.engine.parallel.row_stream)
     "gcn --nn-device stream": dict(model="gcn", arch="coupled", nn_device="stream"),
     "gcn --offload topology --nn-device stream": dict(model="gcn", arch="coupled", memory_budget="BUDGET",
                                                       offload="topology", nn_device="stream"),
@@ -101,7 +101,7 @@ def baseline_pss() -> int:
     import subprocess
     import sys
 
-    code = ("import torch, ntp.engine.loop, ntp.engine.setup; from ntp.engine.metrics import host_pss_bytes; "
+    code = ("import torch, ntp.engine.train.loop, ntp.engine.train.setup; from ntp.engine.distributed.traffic import host_pss_bytes; "
             "print(host_pss_bytes())")
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               timeout=120).stdout.split()[-1])
@@ -113,7 +113,7 @@ def _pyg_worker(store: str, device: str, hidden: int, epochs: int, queue) -> Non
     import torch.nn.functional as F
     from torch_geometric.nn import GCNConv
 
-    from ntp.engine.chunking import _vm_hwm
+    from ntp.engine.device.measure import _vm_hwm
     from storage import open_store
 
     t0 = time.perf_counter()
@@ -163,7 +163,7 @@ def pyg_row(store: Path, args) -> dict:
 
 # -- start-up: reading and preparing the topology -----------------------------------------------------------------------
 def ntp_startup(store: Path) -> float:
-    from ntp.engine.data import store_topology
+    from ntp.engine.graph.data import store_topology
     from storage import open_store
 
     t0 = time.perf_counter()
@@ -181,11 +181,11 @@ def _edges(store: Path) -> int:
 def papers_plan(host_b_per_edge: float, world_sizes=PLAN_GPUS, gpus_per_node: int = 8) -> list[dict]:
     """Memory per node and per GPU for ogbn-papers100M (coupled GCN, hidden 256, dropout 0.5, fp32): the node's host
     memory from the measured bytes per edge, a GPU's from the memory plan ``--memory-budget`` checks
-    (ntp.engine.placement: the topology, the column slice, the rank's row block of the NN stage; the products' chunks
+    (ntp.engine.memory.placement: the topology, the column slice, the rank's row block of the NN stage; the products' chunks
     take what a budget leaves), with the topology on the device or streamed (``--offload topology``)."""
     from ntp.config import TrainConfig
-    from ntp.engine.models import build_model
-    from ntp.engine.placement import rank_resident_parts
+    from ntp.engine.nn.models import build_model
+    from ntp.engine.memory.placement import rank_resident_parts
 
     n, e, f, classes = PAPERS["nodes"], PAPERS["edges"], PAPERS["features"], PAPERS["classes"]
     cfg = TrainConfig(model="gcn", arch="coupled", hidden=PAPERS["hidden"], dropout=0.5)

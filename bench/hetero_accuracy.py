@@ -41,11 +41,11 @@ def run(path, cfg: dict, seed: int, merge_valid: bool, eval_every: int = 1) -> d
     from sklearn.metrics import f1_score
 
     from ntp.config import TrainConfig
-    from ntp.engine.dist import distributed
-    from ntp.engine.hetero import target_logits
-    from ntp.engine.hetero_data import load_hetero
-    from ntp.engine.loop import evaluate_splits, train_step
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.tasks.hetero.task import target_logits
+    from ntp.engine.tasks.hetero.data import load_hetero
+    from ntp.engine.train.loop import evaluate_splits, train_step
+    from ntp.engine.train.setup import setup
 
     def load(c, world, rank):
         data = load_hetero(str(path), world, rank)

@@ -54,7 +54,7 @@ def mag_like(scale: float, seed: int = 0) -> dict:
 
 
 def real_graph(name: str) -> dict:
-    from ntp.engine.hetero_data import load_hetero
+    from ntp.engine.tasks.hetero.data import load_hetero
     from storage import prepare
 
     path = prepare(name, from_dir=DATASETS / "ogb-hetero" / name, add_reverse=name == "aifb", progress=lambda s: None)
@@ -73,10 +73,10 @@ def graph(name: str, scale: float) -> dict:
 
 def ntp_epoch(g: dict, hidden: int, layers: int):
     from ntp.config import TrainConfig
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.hetero_data import hetero_from_arrays
-    from ntp.engine.loop import train_step
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.tasks.hetero.data import hetero_from_arrays
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
 
     classes = int(np.max(g["labels"])) + 1
     data = hetero_from_arrays(g["counts"], g["edges"], g["features"], g["target"], g["labels"], g["splits"],

@@ -30,9 +30,9 @@ def train_model(store: Path, folder: Path) -> str:
     import torch
 
     from ntp.config import TrainConfig
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.loop import fit
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.loop import fit
+    from ntp.engine.train.setup import setup
 
     cfg = TrainConfig(store=str(store), epochs=1, hidden=64, model_out=str(folder / "model.pt"))
     fit(setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), None)), sinks=[])
@@ -41,7 +41,7 @@ def train_model(store: Path, folder: Path) -> str:
 
 def predict(model: str, store: Path, out: Path, nproc: int, chunk_rows: int | None) -> tuple[float, dict]:
     """Wall seconds of the whole command, and rank 0's phases (load, forward, write) from its report line."""
-    from ntp.engine.predict import Request
+    from ntp.engine.infer.predict import Request
     from ntp.run.inference_job import inference_spec, run_inference
 
     lines: list[str] = []

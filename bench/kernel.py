@@ -3,7 +3,7 @@
     python bench/kernel.py --quick                 # 100k-vertex synthetic graph, width 64
     python bench/kernel.py --graphs synthetic cornell5 tolokers --size big --with-dgl
 
-Compared: ntp.engine.aggregate.SparseOperator (CSR forward, precomputed CSR of A^T backward); PyTorch Geometric as its users
+Compared: ntp.engine.graph.aggregate.SparseOperator (CSR forward, precomputed CSR of A^T backward); PyTorch Geometric as its users
 run it (a MessagePassing propagate over edge_index with edge weights, the path of GCNConv on edge_index input; and
 PyG's torch.sparse CSR path, torch_geometric.utils.spmm on adj_t); DGL update_all(u_mul_e, sum) in its own environment.
 """
@@ -29,9 +29,9 @@ def main() -> None:
     size, graphs = graph_selection(args, full_size="big")
     repeats, threads, dgl_py, dgl_note = single_process_settings(args)
 
-    from ntp.engine.aggregate import RowBlocks, SparseOperator
-    from ntp.engine.operators import CSR, gcn_values, scaling, with_self_loops
-    from ntp.engine.topology import from_csr
+    from ntp.engine.graph.aggregate import RowBlocks, SparseOperator
+    from ntp.engine.graph.operators import CSR, gcn_values, scaling, with_self_loops
+    from ntp.engine.graph.topology import from_csr
 
     rows = []
     for gname, store in graph_stores(graphs, size).items():

@@ -14,7 +14,7 @@ with the same threads, one after the other.
   python bench/link_pyg.py --device cuda          both on the GPU (the evaluation too)
 
 Prints a table (wall and CPU seconds per training epoch, seconds per evaluation, the training's peak memory: the
-GPU's allocator, or the process's resident set on a CPU, and ntp's memory plan for a rank: ntp.engine.link_memory
+GPU's allocator, or the process's resident set on a CPU, and ntp's memory plan for a rank: ntp.engine.tasks.link.memory
 and one chunk of propagation; PyG / ntp), saves it under bench/out/ and logs it to MLflow's 'benchmarks' experiment.
 CPU seconds count every thread of the process: on a shared machine they move less than wall seconds.
 """
@@ -98,9 +98,9 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
     import torch
 
     from ntp.config import TrainConfig
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.loop import evaluate_splits, train_step
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.loop import evaluate_splits, train_step
+    from ntp.engine.train.setup import setup
 
     cfg = TrainConfig(store=store, model=model, seed=0, mode="single", threads=threads, **OGB_EXAMPLE)
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None))
@@ -112,9 +112,9 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
 
 def _plan_bytes(job, device: str) -> int:
     """What ntp's memory plan gives a rank for this job: its parts and one chunk of propagation (no budget: one)."""
-    from ntp.engine.chunking import degree_costs
-    from ntp.engine.link import memory_shape
-    from ntp.engine.link_memory import resident_parts
+    from ntp.engine.memory.chunks import degree_costs
+    from ntp.engine.tasks.link.task import memory_shape
+    from ntp.engine.tasks.link.memory import resident_parts
 
     topo = job.ctx.topology
     parts = resident_parts(job.cfg, **memory_shape(job.data, job.model, 1, device))
@@ -125,11 +125,11 @@ def _plan_bytes(job, device: str) -> int:
 def _timed(train_mode, train_epoch, eval_mode, evaluate, epochs: int, device: str, phase_peaks=dict) -> dict:
     """Wall and CPU seconds (all threads of the process) per epoch (median after the first) and per evaluation, and
     the training's peak memory (the GPU's allocator, or the process's resident set). ``phase_peaks``: ntp's peaks by
-    phase (ntp.engine.chunking.PhaseMemory), which reset the process's peak at every switch, so that read alone
+    phase (ntp.engine.device.measure.PhaseMemory), which reset the process's peak at every switch, so that read alone
     after training holds only the last phase's (0.11 GB on an H100, where a step gathers two 134 MB ends)."""
     import torch
 
-    from ntp.engine.chunking import _vm_hwm
+    from ntp.engine.device.measure import _vm_hwm
 
     times = []
     for _ in range(epochs):

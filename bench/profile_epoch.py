@@ -40,9 +40,9 @@ def main() -> None:
     args = p.parse_args()
 
     from ntp.config import TrainConfig
-    from ntp.engine.dist import init_distributed
-    from ntp.engine.loop import train_step
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import init_distributed
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
 
     nodes, degree, features = SIZES[args.size]
     store = synthetic_store(nodes, degree, features)

@@ -9,7 +9,7 @@ from prefect import flow
 
 from flows.params import LaunchOptions
 from flows.train import _retry
-from ntp.engine.predict import Request
+from ntp.engine.infer.predict import Request
 from ntp.run.inference_job import inference_spec
 from tasks.predict import fetch_model, predict as run_predict
 

@@ -208,7 +208,7 @@ class TrainConfig:
                               "layers have none: use --arch decoupled, or drop --norm")
 
     def _check_streaming(self) -> None:
-        """What ``--nn-device stream`` (ntp.engine.row_stream) can stream: row-wise segments only."""
+        """What ``--nn-device stream`` (ntp.engine.parallel.row_stream) can stream: row-wise segments only."""
         if self.nn_block_rows and self.nn_device != "stream":
             raise ConfigError("--nn-block-rows sizes the blocks of --nn-device stream: add --nn-device stream, or "
                               "drop --nn-block-rows")
@@ -222,9 +222,13 @@ class TrainConfig:
                           "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "
                           "--nn-device device or cpu")
 
+    def checkpoint_due(self, epoch: int) -> bool:
+        """Whether the loop writes a checkpoint after ``epoch`` (tasks gather sliced state for it beforehand)."""
+        return bool(self.checkpoint_dir) and ((epoch + 1) % self.checkpoint_every == 0 or epoch == self.epochs - 1)
+
     @property
     def nn_streams(self) -> bool:
-        """Whether the NN stage can stream in row blocks (ntp.engine.row_stream): its work is row-wise, as it is but
+        """Whether the NN stage can stream in row blocks (ntp.engine.parallel.row_stream): its work is row-wise, as it is but
         for attention and relations (gat, rgcn) and batch statistics (--norm batch)."""
         return self.model not in ("gat", "rgcn") and self.norm != "batch"
 

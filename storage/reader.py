@@ -58,7 +58,7 @@ def _read_attrs(where: Location) -> dict[str, Any]:
                             "(not a graph store, or an edited metadata file)", GENERIC_FIX)
     attrs = doc.get("attributes")
     if doc.get("node_type") != "group" or not isinstance(attrs, dict):
-        raise store_problem(path, "zarr.json does not describe a graph store group", GENERIC_FIX)
+        raise store_problem(where, "zarr.json does not describe a graph store group", GENERIC_FIX)
     return attrs
 
 

@@ -20,8 +20,8 @@ def fetch_model(run_id: str, dst: str) -> tuple[str, dict[str, Any]]:
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_model(model_path: str, store: str, run_id: str | None = None,
                    experiment: str | None = None) -> dict[str, Any]:
-    """``ntp.engine.inference.evaluate_model``, then the metrics go to ``run_id`` (or a new evaluate run)."""
-    from ntp.engine.inference import evaluate_model as evaluate
+    """``ntp.engine.infer.inference.evaluate_model``, then the metrics go to ``run_id`` (or a new evaluate run)."""
+    from ntp.engine.infer.inference import evaluate_model as evaluate
 
     logger = get_run_logger()
     metrics = evaluate(Path(model_path), store)  # a folder or a URL (storage.location)

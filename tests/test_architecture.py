@@ -22,12 +22,14 @@ FORBIDDEN = {
     "storage": {"prefect", "tasks", "flows", "ntp", "mlflow"},
     "tasks": {"flows"},
 }
-#: torch.distributed calls that move data or synchronise ranks (ntp/engine/collectives.py is their only home)
+#: torch.distributed calls that move data or synchronise ranks (ntp/engine/distributed/collectives.py is their only home)
 COMMUNICATION = {"all_to_all", "all_to_all_single", "all_reduce", "all_gather", "all_gather_into_tensor",
                  "all_gather_object", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
                  "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "isend", "irecv", "barrier",
                  "monitored_barrier", "batch_isend_irecv", "gather_object", "scatter_object_list"}
 MAX_LINES = 400
+#: The engine's packages, lowest first: a package imports only from those before it (and itself).
+ENGINE_LAYERS = ("kernels", "device", "distributed", "graph", "memory", "parallel", "nn", "tasks", "train", "infer")
 
 
 def _modules() -> dict[str, Path]:
@@ -123,6 +125,39 @@ def test_the_import_graph_has_no_cycles() -> None:
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
 
+def _engine_package(module: str) -> str | None:
+    """``ntp.engine.graph.aggregate`` -> ``graph``; None outside the engine's packages."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["ntp", "engine"] and len(parts) > 2 else None
+
+
+def test_the_engine_is_packages_in_layers() -> None:
+    """The engine's modules all live in its packages (no flat module beside them), and each package imports only
+    from the packages below it."""
+    flat = [m for m in MODULES if _engine_package(m) and _engine_package(m) not in ENGINE_LAYERS]
+    assert not flat, f"engine modules outside its packages {ENGINE_LAYERS}: {flat}"
+    upward = {}
+    for module, deps in _project_graph().items():
+        own = _engine_package(module)
+        if own is None:
+            continue
+        above = sorted(d for d in deps if (p := _engine_package(d)) and ENGINE_LAYERS.index(p) > ENGINE_LAYERS.index(own))
+        if above:
+            upward[module] = above
+    assert not upward, f"engine packages import only from lower layers {ENGINE_LAYERS}: {upward}"
+
+
+def test_no_task_imports_another() -> None:
+    """A task package (ntp.engine.tasks.X) may use the tasks' shared modules, never another task's."""
+    task_of = {m: m.split(".")[3] for m in MODULES if m.startswith("ntp.engine.tasks.") and
+               (ROOT / "ntp/engine/tasks" / m.split(".")[3]).is_dir()}
+    crossing = {m: sorted(d for d in deps if task_of.get(d, task_of[m]) != task_of[m])
+                for m, deps in _project_graph().items() if m in task_of}
+    crossing = {m: d for m, d in crossing.items() if d}
+    assert set(task_of.values()) >= {"link", "hetero"}, "the scan must see the task packages"
+    assert not crossing, f"task packages import one another: {crossing}"
+
+
 def _communication_calls(path: Path) -> list[str]:
     """``dist.X(...)`` / ``torch.distributed.X(...)`` calls of communication functions in ``path``."""
     tree = ast.parse(path.read_text())
@@ -139,9 +174,9 @@ def _communication_calls(path: Path) -> list[str]:
 
 def test_only_collectives_communicates() -> None:
     offenders = {str(p.relative_to(ROOT)): calls for m, p in MODULES.items()
-                 if m != "ntp.engine.collectives" and (calls := _communication_calls(p))}
-    assert not offenders, f"torch.distributed communication outside ntp/engine/collectives.py: {offenders}"
-    assert _communication_calls(ROOT / "ntp/engine/collectives.py"), "the scan must see collectives.py's calls"
+                 if m != "ntp.engine.distributed.collectives" and (calls := _communication_calls(p))}
+    assert not offenders, f"torch.distributed communication outside ntp/engine/distributed/collectives.py: {offenders}"
+    assert _communication_calls(ROOT / "ntp/engine/distributed/collectives.py"), "the scan must see collectives.py's calls"
 
 
 def test_no_module_sprawls() -> None:
@@ -152,7 +187,7 @@ def test_no_module_sprawls() -> None:
 def test_a_worker_trains_without_the_drivers_libraries() -> None:
     """What a rank imports (the torchrun entry point, the engine, the store reader) pulls in no MLflow, Prefect,
     pandas or matplotlib: a GPU worker image needs only the core dependencies."""
-    code = ("import sys, ntp.run.worker, ntp.engine.loop, ntp.engine.inference, storage;"
+    code = ("import sys, ntp.run.worker, ntp.engine.train.loop, ntp.engine.infer.inference, storage;"
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'prefect', 'pandas', 'matplotlib'});"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

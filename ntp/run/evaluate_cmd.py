@@ -38,7 +38,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> dict:
     """The metrics ({"train", "valid", "test", "metric", "task_type"}), the export's folder under "out", and what
     tracking logged ("run_id"; "model_uri" and "version" with --register)."""
-    from ntp.engine.predict import Request
+    from ntp.engine.infer.predict import Request
     from ntp.run.inference_job import run_inference
 
     from ntp.errors import ConfigError

@@ -13,9 +13,9 @@ import time
 import uuid
 from pathlib import Path
 
-from ntp.engine.exports import read_pairs, write_description
-from ntp.engine.inference import check_store, inference_config, load_saved
-from ntp.engine.predict import Request, check_export
+from ntp.engine.infer.exports import read_pairs, write_description
+from ntp.engine.infer.inference import check_store, inference_config, load_saved
+from ntp.engine.infer.predict import Request, check_export
 from ntp.errors import ConfigError, WorkerFailed, is_input_error
 from ntp.run.flags import config_to_argv
 from ntp.run.launch import LineSink, leads, run_torchrun_job
@@ -30,7 +30,7 @@ LAUNCH_KEYS = ("nnodes", "node_rank", "rdzv_endpoint", "device", "job_timeout_s"
 def inference_spec(model: str | Path, store: str | Path, *, any_store: bool = False, nproc: int | None = None,
                    launch: dict | None = None, **options) -> LaunchSpec:
     """The launch of applying ``model`` to ``store`` (one process unless ``nproc``); ``launch``: the other
-    arguments of ntp.spec.resolve; ``options``: ntp.engine.inference.INFERENCE_OPTIONS. The model is checked
+    arguments of ntp.spec.resolve; ``options``: ntp.engine.infer.inference.INFERENCE_OPTIONS. The model is checked
     against the store first (feature width, outputs, fingerprint)."""
     saved = load_saved(model)
     check_store(model, saved, store, any_store)
@@ -96,7 +96,7 @@ def _staging_folder(out: Path, spec: LaunchSpec) -> Path:
 
 def _run_ranks(spec: LaunchSpec, request: Request, on_line: LineSink) -> None:
     if spec.mode == "single":
-        from ntp.engine.predict import run
+        from ntp.engine.infer.predict import run
 
         try:
             run(spec.config, spec.device, request)

@@ -109,7 +109,7 @@ def run_torchrun_job(spec: LaunchSpec, program: list[str] | None, *, on_line: Li
 
 
 def _run_in_process(spec: LaunchSpec) -> None:
-    from ntp.engine.loop import run
+    from ntp.engine.train.loop import run
 
     try:
         run(spec)

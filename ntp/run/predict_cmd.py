@@ -67,7 +67,7 @@ def add_predict_command(subparsers) -> argparse.ArgumentParser:
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    from ntp.engine.predict import Request
+    from ntp.engine.infer.predict import Request
     from ntp.run.inference_job import run_inference
 
     def predict() -> dict:

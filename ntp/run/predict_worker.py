@@ -1,5 +1,5 @@
 """The program every rank of an inference job runs: ``torchrun ... -m ntp.run.predict_worker --model FILE ...``
-with the model's inference config as training flags (ntp.engine.predict does the work)."""
+with the model's inference config as training flags (ntp.engine.infer.predict does the work)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ntp.engine.predict import EXPORTS, Request
+from ntp.engine.infer.predict import EXPORTS, Request
 from ntp.run.flags import add_config_arguments, config_from_args
 from ntp.run.processes import die_with_parent
 from ntp.run.worker import failure_reported, quiet_library_warnings
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     spec = resolve_in_worker(config_from_args(args), args.device)
     request = Request(**{f.name: getattr(args, f"request_{f.name}") for f in fields(Request)})
-    from ntp.engine.predict import run
+    from ntp.engine.infer.predict import run
 
     with failure_reported():
         run(spec.config, spec.device, request)

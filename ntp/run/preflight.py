@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from ntp.engine import checkpoint
-from ntp.engine.chunking import ChunkPlan, make_plan, streams_topology, uniform_plan
-from ntp.engine.models import build_model
-from ntp.engine.partition import ceil_div
-from ntp.engine.placement import propagated_width, rank_resident_parts, stream_parts, ways_out
-from ntp.engine.precision import element_bytes
-from ntp.engine.setup import count_train_labels
+from ntp.engine.train import checkpoint
+from ntp.engine.memory.chunks import ChunkPlan, make_plan, uniform_plan
+from ntp.engine.device.transfer import streams_topology
+from ntp.engine.nn.models import build_model
+from ntp.engine.distributed.partition import ceil_div
+from ntp.engine.memory.placement import propagated_width, rank_resident_parts, stream_parts, ways_out
+from ntp.engine.device.precision import element_bytes
+from ntp.engine.train.setup import count_train_labels
 from ntp.errors import ConfigError
 from ntp.spec import LaunchSpec
 
@@ -30,7 +31,7 @@ def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
 
     store = open_store(cfg.store)
     if store.meta.task_type == "link":  # it trains on the store's edge splits (always non-empty)
-        from ntp.engine.link import check_link_config
+        from ntp.engine.tasks.link.task import check_link_config
 
         check_link_config(cfg)
     else:
@@ -52,7 +53,7 @@ def _check_resume(spec: LaunchSpec, meta) -> None:  # noqa: ANN001 (storage's St
 
 
 def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
-    """The plan every rank will compute (ntp.engine.chunking.make_plan), with what stays resident on a rank."""
+    """The plan every rank will compute (ntp.engine.memory.chunks.make_plan), with what stays resident on a rank."""
     cfg, meta = spec.config, store.meta
     if cfg.chunk_rows:
         return uniform_plan(meta.num_nodes, cfg.chunk_rows)
@@ -83,9 +84,9 @@ def _chunk_plan(spec: LaunchSpec, store) -> ChunkPlan | None:
 
 
 def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:
-    """R-GCN's plan every rank will compute (ntp.engine.hetero_memory), from the store's relations and types."""
-    from ntp.engine.hetero_data import load_relations
-    from ntp.engine.hetero_memory import plan_operators, summary
+    """R-GCN's plan every rank will compute (ntp.engine.tasks.hetero.memory), from the store's relations and types."""
+    from ntp.engine.tasks.hetero.data import load_relations
+    from ntp.engine.tasks.hetero.memory import plan_operators, summary
 
     types = store.meta.hetero["node_types"]
     plans = plan_operators(spec.config, load_relations(store), {t["name"]: t["count"] for t in types},
@@ -94,9 +95,9 @@ def _hetero_plan(spec: LaunchSpec, store) -> ChunkPlan:
 
 
 def _link_parts(spec: LaunchSpec, store, symmetric: bool, nn_on_device: bool) -> dict[str, int]:
-    """A link rank's parts (ntp.engine.link_memory), with the model every rank will build."""
-    from ntp.engine.link_memory import resident_parts
-    from ntp.engine.link_model import replicated_size
+    """A link rank's parts (ntp.engine.tasks.link.memory), with the model every rank will build."""
+    from ntp.engine.tasks.link.memory import resident_parts
+    from ntp.engine.tasks.link.model import replicated_size
 
     cfg, meta = spec.config, store.meta
     return resident_parts(cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from ntp.engine.sinks import format_duration
+from ntp.engine.train.sinks import format_duration
 from ntp.records import EpochRecord, Record
 
 WIDTH = 30

@@ -1,7 +1,7 @@
 """The program every rank runs: ``torchrun --nproc-per-node M -m ntp.run.worker --store STORE ...``.
 
 It reads the training flags, resolves the launch from torchrun's environment (ntp.spec) and trains
-(ntp.engine.loop). A failing rank prints its traceback between markers, so the launcher can show the rank that
+(ntp.engine.train.loop). A failing rank prints its traceback between markers, so the launcher can show the rank that
 failed first-hand rather than the peers that lost their connection to it.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from ntp.engine.loop import run
+    from ntp.engine.train.loop import run
 
     with failure_reported():
         run(spec)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import distributed
-from ntp.engine.loop import train_step
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import distributed
+from ntp.engine.train.loop import train_step
+from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader
 
 

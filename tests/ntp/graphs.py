@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ntp.engine.data import GraphData, from_arrays
+from ntp.engine.graph.data import GraphData, from_arrays
 
 
 def random_graph(n: int = 100, d: int = 17, classes: int = 5, avg_degree: int = 5, directed: bool = True,
@@ -24,7 +24,7 @@ def random_graph(n: int = 100, d: int = 17, classes: int = 5, avg_degree: int = 
 
 
 def loader(graph: dict):
-    """A DataLoader for ntp.engine.loop.setup that serves ``graph`` without a store."""
+    """A DataLoader for ntp.engine.train.loop.setup that serves ``graph`` without a store."""
 
     def load(cfg, world: int, rank: int) -> GraphData:
         return from_arrays(graph["edge_index"], graph["x"], graph["y"], graph["splits"], world=world, rank=rank)
@@ -35,9 +35,9 @@ def loader(graph: dict):
 def budget_leaving(chunk_bytes: int, cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int,
                    world: int) -> str:
     """A ``--memory-budget`` that leaves ``chunk_bytes`` to the aggregation chunks of a CPU rank once what stays
-    resident there (topology, embeddings, NN stage: ntp.engine.placement) is counted, as the ranks count it."""
-    from ntp.engine.models import build_model
-    from ntp.engine.placement import rank_resident_parts
+    resident there (topology, embeddings, NN stage: ntp.engine.memory.placement) is counted, as the ranks count it."""
+    from ntp.engine.nn.models import build_model
+    from ntp.engine.memory.placement import rank_resident_parts
 
     params = sum(p.numel() for p in build_model(cfg, feature_dim, out_dim).parameters())
     resident = rank_resident_parts(cfg, num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim,

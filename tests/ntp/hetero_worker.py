@@ -6,11 +6,11 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import distributed
-from ntp.engine.hetero import HeteroTask
-from ntp.engine.hetero_data import hetero_from_arrays
-from ntp.engine.loop import train_step
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import distributed
+from ntp.engine.tasks.hetero.task import HeteroTask
+from ntp.engine.tasks.hetero.data import hetero_from_arrays
+from ntp.engine.train.loop import train_step
+from ntp.engine.train.setup import setup
 
 
 def hetero_graph(seed: int = 0) -> dict:
@@ -75,10 +75,10 @@ def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
 
 
 def fit_runs(configs: list[dict], graph: dict) -> list[dict]:
-    """Train each config with ntp.engine.loop.fit (checkpoints and --resume as a job does them); a config with
+    """Train each config with ntp.engine.train.loop.fit (checkpoints and --resume as a job does them); a config with
     ``featureless=True`` runs on the graph without features. Every epoch's loss, the final record and the state dict
     (whole embedding tables)."""
-    from ntp.engine.loop import fit
+    from ntp.engine.train.loop import fit
 
     out = []
     with distributed(60, "cpu") as env:
@@ -95,8 +95,8 @@ def fit_runs(configs: list[dict], graph: dict) -> list[dict]:
 
 def hetero_budget(chunk_bytes: int, cfg: dict, graph: dict, world: int) -> str:
     """A ``--memory-budget`` that leaves ``chunk_bytes`` to the aggregation chunks of R-GCN once what stays resident
-    on a rank is counted, as the ranks count it (ntp.engine.hetero_memory)."""
-    from ntp.engine.hetero_memory import operator_degrees, resident_parts
+    on a rank is counted, as the ranks count it (ntp.engine.tasks.hetero.memory)."""
+    from ntp.engine.tasks.hetero.memory import operator_degrees, resident_parts
 
     c = TrainConfig(model="rgcn", **{k: v for k, v in cfg.items() if k != "featureless"})
     data = hetero_loader(featureless(graph) if cfg.get("featureless") else graph)(c, 1, 0)

@@ -6,13 +6,13 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import distributed
-from ntp.engine.link import graph_embeddings
-from ntp.engine.link_data import link_from_arrays
-from ntp.engine import link_pairs
-from ntp.engine.link_pairs import score_pairs
-from ntp.engine.loop import evaluate_splits, fit
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import distributed
+from ntp.engine.tasks.link.task import graph_embeddings
+from ntp.engine.tasks.link.data import link_from_arrays
+from ntp.engine.tasks.link import pairs as link_pairs
+from ntp.engine.tasks.link.pairs import score_pairs
+from ntp.engine.train.loop import evaluate_splits, fit
+from ntp.engine.train.setup import setup
 from tests.ntp.exactness_worker import train_traced
 
 
@@ -59,7 +59,7 @@ def trace_all(configs: list[tuple[dict, bool]], graph: dict, epochs: int) -> lis
 
 
 def fit_run(cfg: dict, graph: dict) -> dict:
-    """Train with ntp.engine.loop.fit (checkpoints and --resume as a job does them), featureless (learned embeddings):
+    """Train with ntp.engine.train.loop.fit (checkpoints and --resume as a job does them), featureless (learned embeddings):
     every epoch's loss, the final record and the whole embedding matrix."""
     with distributed(60, "cpu") as env:
         job = setup(TrainConfig(**cfg), env, link_loader(graph, features=False))

@@ -3,25 +3,25 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 
 import numpy as np
 import pytest
 import torch
 
-from ntp.engine import aggregate
-from ntp.engine.aggregate import RowBlocks, SparseOperator, csr_matmul, prescaled
-from ntp.engine.operators import CSR, OPERATORS, Scaling, operator_pattern, scaling, with_self_loops
-from ntp.engine.topology import Topology, build, from_csr
+from ntp.engine.graph import aggregate
+from ntp.engine.graph.aggregate import RowBlocks, SparseOperator, csr_matmul, prescaled
+from ntp.engine.graph.operators import CSR, OPERATORS, Scaling, operator_pattern, scaling, with_self_loops
+from ntp.engine.graph.topology import Topology, build, from_csr
 from storage.csr import transpose_indices
-from ntp.engine.chunking import EDGE_BYTES, ROW_BYTES, budget_plan, make_plan, row_costs, source_schedule, uniform_plan
+from ntp.engine.memory.chunks import (EDGE_BYTES, ROW_BYTES, budget_plan, make_plan, row_costs, source_schedule,
+    uniform_plan)
 from ntp.config import TrainConfig, parse_bytes
 from ntp.errors import ConfigError, MemoryPlanError
-from ntp.engine.cost import coupled_bytes, decoupled_bytes
-from ntp.engine.dist import DistEnv
-from ntp.engine.placement import graph_resident_parts, nn_placement, nn_stage_bytes, rank_resident_parts
-from ntp.engine.loop import fit
-from ntp.engine.setup import setup
+from ntp.engine.distributed.cost import coupled_bytes, decoupled_bytes
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.memory.placement import graph_resident_parts, nn_placement, nn_stage_bytes, rank_resident_parts
+from ntp.engine.train.loop import fit
+from ntp.engine.train.setup import setup
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import graph_budget, loader, random_graph
 from tests.ntp.spawn import run_on_ranks
@@ -102,11 +102,11 @@ def test_budget_plan_chunks_are_the_largest_that_fit() -> None:
 
 
 def test_only_pipelined_chunks_count_a_source_row_per_edge() -> None:
-    """The sparse kernels read their input where it lies; the pipelined loops (ntp.engine.overlap) receive each
+    """The sparse kernels read their input where it lies; the pipelined loops (ntp.engine.parallel.overlap) receive each
     chunk's new source rows, up to one per edge, so only their plan counts them (and cuts more chunks)."""
-    from ntp.engine.collectives import Comm
-    from ntp.engine.context import GraphContext
-    from ntp.engine.partition import Partition
+    from ntp.engine.distributed.collectives import Comm
+    from ntp.engine.parallel.context import GraphContext
+    from ntp.engine.distributed.partition import Partition
 
     csr, width = _csr(DIRECTED), 3
     plain, piped = (row_costs(csr.indptr, csr.indices, csr.num_nodes, width, pipelined=p) for p in (False, True))
@@ -250,11 +250,11 @@ def test_a_gpu_plan_counts_one_direction_of_a_symmetric_topology() -> None:
     """A symmetric ``A`` keeps one topology on the device (``A^T`` is ``A``: one set of row blocks), so the plan
     counts one direction (only planned here: nothing runs on a device), and the chunks get the room the other one
     took; so do a rank's resident parts (the preflight's figures: there from the store's "symmetrized" flag)."""
-    from ntp.engine.chunking import format_bytes
-    from ntp.engine.collectives import Comm
-    from ntp.engine.context import GraphContext
-    from ntp.engine.partition import Partition
-    from ntp.engine.placement import device_topology_bytes
+    from ntp.engine.device.measure import format_bytes
+    from ntp.engine.distributed.collectives import Comm
+    from ntp.engine.parallel.context import GraphContext
+    from ntp.engine.distributed.partition import Partition
+    from ntp.engine.memory.placement import device_topology_bytes
 
     src, dst = DIRECTED["edge_index"]
     both = {**DIRECTED, "edge_index": np.unique(np.concatenate([[src, dst], [dst, src]], axis=1), axis=1)}
@@ -277,7 +277,7 @@ def test_attention_topology_keeps_32_bit_ids_and_is_what_the_plan_counts_for_gat
     """GAT propagates through its attention pattern alone, so the plan counts that pattern as its topology, in place
     of the row blocks every other model builds (exactly, but for the self-loops the graph already has: the plan
     cannot know them and adds one per vertex)."""
-    from ntp.engine.aggregate import EdgeWeightedTopology
+    from ntp.engine.graph.aggregate import EdgeWeightedTopology
 
     topo = _topology(DIRECTED)
     pattern = CSR(topo.indptr, topo.indices, topo.num_nodes)
@@ -363,7 +363,7 @@ def _no_op_streams(monkeypatch) -> list[str]:
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: log.append("record_stream"))
-    import ntp.engine.transfer as transfer
+    import ntp.engine.device.transfer as transfer
 
     unpinned = transfer.host_empty
     monkeypatch.setattr(transfer, "host_empty", lambda *size, dtype, pinned: unpinned(*size, dtype=dtype, pinned=False))
@@ -374,7 +374,7 @@ def _no_op_streams(monkeypatch) -> list[str]:
 def test_cuda_streaming_loop_feeds_each_chunk_its_own_data(offload: str, pinned: bool, monkeypatch) -> None:
     """The CUDA streaming loop (side-stream prefetch of each chunk's topology) with no-op streams, on CPU tensors:
     through the staging buffers, or straight from a topology whose pages are locked (``pinned``)."""
-    import ntp.engine.transfer as transfer
+    import ntp.engine.device.transfer as transfer
 
     _no_op_streams(monkeypatch)
     staged: list[int] = []
@@ -399,7 +399,7 @@ def test_offloaded_embeddings_pass_through_the_device_once_per_product(monkeypat
     """``--offload all``: a product over a host input copies it to the device once, computes every chunk there and
     copies each chunk's output rows back (on CUDA, on a download stream that waits for the compute and is synchronised
     before the host reads the output)."""
-    from ntp.engine.transfer import Downloads
+    from ntp.engine.device.transfer import Downloads
 
     topo = _topology(DIRECTED)
     h = torch.randn(topo.num_nodes, 5)
@@ -424,7 +424,7 @@ def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) ->
     """``--offload all`` in blocks of columns: the slice lies column by column in host memory (as ``to_graph``
     leaves it), so a block reaches the device a slab of columns at a time, each slab one contiguous piece of host
     memory laid out row by row there, and the output returns the same way: the host gathers and scatters nothing."""
-    import ntp.engine.transfer as transfer
+    import ntp.engine.device.transfer as transfer
 
     log = _no_op_streams(monkeypatch)
     monkeypatch.setattr(transfer, "SLAB_BYTES", 2 * 7 * 4)  # two columns of 7 float32 rows
@@ -455,7 +455,7 @@ def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) ->
 
 
 def test_column_blocks_are_even_and_as_few_as_their_width_allows() -> None:
-    from ntp.engine.transfer import even_blocks
+    from ntp.engine.device.transfer import even_blocks
 
     assert even_blocks(64, 31) == [(0, 21), (21, 42), (42, 64)], "not 31, 31 and 2"
     assert even_blocks(64, 64) == [(0, 64)] and even_blocks(64, 100) == [(0, 64)]
@@ -498,7 +498,7 @@ def test_column_blocks_stream_through_buffers_allocated_once_in_order(depth: int
     buffers (``depth`` sets, reused in turn) and its output leaves from them; a set is refilled only once the
     compute stream is done with its last block, and written only once that block's output has left. Depth 2:
     the next block arrives while this one computes; depth 1: after."""
-    import ntp.engine.transfer as transfer
+    import ntp.engine.device.transfer as transfer
 
     streams = _StreamLog()
     names = iter(["up", "down"])
@@ -565,8 +565,8 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
     """A product streaming a block of columns holds their input and output and a slab of columns in transit; beside
     them the chunks get an eighth of their working set (they number STREAMED_CHUNKS; the costliest row at least),
     and the topology where it stays. The blocks are the widest that this leaves room for."""
-    from ntp.engine.chunking import STREAMED_CHUNKS
-    from ntp.engine.placement import device_topology_bytes, offload_room, offloaded_layout, streamed_bytes
+    from ntp.engine.memory.chunks import STREAMED_CHUNKS
+    from ntp.engine.memory.placement import device_topology_bytes, offload_room, offloaded_layout, streamed_bytes
 
     for n in (1_000, 1_000_000):  # a slab holds all the columns of the small graph, 4 of the large one
         e, width = 20 * n, 64
@@ -591,7 +591,7 @@ def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_
     """A streamed slice's blocks read the topology once each: from device memory if it stays there, over the bus
     if it streams. It stays when the room it leaves holds blocks a memory sector wide (8 float32 columns, 16
     bfloat16) or the whole slice, if narrower; otherwise it streams as before, in wider blocks."""
-    from ntp.engine.placement import describe_streaming, offload_room, offloaded_layout
+    from ntp.engine.memory.placement import describe_streaming, offload_room, offloaded_layout
 
     n, e, width = 10_000, 50_000, 64
     room = lambda columns, precision="fp32", e=e: offload_room(n, e, columns, precision, True)  # noqa: E731
@@ -689,8 +689,8 @@ def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, referenc
 
 
 def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
-    from ntp.engine.dist import distributed
-    from ntp.engine.loop import train_step
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.train.loop import train_step
 
     with distributed(60, "cpu") as env:
         out = []
@@ -742,11 +742,12 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     on the device when the budget holds it, else streams in the widest blocks the room holds, over a topology that
     stays on the device where blocks of 8 columns fit beside it; the chunks get what the blocks (and the topology,
     where it stays) leave."""
-    from ntp.engine.chunking import STREAMED_CHUNKS, format_bytes
-    from ntp.engine.collectives import Comm
-    from ntp.engine.context import GraphContext
-    from ntp.engine.partition import Partition
-    from ntp.engine.placement import device_topology_bytes, offload_room, streamed_bytes
+    from ntp.engine.memory.chunks import STREAMED_CHUNKS
+    from ntp.engine.device.measure import format_bytes
+    from ntp.engine.distributed.collectives import Comm
+    from ntp.engine.parallel.context import GraphContext
+    from ntp.engine.distributed.partition import Partition
+    from ntp.engine.memory.placement import device_topology_bytes, offload_room, streamed_bytes
 
     topo = _topology(DIRECTED)
     n, e, width = topo.num_nodes, topo.num_edges, 32
@@ -774,10 +775,10 @@ def test_one_rank_counts_its_slice_once_with_the_nn_stage_that_holds_it() -> Non
     the identity): the plan counts them with the NN stage, not again as embeddings, and ``--offload all`` keeps them
     there (streaming the topology) where the same room beside the NN stage streams them in blocks of 4 columns when
     it runs on the host or the ranks are two. Planned only: nothing runs on a device."""
-    from ntp.engine.collectives import Comm
-    from ntp.engine.context import GraphContext
-    from ntp.engine.partition import Partition
-    from ntp.engine.placement import offload_room
+    from ntp.engine.distributed.collectives import Comm
+    from ntp.engine.parallel.context import GraphContext
+    from ntp.engine.distributed.partition import Partition
+    from ntp.engine.memory.placement import offload_room
 
     topo = _topology(DIRECTED)
     n, e, width, nn_stage = topo.num_nodes, topo.num_edges, 32, 10**5
@@ -800,10 +801,10 @@ def test_a_streamed_topology_comes_in_enough_chunks_for_its_copies_to_overlap() 
     """Where products stream their topology (``--offload`` on a GPU; only planned here), a budget that holds the
     graph in one chunk still cuts :data:`STREAMED_CHUNKS` of about equal working sets, so each chunk's copy overlaps
     the compute of the one before; nothing changes on a CPU or without offload, and ``--chunk-rows`` wins."""
-    from ntp.engine.chunking import STREAMED_CHUNKS, ChunkPlan
-    from ntp.engine.collectives import Comm
-    from ntp.engine.context import GraphContext
-    from ntp.engine.partition import Partition
+    from ntp.engine.memory.chunks import STREAMED_CHUNKS, ChunkPlan
+    from ntp.engine.distributed.collectives import Comm
+    from ntp.engine.parallel.context import GraphContext
+    from ntp.engine.distributed.partition import Partition
 
     topo = _topology(DIRECTED)
     gpu, cpu = (Comm(Partition(topo.num_nodes, 1, 0), torch.device(*d)) for d in (("cuda", 0), ("cpu",)))

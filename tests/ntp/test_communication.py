@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ntp.engine.collectives import Comm, gather, split
+from ntp.engine.distributed.collectives import Comm, gather, split
 from ntp.config import TrainConfig
-from ntp.engine.cost import coupled_bytes, decoupled_bytes
-from ntp.engine.dist import distributed
-from ntp.engine.partition import Partition
-from ntp.engine.loop import train_step
-from ntp.engine.setup import setup
+from ntp.engine.distributed.cost import coupled_bytes, decoupled_bytes
+from ntp.engine.distributed.dist import distributed
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.train.loop import train_step
+from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 from tests.ntp.spawn import run_on_ranks
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import DistEnv
-from ntp.engine.loop import fit
-from ntp.engine.placement import offload_room
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.train.loop import fit
+from ntp.engine.memory.placement import offload_room
+from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
 pytestmark = [pytest.mark.gpu,
@@ -52,7 +52,7 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: i
     them through the GPU in blocks of 8 columns, over a topology kept on the device (where the blocks come one ahead
     of the compute, two at least: room for the whole 16-column slice gives two blocks of 8) or streamed per block;
     the losses stay the CPU's. The NN stage runs on the host: on one rank whose NN stage is on the GPU the slice is
-    its rows, which stay there (ntp.engine.placement.slice_is_rows). The budget is the room ``--offload all`` needs
+    its rows, which stay there (ntp.engine.memory.placement.slice_is_rows). The budget is the room ``--offload all`` needs
     for ``columns`` (``offload_room``: the block's columns and a slab in transit, the chunks, and the topology where
     it stays; blocks of 8 columns stay with the topology only if the budget counts it)."""
     n = GRAPH["x"].shape[0]
@@ -72,8 +72,9 @@ def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(dept
     back before each block (``torch.cuda._sleep``), so a copy that did not wait for its event would overwrite a
     block still being computed on, or read an output not yet written: every block still lands in its columns. The
     device holds no more than the memory plan counts (``placement.streamed_bytes``)."""
-    from ntp.engine import cuda_transpose, transfer
-    from ntp.engine.placement import streamed_bytes
+    from ntp.engine.kernels import cuda_transpose
+    from ntp.engine.device import transfer
+    from ntp.engine.memory.placement import streamed_bytes
 
     monkeypatch.setattr(transfer, "SLAB_BYTES", 3 * 10_000 * 4)
     h = transfer.host_columns(torch.randn(10_000, 37), pinned=True)
@@ -106,11 +107,11 @@ def _large_graph() -> dict:
 def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) -> None:
     """What a step allocates on the GPU (the caching allocator's peak above what lived before it, plus the features,
     as tests/ntp/test_memory_estimate.py counts on a CPU) is at most what the plan gives it: its parts but the
-    topology, and the one chunk's working set (ntp.engine.chunking.degree_costs). On one rank the slice is the NN
-    stage's rows and counts once (ntp.engine.placement.slice_is_rows), in float32 and bfloat16."""
-    from ntp.engine.loop import train_step
-    from ntp.engine.placement import rank_resident_parts
-    from ntp.engine.precision import element_bytes
+    topology, and the one chunk's working set (ntp.engine.memory.chunks.degree_costs). On one rank the slice is the NN
+    stage's rows and counts once (ntp.engine.memory.placement.slice_is_rows), in float32 and bfloat16."""
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.device.precision import element_bytes
 
     cfg = _config(hidden=64, dropout=0.5, **options)
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None), loader(_large_graph()))
@@ -127,7 +128,7 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
 def _step_bytes(job) -> int:
     """What a training step allocates on the GPU: the caching allocator's peak above what lived before it, plus the
     features (as tests/ntp/test_memory_estimate.py counts on a CPU)."""
-    from ntp.engine.loop import train_step
+    from ntp.engine.train.loop import train_step
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -138,9 +139,9 @@ def _step_bytes(job) -> int:
 
 
 def _chunk_bytes(job, element_bytes: int = 4) -> int:
-    """The working set of propagation's chunk (ntp.engine.chunking.degree_costs): without a budget the plan makes one,
+    """The working set of propagation's chunk (ntp.engine.memory.chunks.degree_costs): without a budget the plan makes one,
     every row's cost."""
-    from ntp.engine.chunking import degree_costs
+    from ntp.engine.memory.chunks import degree_costs
 
     topo = job.ctx.topology
     return int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width,
@@ -150,12 +151,12 @@ def _chunk_bytes(job, element_bytes: int = 4) -> int:
 @pytest.mark.parametrize("features, precision", [(True, "fp32"), (False, "fp32"), (False, "bf16")],
                          ids=["features", "learned", "learned-bf16"])
 def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool, precision: str) -> None:
-    """Link prediction's plan (ntp.engine.link_memory) on a GPU, whose chunks of pairs are 16 times a CPU's: a
+    """Link prediction's plan (ntp.engine.tasks.link.memory) on a GPU, whose chunks of pairs are 16 times a CPU's: a
     step's allocator peak (above what lived before it, plus the features) is at most its parts but the topology and
     one chunk of propagation; and the GPU trains as the CPU does (in bf16, within its rounding)."""
-    from ntp.engine import link_memory
-    from ntp.engine.link import memory_shape
-    from ntp.engine.loop import train_step
+    from ntp.engine.tasks.link import memory as link_memory
+    from ntp.engine.tasks.link.task import memory_shape
+    from ntp.engine.train.loop import train_step
     from tests.ntp.link_worker import link_graph, link_loader
 
     graph = link_graph(n=50_000, d=64, edges=400_000, seed=2)
@@ -193,9 +194,9 @@ def test_a_link_encoder_on_the_host_trains_like_the_cpu(features: bool) -> None:
 
 
 def _sum_gradients_on_two_devices() -> list:
-    from ntp.engine.collectives import Comm, all_reduce_gradients
-    from ntp.engine.dist import distributed
-    from ntp.engine.partition import Partition
+    from ntp.engine.distributed.collectives import Comm, all_reduce_gradients
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.distributed.partition import Partition
 
     with distributed(60, "cpu") as env:  # gloo, whose all-reduce takes CUDA tensors: two ranks on one GPU
         comm = Comm(Partition(10, env.world, env.rank), torch.device("cuda:0"))
@@ -243,7 +244,7 @@ def test_a_bare_cuda_device_is_the_current_gpu() -> None:
 def test_the_gpu_draws_the_masks_the_cpu_draws() -> None:
     """A mask is integer arithmetic on a stream of words: torch's ops on the GPU (where its kernel does not drop)
     draw the bits numpy draws on the CPU."""
-    from ntp.engine.masks import keep_mask, stream_keep_mask
+    from ntp.engine.kernels.masks import keep_mask, stream_keep_mask
 
     for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3),
                                    ((7, 900), 19, 0.25, 2**63 + 1)):
@@ -257,8 +258,8 @@ def test_the_gpu_draws_the_masks_the_cpu_draws() -> None:
 def test_the_gpu_drops_in_one_pass_what_the_cpu_drops(monkeypatch, dtype: torch.dtype, p: float, kernel: bool) -> None:
     """The Triton kernel (and, with ``NTP_NATIVE=0``, torch's ops) drop on the GPU the elements the CPU drops, to
     the same values forward and backward: whole rows, and a column slice of a wider mask with a row stride."""
-    from ntp.engine import cuda_dropout
-    from ntp.engine.dropout import drop, one_pass
+    from ntp.engine.kernels import cuda_dropout
+    from ntp.engine.kernels.dropout import drop, one_pass
 
     if not kernel:
         monkeypatch.setenv("NTP_NATIVE", "0")
@@ -281,7 +282,7 @@ def test_the_gpu_drops_in_one_pass_what_the_cpu_drops(monkeypatch, dtype: torch.
 def test_the_gpu_drops_and_scales_like_the_cpu(dtype: torch.dtype) -> None:
     """CUDA applies a mask in one fused pass (torch's dropout backward kernel), the CPU in a conversion and two
     products: the same values forward and backward."""
-    from ntp.engine.dropout import dropped
+    from ntp.engine.kernels.dropout import dropped
 
     x, grad, keep = torch.randn(1000, 37).to(dtype), torch.randn(1000, 37).to(dtype), torch.rand(1000, 37) > 0.3
     results = []
@@ -310,8 +311,8 @@ def test_a_bf16_product_on_the_gpu_gathers_its_edge_values_in_bf16() -> None:
     """A bfloat16 product's edge values (``pre`` of every edge's source) are made in bfloat16, 2 bytes an edge, and
     equal float32 values cast: the allocator's peak above its input and output stays under 4 bytes an edge (made in
     float32 and cast they took 6); the result is the float32 product's within bfloat16's rounding."""
-    from ntp.engine.aggregate import RowBlocks
-    from ntp.engine.operators import Scaling
+    from ntp.engine.graph.aggregate import RowBlocks
+    from ntp.engine.graph.operators import Scaling
 
     n, degree, width = 20_000, 200, 8
     gen = torch.Generator().manual_seed(0)
@@ -337,8 +338,8 @@ def test_a_streamed_topology_is_copied_from_its_own_locked_pages(tmp_path, monke
     without a staging copy; a shared mapping of it (as the ranks of a machine share it) keeps the file's pages, no
     private copy of them (a write through the file shows in the mapping and in what the GPU copies from it); and the
     run trains as on the CPU (its 4.8 MB topology locked although smaller than what glibc surely maps apart)."""
-    from ntp.engine import page_lock
-    from ntp.engine.page_lock import pin_read_only
+    from ntp.engine.device import page_lock
+    from ntp.engine.device.page_lock import pin_read_only
 
     path = tmp_path / "indices.npy"
     np.save(path, np.arange(4 << 20, dtype=np.int32))  # 16 MiB

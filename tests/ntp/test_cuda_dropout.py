@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ntp.engine import cuda_dropout, gpu_kernels
-from ntp.engine.dropout import dropped
-from ntp.engine.masks import keep_mask
-from ntp.engine.partition import Partition
+from ntp.engine.kernels import cuda_dropout, gpu_kernels
+from ntp.engine.kernels.dropout import dropped
+from ntp.engine.kernels.masks import keep_mask
+from ntp.engine.distributed.partition import Partition
 from tests.ntp import interpreter
 
 triton = pytest.importorskip("triton", reason="Triton (pip install -e '.[test]' installs it) runs the kernel here")
@@ -28,7 +28,7 @@ LAYOUTS = [(1013, 37, 17, 0, None), (333, 20, 0, 5, 41), (64, 64, 3, 0, None), (
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """ntp.engine.cuda_dropout with its kernels built for Triton's interpreter."""
+    """ntp.engine.kernels.cuda_dropout with its kernels built for Triton's interpreter."""
     with interpreter.interpreted(cuda_dropout, monkeypatch) as module:
         yield module
 

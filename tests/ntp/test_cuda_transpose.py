@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ntp.engine import cuda_transpose, gpu_kernels
+from ntp.engine.kernels import cuda_transpose, gpu_kernels
 from tests.ntp import interpreter
 
 triton = pytest.importorskip("triton", reason="Triton (pip install -e '.[test]' installs it) runs the kernel here")
@@ -15,7 +15,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """ntp.engine.cuda_transpose with its kernels built for Triton's interpreter."""
+    """ntp.engine.kernels.cuda_transpose with its kernels built for Triton's interpreter."""
     with interpreter.interpreted(cuda_transpose, monkeypatch) as module:
         yield module
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ntp.engine.operators import CSR
-from ntp.engine.data_parallel import halo_plan
+from ntp.engine.graph.operators import CSR
+from ntp.engine.parallel.data_parallel import halo_plan
 from tests.ntp.graphs import random_graph
 
 

@@ -1,4 +1,4 @@
-"""The process-group lifecycle (ntp.engine.dist): leaving the job really tears the group down."""
+"""The process-group lifecycle (ntp.engine.distributed.dist): leaving the job really tears the group down."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,7 @@ def _gloo_threads() -> list[str]:
 def _train_a_step_and_leave() -> tuple[list[str], list[str]]:
     import torch
 
-    from ntp.engine.dist import distributed
+    from ntp.engine.distributed.dist import distributed
 
     with distributed(60, "cpu"):
         model = torch.nn.Linear(4, 2)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import DistEnv
-from ntp.engine import dropout, masks, native
-from ntp.engine.dropout import drop, dropped
-from ntp.engine.masks import device_keep_mask, keep_mask, stream_keep_mask
-from ntp.engine.partition import Partition
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.kernels import dropout, masks, native
+from ntp.engine.kernels.dropout import drop, dropped
+from ntp.engine.kernels.masks import device_keep_mask, keep_mask, stream_keep_mask
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
 CPU = torch.device("cpu")
@@ -123,7 +123,7 @@ def test_relu_then_dropout_in_one_mask() -> None:
 
 def test_the_one_pass_kernel_is_built_and_can_be_switched_off(monkeypatch) -> None:
     """``pip install`` builds the C kernel (CPU dropout in one pass); ``NTP_NATIVE=0`` takes torch's ops."""
-    assert native.library() is not None, "ntp.engine._native is not built: pip install -e . builds it"
+    assert native.library() is not None, "ntp.engine.kernels._native is not built: pip install -e . builds it"
     monkeypatch.setenv("NTP_NATIVE", "0")
     native.library.cache_clear()
     try:
@@ -234,7 +234,7 @@ def test_the_dropout_runs_inside_the_product(monkeypatch, hidden: bool, bias: bo
 
 @pytest.mark.parametrize("training", [True, False])
 def test_the_input_layer_calls_its_linear_where_a_hook_waits_on_it(training: bool) -> None:
-    """An embedding export hooks a decoupled model's Linears (ntp.engine.predict): the first one is called, and its
+    """An embedding export hooks a decoupled model's Linears (ntp.engine.infer.predict): the first one is called, and its
     hook sees the layer's output, in training and in evaluation."""
     x = torch.randn(50, 9)
     ctx = type("Ctx", (), {"seed": 3, "step": 5, "row_offset": 0})()

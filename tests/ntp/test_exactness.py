@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ntp.engine.metrics import HALO, SPLIT
+from ntp.engine.distributed.traffic import HALO, SPLIT
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph
 from tests.ntp.spawn import run_on_ranks

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import checkpoint
-from ntp.engine.dist import DistEnv
-from ntp.engine.loop import fit
-from ntp.engine.setup import setup
+from ntp.engine.train import checkpoint
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.train.loop import fit
+from ntp.engine.train.setup import setup
 from ntp.errors import ConfigError, ModelFileError
 from ntp.run.cli import main as ntp_main
 from ntp.run.preflight import check_launch
@@ -124,7 +124,7 @@ def test_no_loadable_checkpoint_is_a_clear_error(stores, tmp_path) -> None:
 
 # -- 3. evaluation checks the store fingerprint ----------------------------------------------------------------------
 def test_evaluate_refuses_a_model_of_another_store(stores, tmp_path, capsys) -> None:
-    from ntp.engine.inference import evaluate_model
+    from ntp.engine.infer.inference import evaluate_model
 
     a, b = stores
     model = tmp_path / "model.pt"

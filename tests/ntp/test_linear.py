@@ -1,4 +1,4 @@
-"""The models' dense products (ntp.engine.linear) compute what ``F.linear`` does, value and gradients, on oneDNN where
+"""The models' dense products (ntp.engine.kernels.linear) compute what ``F.linear`` does, value and gradients, on oneDNN where
 it pays and on torch's product elsewhere."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ntp.engine.linear import MIN_ONEDNN_WORK, Linear, linear, matmul, uses_onednn
+from ntp.engine.kernels.linear import MIN_ONEDNN_WORK, Linear, linear, matmul, uses_onednn
 
 ONEDNN = uses_onednn(torch.zeros(MIN_ONEDNN_WORK, 1), 1)
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch has no oneDNN linear")

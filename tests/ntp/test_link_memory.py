@@ -1,4 +1,4 @@
-"""Link prediction's memory plan (ntp.engine.link_memory) holds what a link step really allocates, counted tensor by
+"""Link prediction's memory plan (ntp.engine.tasks.link.memory) holds what a link step really allocates, counted tensor by
 tensor (tests/ntp/live_bytes.py), on one rank and on two: the encoder, the learned embeddings with Adam's moments,
 the gradient of the encoder's output, a chunk of pairs in the decoder and the edges a CPU rank keeps. Before it, a
 link job's budget counted the propagation's parts only (41 MB of a step that allocates 83 MB: docs/benchmarks.md,
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import link_memory, link_pairs
-from ntp.engine.dist import DistEnv
-from ntp.engine.link import memory_shape, split_shapes
-from ntp.engine.loop import evaluate_splits, train_step
-from ntp.engine.setup import setup
+from ntp.engine.tasks.link import memory as link_memory, pairs as link_pairs
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.tasks.link.task import memory_shape, split_shapes
+from ntp.engine.train.loop import evaluate_splits, train_step
+from ntp.engine.train.setup import setup
 from ntp.errors import MemoryPlanError
 from ntp.run.preflight import check_launch
 from ntp.spec import resolve
@@ -72,7 +72,7 @@ def test_the_plan_covers_a_link_step_on_one_rank(options: dict, features: bool) 
 
 
 def _two_rank_worker(cases: list) -> list[tuple[int, int]]:
-    from ntp.engine.dist import distributed
+    from ntp.engine.distributed.dist import distributed
 
     with distributed(60, "cpu") as env:
         return [measured_and_planned(options, features, env) for options, features in cases]
@@ -103,7 +103,7 @@ def test_a_chunk_of_pairs_holds_what_the_plan_counts(options: dict, monkeypatch:
         return out
 
     train_pairs = link_pairs.train_pairs
-    monkeypatch.setattr("ntp.engine.link.train_pairs", measured)
+    monkeypatch.setattr("ntp.engine.tasks.link.task.train_pairs", measured)
     train_step(job, 1)
     planned = link_memory.pair_chunk_bytes(job.cfg, 1, 64, "cpu") + 4 * N * 64  # and the output's gradient
     assert peaks and max(peaks) <= planned, (max(peaks), planned)
@@ -111,8 +111,8 @@ def test_a_chunk_of_pairs_holds_what_the_plan_counts(options: dict, monkeypatch:
 
 def test_the_decoders_slice_is_counted_where_offload_all_may_stream_it() -> None:
     """Where ``--offload all`` streams the column slice through a GPU, the decoder still copies it there whole
-    (ntp.engine.link.LinkTask.train_epoch): counted on several ranks; one rank's slice is its NN stage's rows, which
-    never stream (ntp.engine.placement.slice_is_rows)."""
+    (ntp.engine.tasks.link.task.LinkTask.train_epoch): counted on several ranks; one rank's slice is its NN stage's rows, which
+    never stream (ntp.engine.memory.placement.slice_is_rows)."""
     shape = dict(num_nodes=1_000, num_edges=8_000, feature_dim=16, splits={"train": ((4_000, 2), None)}, params=100)
     cfg = TrainConfig(hidden=64, offload="all")
     assert link_memory.resident_parts(cfg, world=2, **shape)["decoder's slice"] == 4 * 1_000 * 32

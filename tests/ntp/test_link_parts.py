@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import link_pairs
-from ntp.engine.collectives import Comm, reduce_scatter_rows
-from ntp.engine.link import _member, sample_negatives
-from ntp.engine.link_eval import link_metric
-from ntp.engine.link_model import LinkModel, SlicedEmbedding
-from ntp.engine.partition import Partition
+from ntp.engine.tasks.link import pairs as link_pairs
+from ntp.engine.distributed.collectives import Comm, reduce_scatter_rows
+from ntp.engine.tasks.link.task import _member, sample_negatives
+from ntp.engine.tasks.link.metrics import link_metric
+from ntp.engine.tasks.link.model import LinkModel
+from ntp.engine.nn.embedding import SlicedEmbedding
+from ntp.engine.distributed.partition import Partition
 from tests.ntp.spawn import run_on_ranks
 
 
@@ -55,7 +56,7 @@ def test_sliced_embeddings_are_slices_of_one_matrix(world: int) -> None:
 
 
 def _reduce_scatter_worker(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from ntp.engine.dist import distributed
+    from ntp.engine.distributed.dist import distributed
 
     with distributed(30, "cpu") as env:
         comm = Comm(Partition(n, env.world, env.rank), torch.device("cpu"))
@@ -109,11 +110,11 @@ def test_chunked_loss_and_gradients_equal_whole_batch_autograd(decoder: str, mon
 def test_mrr_scores_its_pairs_a_block_of_sources_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """An MRR split's negatives [E, K] are scored a block of positives at a time (E x K pairs never formed at once):
     the same scores as the whole pairs, and the split's metric from them, over blocks that do not divide E."""
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.link import _source_target_scores
-    from ntp.engine.link_data import link_from_arrays
-    from ntp.engine.loop import evaluate_splits
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.tasks.link.task import _source_target_scores
+    from ntp.engine.tasks.link.data import link_from_arrays
+    from ntp.engine.train.loop import evaluate_splits
+    from ntp.engine.train.setup import setup
     from tests.ntp.link_worker import link_graph
 
     monkeypatch.setattr(link_pairs, "CPU_CHUNK", 16)  # 16 // 5: blocks of 3 sources

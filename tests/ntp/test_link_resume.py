@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ntp.engine import checkpoint
+from ntp.engine.train import checkpoint
 from tests.ntp.link_worker import fit_run, link_graph
 from tests.ntp.spawn import run_on_ranks
 

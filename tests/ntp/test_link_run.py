@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.inference import evaluate_model
+from ntp.engine.infer.inference import evaluate_model
 from ntp.records import read_results
 from ntp.run import tracking
 from ntp.run.launch import launch_training
@@ -67,9 +67,9 @@ def test_link_prediction_defaults_to_no_weight_decay_and_learns(link_store: Path
     """--weight-decay left out is 0 for link prediction (OGB's examples), 5e-4 for node classifiers: under Adam, decay
     pulls the learned embeddings, whose gradients are small, to zero (on ogbl-ddi the loss stayed at 2 ln 2 for 10
     epochs with 5e-4); given, it is used as it is."""
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.loop import fit
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.loop import fit
+    from ntp.engine.train.setup import setup
 
     def job(**options):
         cfg = TrainConfig(store=str(link_store), epochs=15, eval_every=5, link_batch=200, mode="single", **options)
@@ -89,7 +89,7 @@ def test_link_prediction_defaults_to_no_weight_decay_and_learns(link_store: Path
 def test_a_checkpoint_written_with_the_old_default_decay_resumes_where_the_decay_is_the_same() -> None:
     """Checkpoints before the task's default hold --weight-decay 5e-4: a node classifier resumes with the option
     left out (the same decay), a link predictor is told that its decay changes (5e-4 -> 0)."""
-    from ntp.engine.checkpoint import check_resumable
+    from ntp.engine.train.checkpoint import check_resumable
     from ntp.errors import CheckpointError
 
     state = {"config": TrainConfig(weight_decay=5e-4).to_dict(), "store_fingerprint": ""}
@@ -99,8 +99,8 @@ def test_a_checkpoint_written_with_the_old_default_decay_resumes_where_the_decay
 
 
 def test_mode_data_is_refused(link_store: Path) -> None:
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.setup import setup
     from ntp.errors import ConfigError
 
     with pytest.raises(ConfigError, match="link prediction runs tensor parallel"):

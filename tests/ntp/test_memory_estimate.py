@@ -1,4 +1,4 @@
-"""The memory plan's estimate of what a rank holds besides its topology (ntp.engine.placement: the NN stage, the
+"""The memory plan's estimate of what a rank holds besides its topology (ntp.engine.memory.placement: the NN stage, the
 column-slice embeddings and the products' float32 copies) is at least what a training step really allocates, counted
 tensor by tensor, for every architecture, with and without dropout, in float32 and bfloat16, on one rank and on two,
 and for GAT's edge tensors (on a denser graph, where they outweigh the rest). An estimate below it would let a budget
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine import native
+from ntp.engine.kernels import native
 from tests.ntp.graphs import random_graph
 from tests.ntp.spawn import run_on_ranks
 
@@ -20,7 +20,7 @@ CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5),
            dict(arch="coupled", model="gcn", hidden=128, dropout=0.0),
            dict(arch="decoupled", model="gcn", hidden=64, nn_layers=3, dropout=0.5),
            dict(arch="coupled", model="sage", hidden=64, dropout=0.5),
-           dict(arch="coupled", model="gin", hidden=64, dropout=0.5)]  # its MLPs: ntp.engine.placement.inner_width
+           dict(arch="coupled", model="gin", hidden=64, dropout=0.5)]  # its MLPs: ntp.engine.memory.placement.inner_width
 #: bfloat16 on a CPU, whose products sum a float32 copy into a float32 output
 BF16_CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5, precision="bf16"),
                 dict(arch="coupled", model="sage", hidden=64, dropout=0.5, precision="bf16")]
@@ -41,10 +41,10 @@ def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
     """A training step's peak live bytes plus the features it starts from, and the plan's estimate of both for a
     rank on a ``device_type`` device (GAT's pattern is built in the first step and so is not counted on either
     side)."""
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.loop import train_step
-    from ntp.engine.placement import rank_resident_parts
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.train.setup import setup
     from tests.ntp.graphs import loader
     from tests.ntp.live_bytes import LiveBytes
 
@@ -67,14 +67,14 @@ def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
 def test_one_rank_is_not_planned_at_much_more_than_a_step(options: dict) -> None:
     """On one rank the column slice is the NN stage's rows: counted twice (once as embeddings), the plan was 1.8 and
     2.2x what these coupled GCNs' steps allocate, and sent an H100's products-scale run that peaks at 6.15 GB off the
-    device under an 8GB budget (ntp.engine.placement.slice_is_rows). Counted once, it exceeds these steps by at most
+    device under an 8GB budget (ntp.engine.memory.placement.slice_is_rows). Counted once, it exceeds these steps by at most
     60 % (the NN stage's four copies per activation are an upper bound)."""
     measured, estimate = measured_and_estimated(options)
     assert estimate < 1.6 * measured, f"the plan counts {estimate} bytes, a step allocates {measured}"
 
 
 def _two_rank_worker(options: dict, device_type: str) -> tuple[int, int]:
-    from ntp.engine.dist import distributed
+    from ntp.engine.distributed.dist import distributed
 
     with distributed(60, "cpu") as env:
         return measured_and_estimated(options, env, device_type)
@@ -109,7 +109,7 @@ KERNEL = pytest.mark.skipif(native.library() is None, reason="the C kernel is no
 def test_features_without_a_dropped_copy_are_counted_once(model: str, dropout: float, device_type: str) -> None:
     """A CPU float32 rank drops features of 8 MB or more inside the first product, and at ``--dropout 0`` no device
     copies them: the plan counts them once there, and still covers the step; a coupled GraphSAGE, whose two products
-    read the dropped features, keeps a dropped copy, which the plan counts (ntp.engine.placement.
+    read the dropped features, keeps a dropped copy, which the plan counts (ntp.engine.memory.placement.
     input_dropped_in_product). 14.4 MB of features are most of this step: a copy kept by the model would outgrow the
     estimate, one counted by the plan would exceed the step by more than half the features."""
     wide = 1_200

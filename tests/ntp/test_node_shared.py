@@ -24,8 +24,8 @@ def _mapping_of(address: int) -> tuple[str, str] | None:
 
 def shared_topology_worker(store: str) -> dict:
     from ntp.config import TrainConfig
-    from ntp.engine.dist import distributed
-    from ntp.engine.setup import _load_from_store
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.train.setup import _load_from_store
 
     with distributed(60, "cpu") as env:
         data = _load_from_store(TrainConfig(store=store), env)
@@ -50,7 +50,7 @@ def test_local_ranks_map_one_copy_of_the_topology(tmp_path: Path, cora_store: st
 
 
 def test_a_single_rank_builds_in_its_own_memory(cora_store: str) -> None:
-    from ntp.engine.data import load_rank_data, store_topology
+    from ntp.engine.graph.data import load_rank_data, store_topology
     from storage import open_store
 
     store = open_store(cora_store)
@@ -61,7 +61,7 @@ def test_a_single_rank_builds_in_its_own_memory(cora_store: str) -> None:
 
 
 def test_shared_folder_prefers_tmpfs_with_room_and_obeys_the_override(monkeypatch, tmp_path: Path) -> None:
-    from ntp.engine.node_shared import shared_dir
+    from ntp.engine.graph.node_shared import shared_dir
 
     monkeypatch.delenv("NTP_SHARED_DIR", raising=False)
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ntp.engine import page_lock
-from ntp.engine.page_lock import owns_its_pages
+from ntp.engine.device import page_lock
+from ntp.engine.device.page_lock import owns_its_pages
 
 
 def test_only_tensors_on_pages_of_their_own_are_locked(tmp_path) -> None:

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.aggregate import csr_matmul
-from ntp.engine.link_model import LINK
-from ntp.engine.metrics import GATHER, SPLIT
-from ntp.engine.placement import rank_resident_parts
+from ntp.engine.graph.aggregate import csr_matmul
+from ntp.engine.tasks.link.model import LINK
+from ntp.engine.distributed.traffic import GATHER, SPLIT
+from ntp.engine.memory.placement import rank_resident_parts
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph
 from tests.ntp.hetero_worker import hetero_graph, trace_all as hetero_trace_all
@@ -101,7 +101,7 @@ def test_bf16_on_a_gpu_keeps_cublas_sums_in_float32() -> None:
     """Under bf16 on a GPU a run forbids cuBLAS's bfloat16 reductions of split-K partial sums (torch allows them by
     default), so dense products sum in float32 as sparse ones do; fp32 runs and CPU runs leave the setting alone.
     Only the process-wide setting is checked here: nothing runs on a device."""
-    from ntp.engine import precision
+    from ntp.engine.device import precision
 
     matmul = torch.backends.cuda.matmul
     before = matmul.allow_bf16_reduced_precision_reduction
@@ -195,7 +195,7 @@ def test_bf16_rgcn_sums_rows_in_float32() -> None:
     """add_rows sums rows of either precision into rows of either (float32 tables beside bfloat16 messages, bfloat16
     rows beside float32 mixing weights) in float32, rounding once to the rows' dtype: index_add alone refuses mixed
     dtypes, and on a GPU it sums bfloat16 in bfloat16."""
-    from ntp.engine.rgcn import add_rows
+    from ntp.engine.tasks.hetero.rgcn import add_rows
 
     torch.manual_seed(0)
     index = torch.randint(0, 4, (200,))

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import DistEnv
-from ntp.engine.link_pairs import score_pairs
-from ntp.engine.loop import fit
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.tasks.link.pairs import score_pairs
+from ntp.engine.train.loop import fit
+from ntp.engine.train.setup import setup
 from ntp.records import read_results
 from ntp.run.cli import main as ntp_main
 from storage import open_store
@@ -100,7 +100,7 @@ def test_a_model_is_refused_on_a_store_it_does_not_fit(tmp_path, capsys) -> None
 
 @pytest.mark.slow
 def test_link_scores_of_given_pairs_match_the_model_for_1_and_2_ranks(link_store, tmp_path, capsys) -> None:
-    from ntp.engine.inference import single_process_job
+    from ntp.engine.infer.inference import single_process_job
 
     model, _ = _train(str(link_store), tmp_path, model="gcn", arch="coupled", epochs=3, dropout=0.0, link_batch=200)
     pairs = np.array([[0, 1], [2, 50], [119, 3], [5, 5], [64, 65]])
@@ -128,7 +128,7 @@ def test_pairs_files_of_each_format_read_the_same(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ntp.engine.exports import read_pairs
+    from ntp.engine.infer.exports import read_pairs
 
     pairs = np.array([[0, 1], [7, 3]])
     np.save(tmp_path / "p.npy", pairs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from ntp.engine.sinks import ConsoleSink, JsonlSink, epoch_line, format_duration
+from ntp.engine.train.sinks import ConsoleSink, JsonlSink, epoch_line, format_duration
 from ntp.records import EpochRecord, FinalRecord, WorkerStats, from_dict, read_results, to_json
 from ntp.run.progress import ProgressBar
 from ntp.run.tracking.live import ResultsFollower

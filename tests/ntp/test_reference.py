@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import DistEnv
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
 GRAPH = random_graph(n=60, d=11, classes=4, directed=True, seed=5)

@@ -1,4 +1,4 @@
-"""R-GCN's memory plan (ntp.engine.hetero_memory): it counts the model it will build, a budget too small fails before
+"""R-GCN's memory plan (ntp.engine.tasks.hetero.memory): it counts the model it will build, a budget too small fails before
 training with the budget, what stays resident and the smallest budget that works, and a feasible budget cuts every
 typed operator into blocks that fit it without changing training (1 and 2 ranks)."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.chunking import EDGE_BYTES, ROW_BYTES
-from ntp.engine.dist import DistEnv
-from ntp.engine.hetero_memory import operator_degrees, resident_parts
-from ntp.engine.rgcn import parameter_sizes
-from ntp.engine.setup import setup
+from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.tasks.hetero.memory import operator_degrees
+from ntp.engine.tasks.hetero.rgcn import parameter_sizes
+from ntp.engine.train.setup import setup
 from ntp.errors import MemoryPlanError
 from tests.ntp.hetero_worker import featureless, hetero_budget, hetero_graph, hetero_loader, trace_all
 from tests.ntp.spawn import run_on_ranks

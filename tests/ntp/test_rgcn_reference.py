@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from ntp.engine.collectives import Comm
-from ntp.engine.hetero_data import hetero_from_arrays
-from ntp.engine.partition import Partition
-from ntp.engine.relations import HeteroContext
-from ntp.engine.rgcn import RGCNLayer
+from ntp.engine.distributed.collectives import Comm
+from ntp.engine.tasks.hetero.data import hetero_from_arrays
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.tasks.hetero.relations import HeteroContext
+from ntp.engine.tasks.hetero.rgcn import RGCNLayer
 from tests.ntp.hetero_worker import hetero_graph
 
 IN, OUT = 8, 6
@@ -37,10 +37,10 @@ def _ours(layer: RGCNLayer, hc: HeteroContext, offsets: dict, x: torch.Tensor) -
 @pytest.mark.parametrize("stacked", [True, False], ids=["stacked-relations", "per-pair"])
 @pytest.mark.parametrize("decomposition,num_bases", [("none", 0), ("basis", 2), ("block", 2)])
 def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int, stacked: bool, monkeypatch) -> None:
-    """Both ways of applying the relation weights (ntp.engine.rgcn.stacks_relations picks one by size)."""
+    """Both ways of applying the relation weights (ntp.engine.tasks.hetero.rgcn.stacks_relations picks one by size)."""
     from torch_geometric.nn import RGCNConv
 
-    import ntp.engine.rgcn as rgcn
+    import ntp.engine.tasks.hetero.rgcn as rgcn
 
     monkeypatch.setattr(rgcn, "stacks_relations", lambda *sizes: stacked)
     data, hc, offsets, x = _setup("mean")
@@ -100,8 +100,8 @@ def test_layer_equals_dense_math(norm: str) -> None:
 
 def test_wrong_model_or_options_say_the_fix() -> None:
     from ntp.config import TrainConfig
-    from ntp.engine.dist import DistEnv
-    from ntp.engine.setup import setup
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.setup import setup
     from ntp.errors import ConfigError
     from tests.ntp.graphs import loader, random_graph
     from tests.ntp.hetero_worker import hetero_loader
@@ -124,7 +124,7 @@ def test_wrong_model_or_options_say_the_fix() -> None:
 
 
 def test_rowwise_adam_updates_only_rows_with_a_gradient_and_is_adam_there() -> None:
-    from ntp.engine.rowwise_adam import RowwiseAdam
+    from ntp.engine.nn.rowwise_adam import RowwiseAdam
 
     torch.manual_seed(0)
     table, dense = torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(4))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ntp.engine import checkpoint
+from ntp.engine.train import checkpoint
 from tests.ntp.hetero_worker import fit_runs, hetero_graph
 from tests.ntp.spawn import run_on_ranks
 

@@ -1,4 +1,4 @@
-"""The NN stage streamed in row blocks (``--nn-device stream``, ntp.engine.row_stream) computes what the in-memory
+"""The NN stage streamed in row blocks (``--nn-device stream``, ntp.engine.parallel.row_stream) computes what the in-memory
 stage computes: losses, every gradient and the predictions, for every model that streams, both architectures,
 1-3 ranks, blocks of a size that divides nothing. On a CPU the blocks are views (the GPU's copies are
 tests/ntp/test_cuda_stream.py's)."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.row_stream import stream_rows
+from ntp.engine.parallel.row_stream import stream_rows
 from ntp.errors import ConfigError, MemoryPlanError
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.dist import DistEnv
-from ntp.engine.loop import fit
-from ntp.engine.setup import setup
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.train.loop import fit
+from ntp.engine.train.setup import setup
 from ntp.errors import ConfigError, TrainingError, WorkerFailed
 from ntp.run.cli import main as ntp_main
 from ntp.run.launch import launch_training
@@ -119,7 +119,7 @@ def test_graph_without_training_labels_is_refused() -> None:
 
 
 def test_saved_model_evaluates_to_the_training_result(cora_store: str, tmp_path) -> None:
-    from ntp.engine.inference import evaluate_model
+    from ntp.engine.infer.inference import evaluate_model
 
     cfg = TrainConfig(store=cora_store, epochs=20, hidden=16, model_out=str(tmp_path / "model.pt"),
                       checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=20)
@@ -164,7 +164,7 @@ def _binary_graph() -> dict:
 
 
 def binary_worker() -> list[float]:
-    from ntp.engine.dist import distributed
+    from ntp.engine.distributed.dist import distributed
 
     with distributed(30, "cpu") as env:
         job = setup(TrainConfig(mode="tp", epochs=4, hidden=8, dropout=0.3), env, loader(_binary_graph()))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ntp.engine.evaluation import compute_metric
+from ntp.engine.tasks.evaluation import compute_metric
 from ntp.run.tracking.mlflow_store import client
 
 SPLITS = ("train", "valid", "test")
@@ -111,7 +111,7 @@ def track_evaluation(run_id: str | None, metrics: dict, *, model_path: str | Pat
         log_evaluation_report(run_id, export, store_path, uri)
     out: dict[str, Any] = {"run_id": run_id}
     if register:
-        from ntp.engine.inference import load_saved
+        from ntp.engine.infer.inference import load_saved
 
         meta = open_store(store_path).meta.to_dict()
         logged = log_mlflow_model(run_id, model_path, store=store_path, store_meta=meta,

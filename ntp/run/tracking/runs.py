@@ -184,12 +184,12 @@ class TrainingRun:
         model_path = Path(model_path)
         info = {
             "file": model_path.name,
-            "format": "torch.save dict (ntp.engine.checkpoint.load reads it): config (TrainConfig), state_dict (the best "
+            "format": "torch.save dict (ntp.engine.train.checkpoint.load reads it): config (TrainConfig), state_dict (the best "
                       "model's weights), in_dim, out_dim, store_fingerprint, metric, best_epoch",
             "config": dict(config),
             "store_fingerprint": (store_meta or {}).get("fingerprint"),
             "store_name": (store_meta or {}).get("name"),
-            "rebuild": "ntp.engine.inference.evaluate_model(<model file>, <store path>) rebuilds the model from its config "
+            "rebuild": "ntp.engine.infer.inference.evaluate_model(<model file>, <store path>) rebuilds the model from its config "
                        "and weights and evaluates it (or: ntp evaluate); the store must have the fingerprint above",
             "evaluate_flow": f"flows.evaluate.evaluate(run_id='{self.run_id}')",
         }

@@ -39,7 +39,7 @@ class NodePredictor(mlflow.pyfunc.PythonModel):
 
     def _predictions(self) -> dict[str, np.ndarray]:
         if self.table is None:
-            from ntp.engine.predict import predict_in_process
+            from ntp.engine.infer.predict import predict_in_process
 
             self.table = predict_in_process(self.model_path, self.store, self.any_store)
         return self.table

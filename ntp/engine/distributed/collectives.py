@@ -1,0 +1,263 @@
+"""All collectives of the engine, in three layers (as in Megatron-LM's mappings.py):
+
+1. :class:`Comm` primitives: one call each, timed, bytes counted, short-circuited when the world size is 1;
+2. autograd Functions whose backward is the named opposite of their forward
+   (split <-> gather, all-gather rows <-> reduce-scatter rows, all-reduce <-> all-reduce);
+3. thin public wrappers.
+
+Layouts (see ../shared/design/tensor-parallel.md): the row layout holds this rank's vertex rows with all columns;
+the column layout holds every vertex row with this rank's column slice. Blocks are padded to equal sizes so that every
+rank sends and receives exactly the same number of bytes; the padding never reaches results.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ntp.engine.distributed.traffic import ALLREDUCE, GATHER, SPLIT, CommStats
+from ntp.engine.distributed.partition import Partition
+
+# torch 2.13 renamed these two (the old names warn); older torch (2.11 on the lent GPU machines) has only the old.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class Comm:
+    """Collective primitives bound to one process group, with their time and bytes recorded in ``stats``."""
+
+    def __init__(self, part: Partition, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
+        self.part = part
+        self.device = device
+        self.group = group
+        self.stats = CommStats()
+
+    @property
+    def world(self) -> int:
+        return self.part.world
+
+    @property
+    def rank(self) -> int:
+        return self.part.rank
+
+    # -- row layout <-> column layout -------------------------------------------------------------------------
+    def rows_to_cols(self, x: torch.Tensor, kind: str = SPLIT) -> torch.Tensor:
+        """[rows of this rank, width] -> [all rows, this rank's column slice]."""
+        lay, m = self.part, self.world
+        width = x.shape[1]
+        if m == 1:
+            return x
+        self._check_rows(x)
+        col_b = lay.col_bounds(width)
+        rows_pad, cols_pad = lay.padded_rows, lay.padded_cols(width)
+        send = x.new_zeros(m, rows_pad, cols_pad)
+        for q in range(m):
+            send[q, : x.shape[0], : col_b[q + 1] - col_b[q]] = x[:, col_b[q] : col_b[q + 1]]
+        recv = self._all_to_all(send, kind)
+        c0, c1 = lay.cols(width)
+        return torch.cat([recv[r, : lay.num_rows(r), : c1 - c0] for r in range(m)], dim=0)
+
+    def cols_to_rows(self, y: torch.Tensor, width: int, kind: str = GATHER) -> torch.Tensor:
+        """[all rows, this rank's column slice of ``width``] -> [rows of this rank, width]."""
+        lay, m = self.part, self.world
+        if m == 1:
+            return y
+        c0, c1 = lay.cols(width)
+        if y.shape != (lay.num_nodes, c1 - c0):
+            raise RuntimeError(f"rank {self.rank}: column block has shape {tuple(y.shape)}, "
+                               f"expected {(lay.num_nodes, c1 - c0)}")
+        rows_pad, cols_pad = lay.padded_rows, lay.padded_cols(width)
+        send = y.new_zeros(m, rows_pad, cols_pad)
+        for r in range(m):
+            r0, r1 = lay.rows(r)
+            send[r, : r1 - r0, : c1 - c0] = y[r0:r1]
+        recv = self._all_to_all(send, kind)
+        col_b = lay.col_bounds(width)
+        n_own = lay.num_rows()
+        return torch.cat([recv[q, :n_own, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=1)
+
+    def _all_to_all(self, send: torch.Tensor, kind: str) -> torch.Tensor:
+        recv = torch.empty_like(send)
+        nbytes = send[0].numel() * send.element_size() * (self.world - 1)  # the block kept locally is not sent
+        with self.stats.timed(kind, nbytes, nbytes, self.device):
+            dist.all_to_all_single(recv, send.contiguous(), group=self.group)
+        return recv
+
+    # -- replicated small tensors ------------------------------------------------------------------------------
+    def all_gather_rows(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        """[rows of this rank, k] -> [all rows, k] on every rank."""
+        lay, m = self.part, self.world
+        if m == 1:
+            return x
+        self._check_rows(x)
+        send = x.new_zeros(lay.padded_rows, *x.shape[1:])
+        send[: x.shape[0]] = x
+        recv = x.new_empty(m * lay.padded_rows, *x.shape[1:])
+        nbytes = send.numel() * send.element_size() * (m - 1)
+        with self.stats.timed(kind, nbytes, nbytes, self.device):
+            _all_gather_single(recv, send, group=self.group)
+        recv = recv.view(m, lay.padded_rows, *x.shape[1:])
+        return torch.cat([recv[r, : lay.num_rows(r)] for r in range(m)], dim=0)
+
+    def reduce_scatter_rows(self, g: torch.Tensor, kind: str) -> torch.Tensor:
+        """[all rows, k] partial sums on every rank -> [rows of this rank, k] summed over ranks."""
+        lay, m = self.part, self.world
+        if m == 1:
+            return g
+        send = g.new_zeros(m, lay.padded_rows, *g.shape[1:])
+        for r in range(m):
+            r0, r1 = lay.rows(r)
+            send[r, : r1 - r0] = g[r0:r1]
+        recv = g.new_empty(lay.padded_rows, *g.shape[1:])
+        nbytes = recv.numel() * recv.element_size() * (m - 1)
+        with self.stats.timed(kind, nbytes, nbytes, self.device):
+            _reduce_scatter_single(recv, send.view(m * lay.padded_rows, *g.shape[1:]), group=self.group)
+        return recv[: lay.num_rows()]
+
+    def all_reduce(self, x: torch.Tensor, kind: str = ALLREDUCE) -> torch.Tensor:
+        """In-place sum over ranks (bytes counted as a ring all-reduce: 2 (m-1)/m of the buffer each way).
+
+        ``x`` may live off the communication device (an NN stage on the CPU beside NCCL): it is staged there."""
+        if self.world == 1:
+            return x
+        nbytes = 2 * (self.world - 1) * x.numel() * x.element_size() // self.world
+        staged = x.to(self.device)
+        with self.stats.timed(kind, nbytes, nbytes, self.device):
+            dist.all_reduce(staged, group=self.group)
+        if staged is not x:
+            x.copy_(staged)
+        return x
+
+    def all_to_all_uneven(self, recv: torch.Tensor, send: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                          *, async_op: bool = False) -> dist.Work | None:
+        """All-to-all of flat blocks of different sizes (``in_splits[q]`` elements to rank ``q``). Untimed: callers
+        time it, since with ``async_op`` only they know when it is waited for."""
+        return dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits,
+                                      group=self.group, async_op=async_op)
+
+    def _check_rows(self, x: torch.Tensor) -> None:
+        if x.shape[0] != self.part.num_rows():
+            raise RuntimeError(f"rank {self.rank}: row block has {x.shape[0]} rows, expected {self.part.num_rows()}")
+
+
+# -- small Python objects and synchronisation (no autograd, no byte counting) -----------------------------------
+def all_gather_objects(obj: object) -> list:
+    """A small picklable object from every rank (records, signatures), in rank order; ``[obj]`` without a group."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_same_on_all_ranks(what: str, value: object) -> None:
+    """Fail fast, before any shape-dependent collective, if ranks disagree (e.g. different stores or configs)."""
+    values = all_gather_objects(value)
+    if any(v != values[0] for v in values):
+        raise RuntimeError(f"ranks disagree on {what}: {values}; every rank must use the same store and options")
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# -- autograd Functions: each backward is the named opposite of its forward ---------------------------------------
+class _SplitRowsToCols(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+        ctx.comm, ctx.width, ctx.kind = comm, x.shape[1], kind
+        return comm.rows_to_cols(x, kind)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.comm.cols_to_rows(grad.contiguous(), ctx.width, GATHER if ctx.kind == SPLIT else ctx.kind), None, None
+
+
+class _GatherColsToRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, comm: Comm, width: int, kind: str) -> torch.Tensor:
+        ctx.comm, ctx.kind = comm, kind
+        return comm.cols_to_rows(y, width, kind)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.comm.rows_to_cols(grad.contiguous(), SPLIT if ctx.kind == GATHER else ctx.kind), None, None, None
+
+
+class _AllGatherRows(torch.autograd.Function):
+    """Forward: every rank gets all rows. Backward: gradients from all ranks are summed, each rank keeps its rows."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+        ctx.comm, ctx.kind = comm, kind
+        return comm.all_gather_rows(x, kind)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.comm.reduce_scatter_rows(grad.contiguous(), ctx.kind), None, None
+
+
+class _ReduceScatterRows(torch.autograd.Function):
+    """Forward: partial sums of all rows from every rank -> this rank's rows, summed. Backward: all-gather."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+        ctx.comm, ctx.kind = comm, kind
+        return comm.reduce_scatter_rows(x, kind)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.comm.all_gather_rows(grad.contiguous(), ctx.kind), None, None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks; since every rank's loss depends on the sum, the backward is a sum too."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+        ctx.comm, ctx.kind = comm, kind
+        return comm.all_reduce(x.clone(), kind)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.comm.all_reduce(grad.contiguous().clone(), ctx.kind), None, None
+
+
+# -- public wrappers ----------------------------------------------------------------------------------------------
+def split(x: torch.Tensor, comm: Comm, kind: str = SPLIT) -> torch.Tensor:
+    """Row layout -> column layout (one all-to-all; its backward is :func:`gather`)."""
+    return x if comm.world == 1 else _SplitRowsToCols.apply(x, comm, kind)
+
+
+def gather(y: torch.Tensor, comm: Comm, width: int, kind: str = GATHER) -> torch.Tensor:
+    """Column layout -> row layout (one all-to-all; its backward is :func:`split`)."""
+    return y if comm.world == 1 else _GatherColsToRows.apply(y, comm, width, kind)
+
+
+def all_gather_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+    return x if comm.world == 1 else _AllGatherRows.apply(x, comm, kind)
+
+
+def reduce_scatter_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
+    """Every rank's partial sums of all rows -> this rank's rows of the sum (its backward is :func:`all_gather_rows`)."""
+    return x if comm.world == 1 else _ReduceScatterRows.apply(x, comm, kind)
+
+
+def all_reduce_sum(x: torch.Tensor, comm: Comm, kind: str = ALLREDUCE) -> torch.Tensor:
+    return x if comm.world == 1 else _AllReduceSum.apply(x.to(comm.device), comm, kind).to(x.device)
+
+
+def all_reduce_gradients(params: list[torch.nn.Parameter], comm: Comm) -> None:
+    """Sum replicated parameters' gradients over ranks in one flat buffer (the loss is already a global mean)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if comm.world == 1 or not grads:
+        return
+    # gradients on two devices (a link job's encoder on the host, its decoder on the GPU) meet on the comm's
+    home = grads[0].device if len({g.device for g in grads}) == 1 else comm.device
+    flat = torch.cat([g.reshape(-1).to(home) for g in grads])
+    comm.all_reduce(flat)
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(p).to(p.device, copy=True)
+        offset += n

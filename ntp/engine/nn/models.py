@@ -1,0 +1,322 @@
+"""GNN models in two architectures, each runnable single-process or tensor parallel.
+
+Every model maps row-layout features ``x`` [rows of this rank, in_dim] to row-layout logits [rows, out_dim].
+NN operations run on rows; graph propagation runs on column slices between a ``split`` and a ``gather``. With one
+rank the collectives are identities, so ``--mode single`` is the same code with no communication.
+
+- Decoupled (predict, then propagate): ``Z = MLP(X)``; split once; K propagation steps on the slice; gather once.
+- Coupled (classic layers): every layer transforms rows, splits, aggregates the slice, gathers: the paper's
+  "naive" tensor parallelism. Aggregation and the layer's first Linear commute, so it runs at the narrower of the
+  two widths (:func:`propagated_linear`), as DGL's GraphConv does. Each layer's split-aggregate-gather is one
+  ``propagate_rows`` call, so the context may pipeline it like the decoupled propagation.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ntp.engine.distributed.collectives import all_gather_rows
+from ntp.config import TrainConfig
+from ntp.engine.parallel.context import GraphContext
+from ntp.engine.kernels.dropout import RowDropout, layer_dropouts
+from ntp.engine.nn.layers import MLP
+from ntp.engine.kernels.linear import Linear, linear
+from ntp.engine.distributed.traffic import ATTENTION
+from ntp.engine.device.precision import autocast
+
+#: Decoupled propagation operator of each model (see ntp.engine.graph.operators).
+DECOUPLED_OPERATOR = {"gcn": "gcn", "sgc": "gcn", "appnp": "gcn", "sage": "mean_self", "gin": "sum_root"}
+
+
+# -- attention (GAT) ----------------------------------------------------------------------------------------------
+class EdgeAttention(nn.Module):
+    """GAT scores split into per-vertex scalars: e(u->v) = LeakyReLU(a_src . z_u + a_dst . z_v), per head.
+
+    The scalars are computed on owned rows and all-gathered (n x heads values); every rank then forms the same edge
+    softmax. Their gradient is the sum of every rank's partial gradient (the all-gather's backward)."""
+
+    def __init__(self, heads: int, head_dim: int, negative_slope: float = 0.2) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.negative_slope = heads, head_dim, negative_slope
+        self.att_src = nn.Parameter(torch.empty(1, heads, head_dim))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, head_dim))
+        nn.init.xavier_uniform_(self.att_src)
+        nn.init.xavier_uniform_(self.att_dst)
+
+    def forward(self, z_rows: torch.Tensor, ctx: GraphContext, shared_heads: bool = False) -> torch.Tensor:
+        """Edge softmax weights [E, heads]. ``shared_heads``: every head scores the same ``z`` (decoupled)."""
+        z = z_rows.unsqueeze(1) if shared_heads else z_rows.view(-1, self.heads, self.head_dim)
+        scores = torch.cat([(z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)], dim=1)
+        scores = all_gather_rows(scores.to(ctx.device), ctx.comm, ATTENTION)  # edges live on the rank's device
+        topo = ctx.attention_topology
+        logits = scores[topo.src, : self.heads] + scores[topo.dst, self.heads :]
+        return topo.softmax(F.leaky_relu(logits, self.negative_slope))
+
+
+def propagate_heads(ctx: GraphContext, alpha: torch.Tensor, h_cols: torch.Tensor, width: int, head_dim: int) -> torch.Tensor:
+    """Aggregate this rank's column slice of a ``width``-wide, head-major matrix with each column's head weights."""
+    c0, c1 = ctx.graph_cols(width)
+    parts = []
+    heads_here = range(c0 // head_dim, (c1 - 1) // head_dim + 1) if c1 > c0 else range(0)
+    for head in heads_here:
+        a, b = max(c0, head * head_dim) - c0, min(c1, (head + 1) * head_dim) - c0
+        parts.append(ctx.propagate_weighted(alpha[:, head].contiguous(), h_cols[:, a:b]))
+    return torch.cat(parts, dim=1) if parts else h_cols
+
+
+class GraphModel(nn.Module):
+    """A model of the context's graph, run in the context's precision (ntp.engine.device.precision); outputs are float32."""
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        with autocast(ctx.precision, x.device):
+            return self.compute(x, ctx).float()
+
+    def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        raise NotImplementedError
+
+
+# -- decoupled architecture ----------------------------------------------------------------------------------------
+class DecoupledGNN(GraphModel):
+    """``gather(P^K(split(MLP(X))))`` with a model-specific propagation ``P``."""
+
+    def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.model, self.steps, self.alpha, self.out_dim = cfg.model, cfg.prop_steps, cfg.alpha, out_dim
+        self.mlp = MLP(in_dim, cfg.hidden, out_dim, cfg.nn_layers, dropout=cfg.dropout,
+                       input_dropout=cfg.first_dropout, norm=cfg.norm,
+                       activation=cfg.model != "sgc")
+        self.attention = EdgeAttention(cfg.heads, out_dim) if cfg.model == "gat" else None
+
+    def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        z = ctx.rows(self._mlp, x, params=self.mlp.parameters())
+        if self.attention is None:  # split, K steps, gather: one call, so the context may pipeline it
+            alpha = self.alpha if self.model == "appnp" else None
+            return ctx.propagate_rows(DECOUPLED_OPERATOR[self.model], z, self.steps, alpha)
+        z_cols = ctx.to_graph(z)
+        h = self._attend(z, z_cols, ctx)
+        return ctx.from_graph(h, self.out_dim)
+
+    def _mlp(self, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x, ctx)
+
+    def _attend(self, z_rows: torch.Tensor, z_cols: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        alpha = self.attention(z_rows, ctx, shared_heads=True)
+        heads = alpha.shape[1]
+        out = 0
+        for head in range(heads):
+            h = z_cols
+            for _ in range(self.steps):
+                h = ctx.propagate_weighted(alpha[:, head].contiguous(), h)
+            out = out + h
+        return out / heads
+
+
+# -- coupled architecture (naive tensor parallelism) ---------------------------------------------------------------
+def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: torch.Tensor,
+                      dropout: RowDropout | None = None, relu: bool = False) -> torch.Tensor:
+    """``P (dropout(x) W^T)`` (with ``relu``, of ``relu(x)`` dropped) for the propagation ``name``, propagated at the
+    narrower of the input and output widths (exact by linearity): fewer columns to split, aggregate and gather; and
+    on the input features, which need no gradient, no backward product at all. Multiplied first, the dropout runs
+    inside the product (:meth:`RowDropout.linear`)."""
+    if weight.shape[1] < weight.shape[0]:
+        x = dropout(x, ctx, relu) if dropout is not None else x
+        return linear(ctx.propagate_rows(name, x, 1), weight)
+    z = dropout.linear(x, ctx, weight, relu=relu) if dropout is not None else linear(x, weight)
+    return ctx.propagate_rows(name, z, 1)
+
+
+def widens(weight: torch.Tensor) -> bool:
+    """Whether a product with ``weight`` widens its input: :func:`propagated_linear` then propagates first."""
+    return weight.shape[1] < weight.shape[0]
+
+
+class GCNLayer(nn.Module):
+    """PyG GCNConv: ``A_gcn @ (x W) + b``."""
+
+    operator = "gcn"
+    reads_input_after = False  #: whether :meth:`after` reads the layer's input
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.lin = Linear(in_dim, out_dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        return propagated_linear(ctx, "gcn", x, self.lin.weight, dropout, relu) + self.bias
+
+    # the same layer as two row-wise parts around its propagation (CoupledGNN's streamed form)
+    def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
+        return dropped_product(ctx, x, self.lin.weight, dropout, relu)
+
+    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
+              relu: bool) -> torch.Tensor:
+        return product_after(p, self.lin.weight) + self.bias
+
+
+def dropped_product(ctx: GraphContext, x: torch.Tensor, weight: torch.Tensor, dropout: RowDropout | None,
+                    relu: bool) -> torch.Tensor:
+    """The row-wise part of :func:`propagated_linear` before its propagation: the dropout, and the product where it
+    narrows."""
+    if widens(weight):
+        return dropout(x, ctx, relu) if dropout is not None else x
+    return dropout.linear(x, ctx, weight, relu=relu) if dropout is not None else linear(x, weight)
+
+
+def product_after(p: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The row-wise part of :func:`propagated_linear` after its propagation: the product where it widens."""
+    return linear(p, weight) if widens(weight) else p
+
+
+class SAGELayer(nn.Module):
+    """PyG SAGEConv (mean): ``mean_{u in N(v)} x_u W_l + b_l + x_v W_r``."""
+
+    operator = "mean"
+    reads_input_after = True
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.lin_l = Linear(in_dim, out_dim)
+        self.lin_r = Linear(in_dim, out_dim, bias=False)
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        x = dropout(x, ctx, relu)  # two products read it
+        agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
+        return agg + self.lin_l.bias + self.lin_r(x)
+
+    def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
+        return dropped_product(ctx, dropout(x, ctx, relu), self.lin_l.weight, None, False)
+
+    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
+              relu: bool) -> torch.Tensor:  # the root term drops the input again: the same mask
+        return product_after(p, self.lin_l.weight) + self.lin_l.bias + self.lin_r(dropout(x, ctx, relu))
+
+
+class GINLayer(nn.Module):
+    """PyG GINConv (eps = 0) with nn = Linear-ReLU-Linear: ``nn(x_v + sum_{u in N(v)} x_u)``."""
+
+    operator = "sum_root"
+    reads_input_after = False
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.lin1 = Linear(in_dim, hidden)
+        self.lin2 = Linear(hidden, out_dim)
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout, relu)
+        return self.lin2(F.relu(agg + self.lin1.bias))
+
+    def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
+        return dropped_product(ctx, x, self.lin1.weight, dropout, relu)
+
+    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
+              relu: bool) -> torch.Tensor:
+        return self.lin2(F.relu(product_after(p, self.lin1.weight) + self.lin1.bias))
+
+
+class GATLayer(nn.Module):
+    """PyG GATConv (self-loops added, LeakyReLU 0.2, no attention dropout); heads concatenated or averaged."""
+
+    def __init__(self, in_dim: int, head_dim: int, heads: int, concat: bool) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.concat = heads, head_dim, concat
+        self.lin = Linear(in_dim, heads * head_dim, bias=False)
+        self.attention = EdgeAttention(heads, head_dim)
+        self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim))
+
+    def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
+        z = dropout.linear(x, ctx, self.lin.weight, module=self.lin, relu=relu)
+        alpha = self.attention(z, ctx)
+        width = self.heads * self.head_dim
+        h = propagate_heads(ctx, alpha, ctx.to_graph(z), width, self.head_dim)
+        out = ctx.from_graph(h, width)
+        if not self.concat:
+            out = out.view(-1, self.heads, self.head_dim).mean(dim=1)
+        return out + self.bias
+
+
+class CoupledGNN(GraphModel):
+    """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last); the first layer's input
+    dropout is ``cfg.first_dropout``. Each layer applies its input's dropout, with the ReLU before it in the same
+    mask, inside its product where that comes first (:func:`propagated_linear`)."""
+
+    def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.model = cfg.model
+        hidden = max(1, cfg.hidden // cfg.heads) * cfg.heads if cfg.model == "gat" else cfg.hidden
+        layers, dims = [], [in_dim] + [hidden] * (cfg.nn_layers - 1) + [out_dim]
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            last = i == cfg.nn_layers - 1
+            layers.append(self._layer(cfg, a, b, last))
+        self.layers = nn.ModuleList(layers)
+        self.dropouts = layer_dropouts(cfg.first_dropout, cfg.dropout, cfg.nn_layers)
+
+    @staticmethod
+    def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> nn.Module:
+        if cfg.model == "gcn":
+            return GCNLayer(in_dim, out_dim)
+        if cfg.model == "sage":
+            return SAGELayer(in_dim, out_dim)
+        if cfg.model == "gin":
+            return GINLayer(in_dim, out_dim, cfg.hidden)
+        if cfg.model == "gat":
+            if last:
+                return GATLayer(in_dim, out_dim, heads=1, concat=False)
+            return GATLayer(in_dim, out_dim // cfg.heads, cfg.heads, concat=True)
+        raise ValueError(f"model {cfg.model} has no coupled form")
+
+    def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        if ctx.streams_rows:
+            return self._streamed(x, ctx)
+        gat = self.model == "gat"
+        for i, (layer, dropout) in enumerate(zip(self.layers, self.dropouts)):
+            x = F.elu(x) if gat and i > 0 else x  # ReLU is the dropout's mask; GAT's ELU is not a mask
+            x = layer(x, ctx, dropout, relu=i > 0 and not gat)
+        return x
+
+    def _streamed(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        """The layers regrouped into row-wise segments between propagations, each streamed through the device
+        (ntp.engine.parallel.row_stream): the first layer's part before its propagation; then each layer's part after it
+        with the next layer's part before its own (one trip of the rows, not two); the last layer's part after.
+        The same values as :meth:`compute`'s in-memory form. A layer whose part after reads its input (GraphSAGE's
+        root term) gets it from the segment that made it."""
+        layers, drops = self.layers, self.dropouts
+        z = ctx.rows(partial(_first_segment, layers[0], drops[0]), x, params=layers[0].parameters())
+        for i, layer in enumerate(layers):
+            p = ctx.propagate_rows(layer.operator, z, 1)
+            inputs = (p, x) if layer.reads_input_after else (p,)
+            following = layers[i + 1] if i + 1 < len(layers) else None
+            params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
+            segment = partial(_segment, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
+            out = ctx.rows(segment, *inputs, params=params)
+            if following is None:
+                return out
+            x, z = out if following.reads_input_after else (None, out)
+        return x
+
+
+def _first_segment(layer: nn.Module, dropout: RowDropout, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
+    return layer.before(ctx, x, dropout, False)
+
+
+def _segment(layer: nn.Module, dropout: RowDropout, relu: bool, following: nn.Module | None,
+             following_dropout: RowDropout | None, ctx: GraphContext, p: torch.Tensor,
+             x: torch.Tensor | None = None):
+    """``layer``'s part after its propagation ``p`` (its input ``x`` where it reads it), then ``following``'s part
+    before its own: its input as well where its part after reads it."""
+    h = layer.after(ctx, p, x, dropout, relu)
+    if following is None:
+        return h
+    z = following.before(ctx, h, following_dropout, True)
+    return (h, z) if following.reads_input_after else z
+
+
+def build_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> nn.Module:
+    """The model of ``cfg``, initialised from ``cfg.seed`` (identical on every rank)."""
+    torch.manual_seed(cfg.seed)
+    if cfg.arch == "decoupled":
+        return DecoupledGNN(cfg, in_dim, out_dim)
+    return CoupledGNN(cfg, in_dim, out_dim)

@@ -1,0 +1,2 @@
+"""Tensor and data parallelism behind one GraphContext: the row/graph layout switches, inter-chunk
+pipelining, and the NN stage streamed in row blocks."""

@@ -1,0 +1,2 @@
+"""What is learned: node classification, link prediction and heterogeneous (R-GCN) node classification, each a
+package of its own; no task package imports another."""

@@ -1,0 +1,224 @@
+"""The training loop of one rank: epochs, evaluation, early stopping, checkpoints, records to the sinks."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ntp.engine.train import checkpoint
+from ntp.engine.distributed.collectives import all_gather_objects, all_reduce_gradients
+from ntp.engine.distributed.dist import distributed
+from ntp.engine.tasks.evaluation import compute_metric
+from ntp.engine.nn.layers import class_loss_sum
+from ntp.engine.distributed.traffic import ALLREDUCE
+from ntp.engine.device.measure import host_pss_bytes, peak_memory_bytes, reset_peak_memory
+from ntp.engine.train.setup import SPLITS, Best, DataLoader, Job, setup
+from ntp.engine.train.sinks import RecordSink, default_sinks
+from ntp.errors import CheckpointError, TrainingError
+from ntp.records import EpochRecord, FinalRecord, WorkerStats
+from ntp.spec import LaunchSpec
+
+
+# -- one epoch ------------------------------------------------------------------------------------------------------
+def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Sum of per-vertex losses over ``rows`` (the caller divides by the global count). The rows are picked with
+    ``index_select``: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on two CPU
+    threads."""
+    y, picked = job.y[rows], logits.index_select(0, rows)
+    if job.data.task_type == "multiclass":
+        return class_loss_sum(picked, y)
+    mask = ~torch.isnan(y)
+    return F.binary_cross_entropy_with_logits(picked[mask], y[mask], reduction="sum")
+
+
+def train_step(job: Job, epoch: int) -> float:
+    """Forward, backward and update; returns the global mean loss over all training vertices of all ranks."""
+    if job.link is not None:  # link prediction: an epoch of edge mini-batches (ntp.engine.tasks.link.task)
+        return job.link.train_epoch(job, epoch)
+    if job.task is not None:  # a task with its own epoch (heterogeneous graphs: ntp.engine.tasks.hetero.task)
+        return job.task.train_epoch(job, epoch)
+    job.model.train()
+    job.ctx.step = epoch
+    job.optimizer.zero_grad(set_to_none=True)
+    logits = job.model(job.x, job.ctx)
+    loss = loss_sum(job, logits, job.local_split["train"]) / job.global_train_count
+    loss.backward()
+    all_reduce_gradients(list(job.model.parameters()), job.comm)
+    job.optimizer.step()
+    total = job.comm.all_reduce(loss.detach().reshape(1).clone(), ALLREDUCE)
+    return float(total[0])
+
+
+@torch.no_grad()
+def evaluate_splits(job: Job) -> dict[str, float]:
+    if job.link is not None or job.task is not None:
+        return (job.link or job.task).evaluate(job)
+    job.model.eval()
+    return split_metrics(job, job.model(job.x, job.ctx))
+
+
+def split_metrics(job: Job, logits: torch.Tensor) -> dict[str, float]:
+    """The metric on train/valid/test of this rank's rows of ``logits`` (every rank gets the same numbers)."""
+    if job.data.metric == "acc" and job.data.task_type == "multiclass":
+        pred = logits.argmax(dim=1)
+        counts = torch.tensor([[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],
+                              dtype=torch.float64, device=logits.device)
+        counts = job.comm.all_reduce(counts)
+        return {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
+    return _gathered_metric(job, logits)
+
+
+def _gathered_metric(job: Job, logits: torch.Tensor) -> dict[str, float]:
+    """ROC-AUC (and OGB's evaluator) need every score: gather them to every rank."""
+    scores = logits if job.data.task_type == "multiclass" else torch.sigmoid(logits)
+    full = job.comm.all_gather_rows(scores.to(job.comm.device).contiguous(), ALLREDUCE).cpu().numpy()
+    labels = np.asarray(job.data.labels)
+    out = {}
+    for name in SPLITS:
+        ids = np.asarray(job.data.splits[name], dtype=np.int64)
+        pred = full[ids].argmax(1) if job.data.metric == "acc" else full[ids]
+        out[name] = compute_metric(job.data.metric, labels[ids], pred, job.data.ogb_name)
+    return out
+
+
+def worker_stats(job: Job, epoch_s: float, cpu_s: float) -> WorkerStats:
+    """This rank's record of the epoch that just ran."""
+    stats, ctx = job.comm.stats, job.ctx
+    phases = ctx.memory.snapshot()
+    ctx.memory.release_free_heap()  # host PSS below: what stays resident, not heap that malloc has yet to return
+    # resetting per-phase peaks also resets the process's: where phases were measured, the epoch peak is theirs
+    peak = max(phases.values()) if phases else peak_memory_bytes(job.env.device)
+    return WorkerStats(rank=job.env.rank, compute_s=max(epoch_s - stats.total_seconds, 0.0),
+                       comm_s=dict(stats.seconds), bytes_sent=dict(stats.bytes_sent),
+                       bytes_recv=dict(stats.bytes_recv), peak_mem_bytes=peak, peak_mem_by_phase=phases, cpu_s=cpu_s,
+                       chunks=ctx.plan.num_chunks, overlap_s=ctx.clock.overlap_s, overlapped=ctx.overlapped,
+                       nn_device=str(ctx.nn_device), offload=ctx.offload, host_pss_bytes=host_pss_bytes(),
+                       topology_bytes=ctx.topology.nbytes(), device_topology_bytes=ctx.device_topology_bytes(),
+                       host=socket.gethostname())
+
+
+# -- the loop ---------------------------------------------------------------------------------------------------------
+def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
+    """Train for cfg.epochs (or until early stopping); returns the final record. Rank 0 writes every record to
+    ``sinks`` (default: the results file of the config and the console)."""
+    cfg, env = job.cfg, job.env
+    start = _maybe_resume(job)
+    sinks = sinks if sinks is not None else default_sinks(cfg, env.is_main)
+    if not env.is_main:
+        sinks = []
+    for sink in sinks:
+        sink.start(job.history)
+    stale = 0
+    for epoch in range(start, cfg.epochs):
+        if epoch == cfg.fail_at_epoch and env.rank == cfg.fail_rank:
+            raise TrainingError(f"injected failure on rank {env.rank} at epoch {epoch} (--fail-rank/--fail-at-epoch)")
+        rec = _run_epoch(job, epoch)
+        if rec.valid_metric is not None:
+            stale = 0 if _update_best(job, epoch, rec.metrics()) else stale + 1
+        job.history.append(rec)
+        for sink in sinks:
+            sink.write(rec)
+        if env.is_main and cfg.checkpoint_due(epoch):
+            checkpoint.save_checkpoint(cfg.checkpoint_dir, epoch, _state(job))
+        if cfg.patience and stale >= cfg.patience:
+            break
+    final = FinalRecord(best_epoch=job.best.epoch, best_valid_metric=_finite(job.best.valid), test_metric=job.best.test,
+                        metric=job.data.metric, task_type=job.data.task_type, world_size=env.world,
+                        target_type=getattr(job.data, "target", ""),
+                        epochs_run=len(job.history), store_fingerprint=job.data.fingerprint, config=cfg.to_dict())
+    if env.is_main and cfg.model_out:
+        save_model(job, cfg.model_out)
+    for sink in sinks:
+        sink.write(final)
+        sink.close()
+    return final
+
+
+def _run_epoch(job: Job, epoch: int) -> EpochRecord:
+    cfg, env = job.cfg, job.env
+    job.comm.stats.reset()
+    reset_peak_memory(env.device)
+    job.ctx.reset_stats()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    loss = train_step(job, epoch)
+    epoch_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    if not np.isfinite(loss):
+        raise TrainingError(f"loss became {loss} at epoch {epoch}; lower --lr (now {cfg.lr}) or check the "
+                            f"store's features for NaN/inf (`ntp data info {cfg.store}`)")
+    mine = worker_stats(job, epoch_s, cpu_s)
+    metrics = evaluate_splits(job) if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1 else {}
+    workers = all_gather_objects(mine)
+    return EpochRecord(epoch=epoch, loss=loss, epoch_s=epoch_s, train_metric=metrics.get("train"),
+                       valid_metric=metrics.get("valid"), test_metric=metrics.get("test"), workers=workers)
+
+
+def _finite(value: float) -> float | None:
+    return value if np.isfinite(value) else None
+
+
+def _update_best(job: Job, epoch: int, metrics: dict[str, float]) -> bool:
+    valid = metrics["valid"]
+    if np.isnan(valid) or valid <= job.best.valid:
+        return False
+    job.best = Best(epoch=epoch, valid=valid, test=metrics["test"],
+                    state=copy.deepcopy({k: v.detach().cpu() for k, v in job.model.state_dict().items()}))
+    return True
+
+
+def _state(job: Job) -> dict:
+    """A checkpoint: plain dicts and tensors only (loaded with weights_only=True)."""
+    return {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
+            "best": dataclasses.asdict(job.best), "history": [dataclasses.asdict(r) for r in job.history],
+            "config": job.cfg.to_dict(), "store_fingerprint": job.data.fingerprint}
+
+
+def _maybe_resume(job: Job) -> int:
+    if not job.cfg.resume:
+        return 0
+    warn = (lambda m: print(m, flush=True)) if job.env.is_main else (lambda m: None)  # once per job, not per rank
+    found = checkpoint.latest_loadable(job.cfg.checkpoint_dir, job.env.device, warn)
+    if found is None:
+        return 0  # nothing to resume from yet: a fresh start
+    path, state = found
+    checkpoint.check_resumable(state, path, job.cfg, job.data.fingerprint, warn)
+    _restore(job, path, state)
+    return int(state["epoch"]) + 1
+
+
+def _restore(job: Job, path: Path, state: dict) -> None:
+    from ntp.records import from_dict
+
+    # the groups' options as built today win over the saved ones (lr, decay, a row-wise group's own settings)
+    today = [{k: v for k, v in group.items() if k != "params"} for group in job.optimizer.param_groups]
+    try:
+        job.model.load_state_dict(state["model"])
+        job.optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError) as exc:  # --resume-anyway with another model shape
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"the weights of checkpoint {path} do not fit this model ({detail}); "
+                              "--resume-anyway cannot change its shape (--model, --arch, --hidden, --nn-layers, "
+                              "--heads, --norm): keep them, or start afresh in another --checkpoint-dir") from exc
+    for group, options in zip(job.optimizer.param_groups, today):
+        group.update(options)
+    job.best = Best(**state["best"])
+    job.history[:] = [from_dict(r) for r in state["history"]]
+
+
+def save_model(job: Job, path: str | Path) -> Path:
+    """The best model: weights plus what rebuilds it (config, widths, store fingerprint)."""
+    state = job.best.state or {k: v.detach().cpu() for k, v in job.model.state_dict().items()}
+    return checkpoint.atomic_save({"config": job.cfg.to_dict(), "state_dict": state, "in_dim": job.data.feature_dim,
+                                   "out_dim": job.data.out_dim, "store_fingerprint": job.data.fingerprint,
+                                   "metric": job.data.metric, "best_epoch": job.best.epoch}, path)
+
+
+def run(spec: LaunchSpec, load: DataLoader | None = None, sinks: list[RecordSink] | None = None) -> FinalRecord:
+    """Train ``spec.config`` on this process (one rank of the job torchrun started, or a lone process)."""
+    with distributed(spec.config.collective_timeout_s, spec.device) as env:
+        return fit(setup(spec.config, env, load), sinks)
