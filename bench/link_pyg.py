@@ -104,7 +104,7 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
 
     cfg = TrainConfig(store=store, model=model, seed=0, mode="single", threads=threads, **OGB_EXAMPLE)
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None))
-    job.link.pos["train"] = job.link.pos["train"][: steps * BATCH or None]
+    job.task.pos["train"] = job.task.pos["train"][: steps * BATCH or None]
     epoch = iter(range(10**6))
     queue.put({**_timed(lambda: None, lambda: train_step(job, next(epoch)), lambda: None, lambda: evaluate_splits(job),
                         epochs, device, job.ctx.memory.snapshot), "plan_gb": _plan_bytes(job, device) / 1e9})

@@ -43,14 +43,14 @@ def evaluate(args: argparse.Namespace) -> dict:
 
     from ntp.errors import ConfigError
 
-    if args.register and _is_link(args.store):
+    if args.register and not _predicts_nodes(args.store):
         raise ConfigError("--register logs a model whose predict takes node ids; a link prediction model scores "
                           "pairs: serve it with `ntp predict --export scores` (or embeddings) instead")
     spec = inference_spec_from_args(args)
     track = bool(args.track or args.run_id or args.register)
     with tempfile.TemporaryDirectory(prefix="ntp-evaluate-") as tmp:
         metrics_path = Path(tmp) / "metrics.json"
-        out = args.out or (str(Path(tmp) / "predictions") if track and not _is_link(args.store) else None)
+        out = args.out or (str(Path(tmp) / "predictions") if track and _predicts_nodes(args.store) else None)
         request = Request(model=args.model, out=out, metrics_out=str(metrics_path))
         run_inference(spec, request, overwrite=args.overwrite, on_line=print)
         if not metrics_path.is_file():  # several nodes: rank 0 wrote it on its own node, which reports them
@@ -65,7 +65,9 @@ def evaluate(args: argparse.Namespace) -> dict:
     return {**metrics, **({"out": args.out} if args.out else {}), **logged}
 
 
-def _is_link(store: str) -> bool:
+def _predicts_nodes(store: str) -> bool:
+    """Whether the store's task exports node predictions (what --register and the evaluation report take)."""
+    from ntp.engine.tasks import task_for
     from storage import open_store
 
-    return open_store(store).meta.task_type == "link"
+    return "predictions" in task_for(open_store(store).meta).exports

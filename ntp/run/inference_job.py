@@ -16,6 +16,7 @@ from pathlib import Path
 from ntp.engine.infer.exports import read_pairs, write_description
 from ntp.engine.infer.inference import check_store, inference_config, load_saved
 from ntp.engine.infer.predict import Request, check_export
+from ntp.engine.tasks import task_for
 from ntp.errors import ConfigError, WorkerFailed, is_input_error
 from ntp.run.flags import config_to_argv
 from ntp.run.launch import LineSink, leads, run_torchrun_job
@@ -51,7 +52,7 @@ def check_request(spec: LaunchSpec, request: Request, overwrite: bool = False) -
         raise ConfigError(f"--out {out} is a file; an export is a folder (a Parquet dataset or Zarr group): pass "
                           "another path")
     meta = open_store(spec.config.store).meta
-    check_export(request.export, meta.task_type, request.fmt)
+    check_export(request.export, task_for(meta), request.fmt)
     if request.export == "scores":
         if not request.pairs:
             raise ConfigError("--export scores needs --pairs FILE (node pairs: .npy [k, 2], .parquet with src/dst, "

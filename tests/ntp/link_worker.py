@@ -41,7 +41,7 @@ def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> di
     job.model.eval()
     with torch.no_grad():
         h_cols = graph_embeddings(job)
-        pos, neg = job.link.eval_sets["valid"]
+        pos, neg = job.task.eval_sets["valid"]
         scores = torch.cat([score_pairs(job.model, h_cols, p, job.comm) for p in (pos, neg)])
     state = {k: v.clone() for k, v in job.model.state_dict().items()}
     return {"losses": losses, "grads": grads, "scores": scores, "metrics": evaluate_splits(job), "state": state,

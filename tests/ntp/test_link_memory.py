@@ -56,7 +56,7 @@ def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -
         train_step(job, 1)
     with evaluation:
         evaluate_splits(job)
-    held = [job.x, job.link.taken, *job.link.pos.values(), *(q for q in job.link.neg.values() if q is not None)]
+    held = [job.x, job.task.taken, *job.task.pos.values(), *(q for q in job.task.neg.values() if q is not None)]
     if job.model.embedding is not None:
         weight = job.model.embedding.weight
         held += [weight, *job.optimizer.state[weight].values()]

@@ -128,7 +128,7 @@ def test_mrr_scores_its_pairs_a_block_of_sources_at_a_time(monkeypatch: pytest.M
     job.model.eval()
     with torch.no_grad():
         h_cols = job.ctx.to_graph(job.model(job.x, job.ctx))
-        pos, neg = job.link.eval_sets["valid"]
+        pos, neg = job.task.eval_sets["valid"]
         whole = torch.stack([pos[:, :1].expand_as(neg).reshape(-1), neg.reshape(-1)], 1)
         expected = link_pairs.score_pairs(job.model, h_cols, whole, job.comm).view(neg.shape)
         scores = _source_target_scores(job, h_cols, pos[:, 0], neg)

@@ -23,12 +23,12 @@ def _mapping_of(address: int) -> tuple[str, str] | None:
 
 
 def shared_topology_worker(store: str) -> dict:
-    from ntp.config import TrainConfig
     from ntp.engine.distributed.dist import distributed
-    from ntp.engine.train.setup import _load_from_store
+    from ntp.engine.graph.data import load_shared
+    from storage import open_store
 
     with distributed(60, "cpu") as env:
-        data = _load_from_store(TrainConfig(store=store), env)
+        data = load_shared(open_store(store), env)
         topo = data.topology
         return {"indices": _mapping_of(topo.indices.data_ptr()), "t_indices": _mapping_of(topo.t_indices.data_ptr()),
                 "sum": int(topo.indices.long().sum()) + int(topo.t_indices.long().sum()),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -119,3 +120,14 @@ def from_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, splits: di
         task = dict(num_classes=y.shape[1], task_type="binary" if y.shape[1] == 1 else "multilabel", metric="rocauc")
     return GraphData(topology=topology, features=np.ascontiguousarray(x[start:stop], np.float32),
                      labels=y, splits=splits, feature_dim=x.shape[1], **{**task, **kw})
+
+
+def load_shared(store, env) -> GraphData:  # noqa: ANN001 (storage.Store, ntp.engine.distributed.dist.DistEnv)
+    """This rank's data from an opened store; the topology is built once per machine and shared by its ranks
+    (ntp.engine.graph.node_shared)."""
+    from ntp.engine.graph.node_shared import job_key, on_node
+
+    meta = store.meta
+    share = partial(on_node, local_rank=env.local_rank, local_world=env.local_world, key=job_key(meta.fingerprint),
+                    required_bytes=topology_bytes(meta.num_nodes, meta.num_edges))
+    return load_rank_data(store, env.world, env.rank, share)

@@ -11,7 +11,8 @@ from ntp.config import INFERENCE_OPTIONS, TrainConfig
 from ntp.engine.train import checkpoint
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.train.loop import evaluate_splits
-from ntp.engine.train.setup import Job, setup
+from ntp.engine.tasks.base import Job
+from ntp.engine.train.setup import setup
 from ntp.errors import ModelFileError
 
 #: Options of the saved config that describe the training run, not the model: reset for inference.

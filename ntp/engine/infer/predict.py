@@ -19,9 +19,8 @@ from ntp.config import TrainConfig
 from ntp.engine.infer import exports
 from ntp.engine.distributed.dist import DistEnv, distributed
 from ntp.engine.infer.inference import load_saved, load_weights, single_process_job
-from ntp.engine.train.loop import split_metrics
-from ntp.engine.distributed.partition import Partition
-from ntp.engine.train.setup import Job, setup
+from ntp.engine.tasks.base import Job, Task
+from ntp.engine.train.setup import setup
 from ntp.errors import ConfigError
 
 EXPORTS = ("predictions", "embeddings", "scores")
@@ -41,17 +40,13 @@ class Request:
     fmt: str = "parquet"  #: parquet (a dataset of one file per rank) | zarr (a group of arrays indexed by node id)
 
 
-def check_export(export: str, task_type: str, fmt: str = "parquet") -> None:
-    """Node models predict nodes, link models score pairs; both have embeddings. Zarr arrays are indexed by node."""
+def check_export(export: str, task: Task, fmt: str = "parquet") -> None:
+    """What a task's models can export (``task.exports``); Zarr arrays are indexed by node, pair scores are not."""
     if fmt == "zarr" and export == "scores":
         raise ConfigError("--format zarr writes arrays indexed by node id; pair scores are rows of a table: use "
                           "--format parquet")
-    if export == "predictions" and task_type == "link":
-        raise ConfigError("a link prediction model predicts pairs, not nodes: use --export scores --pairs FILE, "
-                          "or --export embeddings")
-    if export == "scores" and task_type != "link":
-        raise ConfigError("--export scores scores node pairs with a link prediction model; this model predicts "
-                          "nodes: use --export predictions or embeddings")
+    if export not in task.exports:
+        raise ConfigError(f"--export {export}: {task.exports_hint}")
 
 
 def embedding_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -88,7 +83,7 @@ def apply(cfg: TrainConfig, env: DistEnv, request: Request) -> dict:
     load_weights(job, load_saved(request.model), request.model)
     job.model.eval()
     if request.out:
-        check_export(request.export, job.data.task_type, request.fmt)
+        check_export(request.export, job.task, request.fmt)
     phases = {"load": time.perf_counter() - t0}
     if request.export == "scores":
         written = _write_scores(job, request)
@@ -109,9 +104,10 @@ def _write_nodes(job: Job, request: Request, columns: dict[str, np.ndarray], met
     if request.metrics_out and job.env.is_main:
         record = {**metrics, "metric": job.data.metric, "task_type": job.data.task_type}
         Path(request.metrics_out).write_text(json.dumps(record))
-    rows = Partition(job.data.num_nodes, job.env.world, job.env.rank).rows()
+    part = job.task.output_rows(job)
+    rows = part.rows()
     if request.out and request.fmt == "zarr":
-        exports.write_zarr_rows(request.out, rows, job.data.num_nodes, columns, request.row_group, job.env.is_main)
+        exports.write_zarr_rows(request.out, rows, part.num_nodes, columns, request.row_group, job.env.is_main)
     elif request.out:
         exports.write_parquet_part(request.out, job.env.rank, columns, request.row_group)
     return {"rank": job.env.rank, "rows": rows}
@@ -133,10 +129,10 @@ def node_columns(job: Job, request: Request) -> tuple[dict[str, np.ndarray], dic
         hook.remove()
     metrics = {}
     if request.metrics_out:
-        metrics = job.link.evaluate(job) if job.link is not None else split_metrics(job, logits)
-    ids = np.arange(*Partition(job.data.num_nodes, job.env.world, job.env.rank).rows(), dtype=np.int64)
+        metrics = job.task.evaluate(job, logits)
+    ids = np.arange(*job.task.output_rows(job).rows(), dtype=np.int64)
     if request.export == "embeddings":
-        return {"node_id": ids, "embedding": captured[-1].float().cpu().numpy()}, metrics
+        return {"node_id": ids, "embedding": job.task.layer_rows(job, captured[-1]).float().cpu().numpy()}, metrics
     return {"node_id": ids, **_prediction_columns(job, logits)}, metrics
 
 
@@ -159,12 +155,8 @@ def _prediction_columns(job: Job, logits: torch.Tensor) -> dict[str, np.ndarray]
 
 def _write_scores(job: Job, request: Request) -> dict:
     """A link model's scores (the decoder's logit and its sigmoid) of this rank's share of each batch of pairs."""
-    from ntp.engine.tasks.link.task import graph_embeddings
-    from ntp.engine.tasks.link.pairs import own_pair_scores
-
     pairs = torch.from_numpy(exports.read_pairs(request.pairs))
-    h_cols = graph_embeddings(job)
-    idx, score = own_pair_scores(job.model, h_cols, pairs, job.comm)
+    idx, score = job.task.pair_scores(job, pairs)
     columns = {"pair": idx.numpy(), "src": pairs[idx, 0].numpy(), "dst": pairs[idx, 1].numpy(),
                "score": score.numpy(), "prob": torch.sigmoid(score).numpy()}
     path = exports.write_parquet_part(request.out, job.env.rank, columns, request.row_group)

@@ -21,12 +21,12 @@ from typing import Callable
 import torch
 
 from ntp.engine.graph.aggregate import scales_rows
-from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS
+from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, ChunkPlan, make_plan
 from ntp.engine.device.measure import format_bytes, free_device_bytes
 from ntp.engine.kernels.dropout import dropped_copy_bytes
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.device.precision import dtype, element_bytes
-from ntp.engine.device.transfer import slab_columns, stream_depth
+from ntp.engine.device.transfer import slab_columns, stream_depth, streams_topology
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.
@@ -355,3 +355,14 @@ def describe(where: str, device: torch.device, nn_bytes: int, graph_bytes: int, 
         return what
     return (f"{what}: it needs {format_bytes(nn_bytes)} whole, aggregation keeps {format_bytes(graph_bytes)}, "
             f"{format_bytes(free_bytes)} free on the device")
+
+
+def store_plan(cfg, store, world: int, device: str, resident: dict[str, int],
+               out_dim: int) -> ChunkPlan:
+    """The budget's chunk plan every rank will compute (ntp.engine.memory.chunks.make_plan) from the store's degrees,
+    with ``resident`` (by part) beside the chunks."""
+    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
+    return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
+                     width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),
+                     ways_out=ways_out(resident), pipelined=cfg.overlap and world > 1,
+                     streamed=streams_topology(cfg.offload, device))

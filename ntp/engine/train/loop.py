@@ -8,17 +8,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from ntp.engine.train import checkpoint
-from ntp.engine.distributed.collectives import all_gather_objects, all_reduce_gradients
+from ntp.engine.distributed.collectives import all_gather_objects
 from ntp.engine.distributed.dist import distributed
-from ntp.engine.tasks.evaluation import compute_metric
-from ntp.engine.nn.layers import class_loss_sum
-from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.device.measure import host_pss_bytes, peak_memory_bytes, reset_peak_memory
-from ntp.engine.train.setup import SPLITS, Best, DataLoader, Job, setup
+from ntp.engine.tasks.base import Best, Job
+from ntp.engine.train.setup import DataLoader, setup
 from ntp.engine.train.sinks import RecordSink, default_sinks
 from ntp.errors import CheckpointError, TrainingError
 from ntp.records import EpochRecord, FinalRecord, WorkerStats
@@ -26,65 +22,14 @@ from ntp.spec import LaunchSpec
 
 
 # -- one epoch ------------------------------------------------------------------------------------------------------
-def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Sum of per-vertex losses over ``rows`` (the caller divides by the global count). The rows are picked with
-    ``index_select``: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on two CPU
-    threads."""
-    y, picked = job.y[rows], logits.index_select(0, rows)
-    if job.data.task_type == "multiclass":
-        return class_loss_sum(picked, y)
-    mask = ~torch.isnan(y)
-    return F.binary_cross_entropy_with_logits(picked[mask], y[mask], reduction="sum")
-
-
 def train_step(job: Job, epoch: int) -> float:
-    """Forward, backward and update; returns the global mean loss over all training vertices of all ranks."""
-    if job.link is not None:  # link prediction: an epoch of edge mini-batches (ntp.engine.tasks.link.task)
-        return job.link.train_epoch(job, epoch)
-    if job.task is not None:  # a task with its own epoch (heterogeneous graphs: ntp.engine.tasks.hetero.task)
-        return job.task.train_epoch(job, epoch)
-    job.model.train()
-    job.ctx.step = epoch
-    job.optimizer.zero_grad(set_to_none=True)
-    logits = job.model(job.x, job.ctx)
-    loss = loss_sum(job, logits, job.local_split["train"]) / job.global_train_count
-    loss.backward()
-    all_reduce_gradients(list(job.model.parameters()), job.comm)
-    job.optimizer.step()
-    total = job.comm.all_reduce(loss.detach().reshape(1).clone(), ALLREDUCE)
-    return float(total[0])
+    """Forward, backward and update(s) of the job's task; the global mean loss (the same on every rank)."""
+    return job.task.train_epoch(job, epoch)
 
 
-@torch.no_grad()
 def evaluate_splits(job: Job) -> dict[str, float]:
-    if job.link is not None or job.task is not None:
-        return (job.link or job.task).evaluate(job)
-    job.model.eval()
-    return split_metrics(job, job.model(job.x, job.ctx))
-
-
-def split_metrics(job: Job, logits: torch.Tensor) -> dict[str, float]:
-    """The metric on train/valid/test of this rank's rows of ``logits`` (every rank gets the same numbers)."""
-    if job.data.metric == "acc" and job.data.task_type == "multiclass":
-        pred = logits.argmax(dim=1)
-        counts = torch.tensor([[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],
-                              dtype=torch.float64, device=logits.device)
-        counts = job.comm.all_reduce(counts)
-        return {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
-    return _gathered_metric(job, logits)
-
-
-def _gathered_metric(job: Job, logits: torch.Tensor) -> dict[str, float]:
-    """ROC-AUC (and OGB's evaluator) need every score: gather them to every rank."""
-    scores = logits if job.data.task_type == "multiclass" else torch.sigmoid(logits)
-    full = job.comm.all_gather_rows(scores.to(job.comm.device).contiguous(), ALLREDUCE).cpu().numpy()
-    labels = np.asarray(job.data.labels)
-    out = {}
-    for name in SPLITS:
-        ids = np.asarray(job.data.splits[name], dtype=np.int64)
-        pred = full[ids].argmax(1) if job.data.metric == "acc" else full[ids]
-        out[name] = compute_metric(job.data.metric, labels[ids], pred, job.data.ogb_name)
-    return out
+    """The metric on train/valid/test (the same on every rank)."""
+    return job.task.evaluate(job)
 
 
 def worker_stats(job: Job, epoch_s: float, cpu_s: float) -> WorkerStats:

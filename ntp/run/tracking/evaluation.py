@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from ntp.engine.tasks.base import SPLITS
 from ntp.engine.tasks.evaluation import compute_metric
 from ntp.run.tracking.mlflow_store import client
-
-SPLITS = ("train", "valid", "test")
 
 
 def read_predictions(export: str | Path) -> Any:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ntp.engine.tasks import task_for
 from ntp.records import FinalRecord, read_results
 from ntp.run.launch import launch_training, leads
 from ntp.run.tracking.live import Consumer, EpochLogger, ResultsFollower
@@ -66,7 +67,8 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
     from storage import open_store
 
     cfg = spec.config
-    meta = open_store(cfg.store).meta.to_dict()
+    store_meta = open_store(cfg.store).meta
+    meta = store_meta.to_dict()
     params = cfg.for_task(meta["task_type"]).to_dict()  # the values the ranks train with
     with start_training_run(params, world_size=spec.world_size, store_meta=meta, store_path=cfg.store,
                             experiment=experiment, run_name=run_name or default_run_name(spec),
@@ -91,7 +93,7 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
             run.log_model(res.model_path, config=cfg.to_dict(), store_meta=meta)
         run.log_metrics({"wall_s": res.wall_s})
     final = read_results(cfg.results).final
-    if res.model_path is not None and meta.get("task_type") != "link":
+    if res.model_path is not None and "predictions" in task_for(store_meta).exports:  # a pyfunc of node ids
         _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)
     return TrackedTraining(run.run_id, Path(cfg.results), res.model_path, res.wall_s, summary, spec.world_size,
                            cfg.to_dict(), final)

@@ -1,5 +1,5 @@
-"""Node classification on a heterogeneous graph inside a rank: setup, one epoch, evaluation (the loop dispatches here
-through ``Job.task``, as it does for link prediction).
+"""Node classification on a heterogeneous graph with R-GCN (ntp.engine.tasks.base.Task): a rank's job, its epoch and
+evaluation, and the launcher's preflight.
 
 The loss is the global mean over the target type's labeled training nodes: each rank sums the losses of its own rows
 of the target type and divides by the global count, so the gradients summed over ranks are the single-process ones.
@@ -18,8 +18,10 @@ from ntp.engine.device import precision
 from ntp.engine.distributed.collectives import (Comm, all_gather_rows, all_reduce_gradients, check_same_on_all_ranks,
     gather)
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.tasks.hetero.data import HeteroGraphData
-from ntp.engine.tasks.hetero.memory import plan_operators
+from ntp.engine.memory.chunks import ChunkPlan
+from ntp.engine.tasks.base import SPLITS, Job, count_train_labels, make_optimizer, split_accuracy
+from ntp.engine.tasks.hetero.data import HeteroGraphData, load_hetero, load_relations
+from ntp.engine.tasks.hetero.memory import plan_operators, summary
 from ntp.engine.nn.layers import class_loss_sum
 from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.distributed.partition import Partition
@@ -27,9 +29,6 @@ from ntp.engine.tasks.hetero.relations import HeteroContext
 from ntp.engine.tasks.hetero.rgcn import build_rgcn, embedding_tables
 from ntp.engine.nn.rowwise_adam import RowwiseAdam
 from ntp.errors import ConfigError
-
-SPLITS = ("train", "valid", "test")
-
 
 class _TableView:
     """What SlicedEmbedding.snapshot needs of a context: a gather and a communicator over the table's rows."""
@@ -42,51 +41,11 @@ class _TableView:
         return gather(h, self.comm, width)
 
 
-def check_hetero_config(cfg: TrainConfig, data: HeteroGraphData) -> None:
-    if cfg.model != "rgcn":
-        raise ConfigError(f"store {data.name!r} is heterogeneous ({len(data.counts)} node types, {len(data.relations)} "
-                          f"relations): --model {cfg.model} handles one node and one edge type; use --model rgcn")
-
-
-def setup_hetero(cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> dict[str, Any]:
-    """The fields of a ``Job`` (ntp.engine.train.setup) that trains R-GCN on ``data``."""
-    check_hetero_config(cfg, data)
-    check_same_on_all_ranks("heterogeneous graph (types, relations, features, classes)",
-                            (data.signature(), cfg.to_json()))
-    target_part = Partition(data.counts[data.target], env.world, env.rank)
-    comm = Comm(target_part, env.device, group=None)
-    plans = None
-    if cfg.memory_budget_bytes and not cfg.chunk_rows:  # an explicit --chunk-rows wins, as for homogeneous models
-        plans = plan_operators(cfg, data.relations, data.counts, data.feature_dims, data.num_classes, env.world)
-    hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans,
-                       precision=cfg.precision)
-    model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
-    optimizer = _optimizer(cfg, model, comm)
-    for table in embedding_tables(model):  # checkpoints hold each whole table and its state: any world size resumes them
-        table.track_optimizer(optimizer)
-    y = torch.from_numpy(np.asarray(data.labels, np.int64))
-    r0, r1 = target_part.rows()
-    local = {}
-    for name in SPLITS:
-        ids = torch.from_numpy(np.asarray(data.splits[name], np.int64))
-        ids = ids[(ids >= r0) & (ids < r1)]
-        local[name] = (ids[y[ids] >= 0] - r0).to(env.device)
-    train_ids = torch.from_numpy(np.asarray(data.splits["train"], np.int64))
-    count = int((y[train_ids] >= 0).sum())
-    if count == 0:
-        raise ConfigError(f"graph {data.name!r} has no labeled training node of type {data.target!r}: nothing to "
-                          "train on")
-    x = {t: torch.from_numpy(f).to(env.device, precision.dtype(cfg.precision)) for t, f in data.features.items()}
-    return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=hc, model=model, optimizer=optimizer, x=x,
-                y=y[r0:r1].to(env.device), local_split=local, global_train_count=count, task=HeteroTask())
-
-
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module, comm: Comm) -> torch.optim.Optimizer:
     """Adam/AdamW; with --sparse-embeddings, row-wise (lazy) updates of the embedding tables (a row is touched when
     any rank's slice of it has a gradient)."""
     if not cfg.sparse_embeddings:
-        opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return make_optimizer(cfg, model.parameters())
     if cfg.optimizer != "adam":
         raise ConfigError("--sparse-embeddings updates with a row-wise Adam: use --optimizer adam")
     sliced = {id(p) for p in model.sliced()}
@@ -97,13 +56,53 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module, comm: Comm) -> torch.op
 
 
 class HeteroTask:
-    """R-GCN's epoch and evaluation (ntp.engine.train.loop dispatches here)."""
+    """R-GCN on the target node type: one full-graph step an epoch, accuracy on each split."""
+
+    kind = "hetero"
+    exports = ("predictions", "embeddings")
+    exports_hint = ("an R-GCN model predicts its target type's nodes: use --export predictions or embeddings")
 
     def __init__(self) -> None:
         self.best_valid = float("-inf")
         self.gathered = False  #: the tables' snapshot is of the current parameters
 
-    def train_epoch(self, job: Any, epoch: int) -> float:
+    def check(self, cfg: TrainConfig) -> None:
+        if cfg.model != "rgcn":
+            raise ConfigError(f"this store is heterogeneous (several node types and relations): --model {cfg.model} "
+                              "handles one node and one edge type; use --model rgcn")
+
+    def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> HeteroGraphData:
+        return load_hetero(store, env.world, env.rank)
+
+    def build(self, cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> Job:
+        """The job that trains R-GCN on ``data``."""
+        self.check(cfg)
+        check_same_on_all_ranks("heterogeneous graph (types, relations, features, classes)",
+                                (data.signature(), cfg.to_json()))
+        target_part = Partition(data.counts[data.target], env.world, env.rank)
+        comm = Comm(target_part, env.device, group=None)
+        plans = None
+        if cfg.memory_budget_bytes and not cfg.chunk_rows:  # an explicit --chunk-rows wins, as for homogeneous models
+            plans = plan_operators(cfg, data.relations, data.counts, data.feature_dims, data.num_classes, env.world)
+        hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans,
+                           precision=cfg.precision)
+        model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
+        optimizer = _optimizer(cfg, model, comm)
+        for table in embedding_tables(model):  # checkpoints hold each whole table and its state: any world size
+            table.track_optimizer(optimizer)
+        y = torch.from_numpy(np.asarray(data.labels, np.int64))
+        r0, r1 = target_part.rows()
+        local = {}
+        for name in SPLITS:
+            ids = torch.from_numpy(np.asarray(data.splits[name], np.int64))
+            ids = ids[(ids >= r0) & (ids < r1)]
+            local[name] = (ids[y[ids] >= 0] - r0).to(env.device)
+        count = count_train_labels(f"{data.name!r} (type {data.target!r})", y, data.splits["train"])
+        x = {t: torch.from_numpy(f).to(env.device, precision.dtype(cfg.precision)) for t, f in data.features.items()}
+        return Job(cfg, env, data, comm, hc, model, optimizer, x=x, y=y[r0:r1].to(env.device), local_split=local,
+                   global_train_count=count, task=self)
+
+    def train_epoch(self, job: Job, epoch: int) -> float:
         model, hc = job.model, job.ctx
         model.train()
         hc.step = epoch
@@ -122,21 +121,19 @@ class HeteroTask:
         return float(job.comm.all_reduce(loss.detach().reshape(1).clone(), ALLREDUCE)[0])
 
     @staticmethod
-    def snapshot(job: Any, with_optimizer: bool = False) -> None:
+    def snapshot(job: Job, with_optimizer: bool = False) -> None:
         """Gather every embedding table whole, and its optimiser state for checkpoints (the state dicts save them;
         every rank must call this)."""
         for table in embedding_tables(job.model):
             table.snapshot(_TableView(job.comm, table.num_nodes), with_optimizer=with_optimizer)
 
     @torch.no_grad()
-    def evaluate(self, job: Any) -> dict[str, float]:
+    def evaluate(self, job: Job, outputs: torch.Tensor | None = None) -> dict[str, float]:
         """Accuracy of the target type on each split, identical on every rank."""
-        job.model.eval()
-        pred = job.model(job.x, job.ctx).argmax(dim=1)
-        counts = torch.tensor([[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],
-                              dtype=torch.float64, device=pred.device)
-        counts = job.comm.all_reduce(counts)
-        out = {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
+        if outputs is None:
+            job.model.eval()
+            outputs = job.model(job.x, job.ctx)
+        out = split_accuracy(job, outputs.argmax(dim=1))
         # the loop keeps the state of a better validation epoch: gather the tables whole for it, only then (it
         # moves every table); an epoch that checkpoints gathered them already
         if out["valid"] > self.best_valid and not self.gathered:
@@ -145,6 +142,28 @@ class HeteroTask:
         self.best_valid = max(self.best_valid, out["valid"]) if out["valid"] == out["valid"] else self.best_valid
         return out
 
+
+    def output_rows(self, job: Job) -> Partition:
+        """The target type's nodes (ids local to the type) whose rows this rank's logits are."""
+        return Partition(job.data.counts[job.data.target], job.env.world, job.env.rank)
+
+    def layer_rows(self, job: Job, output: Any) -> torch.Tensor:
+        """A hidden layer's output holds every node type's rows: the target type's; the last layer's, only those."""
+        return output[job.data.target] if isinstance(output, dict) else output
+
+    def check_store(self, cfg: TrainConfig, store: Any) -> None:
+        self.check(cfg)
+        labels = torch.from_numpy(np.asarray(store.labels(), np.int64))
+        count_train_labels(repr(store.meta.name), labels, store.split("train"))
+
+    def plan(self, cfg: TrainConfig, store: Any, world: int, device: str, mode: str) -> ChunkPlan | None:
+        """R-GCN's plan every rank will compute (ntp.engine.tasks.hetero.memory), from the store's relations."""
+        if not cfg.memory_budget_bytes or cfg.chunk_rows:
+            return None
+        types = store.meta.hetero["node_types"]
+        plans = plan_operators(cfg, load_relations(store), {t["name"]: t["count"] for t in types},
+                               {t["name"]: t["feature_dim"] for t in types}, store.meta.num_classes, world)
+        return summary(plans)
 
 @torch.no_grad()
 def target_logits(job: Any) -> torch.Tensor:

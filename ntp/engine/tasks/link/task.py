@@ -24,13 +24,15 @@ from ntp.engine.memory import placement
 from ntp.engine.device import precision
 from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
 from ntp.engine.parallel.context import GraphContext
-from ntp.engine.graph.data import GraphData
+from ntp.engine.graph.data import GraphData, load_shared
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.tasks.link.data import LinkGraphData, read_link_splits, with_link_splits
 from ntp.engine.tasks.link.metrics import link_evaluator
-from ntp.engine.tasks.link.model import LinkModel
-from ntp.engine.tasks.link.pairs import pair_chunk, score_pairs, train_pairs
+from ntp.engine.tasks.link.model import LinkModel, replicated_size
+from ntp.engine.tasks.link.pairs import own_pair_scores, pair_chunk, score_pairs, train_pairs
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.memory.chunks import ChunkPlan
+from ntp.engine.tasks.base import Job, make_optimizer
 from ntp.errors import ConfigError
 
 #: Redraws of negatives that hit an edge before the rest are kept as they are (only a nearly complete graph needs more).
@@ -74,46 +76,6 @@ def _topology(data: GraphData) -> Any:
     return CSR.from_numpy(data.indptr, data.indices)
 
 
-def check_link_config(cfg: TrainConfig) -> None:
-    """Options link prediction does not take (the launcher's preflight checks them too)."""
-    if cfg.mode == "data":
-        raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
-    if cfg.nn_device == "stream":
-        raise ConfigError("--nn-device stream streams a node classifier's NN stage; link prediction's encoder does "
-                          "not stream yet: use --nn-device cpu, or auto")
-
-
-def setup_link(cfg: TrainConfig, env: DistEnv, data: GraphData) -> dict[str, Any]:
-    """The fields of a ``Job`` (ntp.engine.train.setup) that trains link prediction on ``data``."""
-    check_link_config(cfg)
-    if not isinstance(data, LinkGraphData):  # read from a store: its edge splits too
-        data = with_link_splits(data, read_link_splits(cfg.store))
-    splits = data.link_splits
-    n = data.num_nodes
-    part = Partition(n, env.world, env.rank)
-    shapes = split_shapes(splits)
-    check_same_on_all_ranks("link graph (nodes, edges, features, splits)",
-                            (n, data.num_edges, data.feature_dim, shapes, cfg.to_json()))
-    comm = Comm(part, env.device, group=None)
-    model = LinkModel(cfg, n, data.feature_dim, part)
-    shape = memory_shape(data, model, env.world, env.device.type)
-    placed = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
-                                      link_memory.reserved_parts(cfg, **shape), report=env.is_main)
-    nn_device, reserved = placed.home, placed.reserved
-    model.to(env.device).encoder.to(nn_device)  # the decoder and the embeddings' slice: the graph layout's device
-    ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
-                       memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
-                       width=cfg.hidden, nn_device=nn_device, reserved=reserved, precision=cfg.precision)
-    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    optimizer = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
-        model.embedding.track_optimizer(optimizer)
-    task = LinkTask(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
-    x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
-    return dict(cfg=cfg, env=env, data=data, comm=comm, ctx=ctx, model=model, optimizer=optimizer, x=x,
-                y=torch.zeros(0), local_split={}, global_train_count=len(splits["train"][0]), link=task)
-
-
 def graph_embeddings(job: Any) -> torch.Tensor:
     """The encoder's output on this rank's column slice of every node (the graph layout the decoder reads), float32
     on the rank's device: the all-to-all moves it in the run's precision (``--offload all`` leaves it in host
@@ -136,10 +98,53 @@ def split_shapes(splits: dict) -> dict:
 
 
 class LinkTask:
-    """A link-prediction job's edges, its training epoch and its evaluation (ntp.engine.train.loop dispatches here)."""
+    """Link prediction (ntp.engine.tasks.base.Task): a job's edges, its training epoch and its evaluation."""
 
-    def __init__(self, splits: dict, metric: str, ogb_name: str | None, num_nodes: int, taken: torch.Tensor,
+    kind = "link"
+    exports = ("scores", "embeddings")
+    exports_hint = ("a link prediction model scores pairs, not nodes: use --export scores --pairs FILE, or --export embeddings")
+
+    def check(self, cfg: TrainConfig) -> None:
+        if cfg.mode == "data":
+            raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
+        if cfg.nn_device == "stream":
+            raise ConfigError("--nn-device stream streams a node classifier's NN stage; link prediction's encoder "
+                              "does not stream yet: use --nn-device cpu, or auto")
+
+    def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> LinkGraphData:
+        return with_link_splits(load_shared(store, env), read_link_splits(cfg.store))
+
+    def build(self, cfg: TrainConfig, env: DistEnv, data: GraphData) -> Job:
+        """The job that trains link prediction on ``data`` (in-memory data without edge splits reads the store's)."""
+        self.check(cfg)
+        if not isinstance(data, LinkGraphData):
+            data = with_link_splits(data, read_link_splits(cfg.store))
+        splits = data.link_splits
+        n = data.num_nodes
+        part = Partition(n, env.world, env.rank)
+        check_same_on_all_ranks("link graph (nodes, edges, features, splits)",
+                                (n, data.num_edges, data.feature_dim, split_shapes(splits), cfg.to_json()))
+        comm = Comm(part, env.device, group=None)
+        model = LinkModel(cfg, n, data.feature_dim, part)
+        shape = memory_shape(data, model, env.world, env.device.type)
+        placed = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
+                                          link_memory.reserved_parts(cfg, **shape), report=env.is_main)
+        model.to(env.device).encoder.to(placed.home)  # the decoder and the embeddings' slice: the graph layout's
+        ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
+                           memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
+                           width=cfg.hidden, nn_device=placed.home, reserved=placed.reserved,
+                           precision=cfg.precision)
+        optimizer = make_optimizer(cfg, model.parameters())
+        if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
+            model.embedding.track_optimizer(optimizer)
+        self._prepare(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
+        x = torch.from_numpy(data.features).to(placed.home, precision.dtype(cfg.precision))
+        return Job(cfg, env, data, comm, ctx, model, optimizer, x=x, y=torch.zeros(0), local_split={},
+                   global_train_count=len(splits["train"][0]), task=self)
+
+    def _prepare(self, splits: dict, metric: str, ogb_name: str | None, num_nodes: int, taken: torch.Tensor,
                  seed: int) -> None:
+        """The edges of each split, the negatives' exclusions and the evaluation sets."""
         self.metric, self.n, self.taken = metric, num_nodes, taken
         self.score = link_evaluator(metric, ogb_name)
         as_tensor = lambda a: None if a is None else torch.from_numpy(np.asarray(a, np.int64))  # noqa: E731
@@ -153,7 +158,7 @@ class LinkTask:
         if metric != "mrr":
             self.eval_sets = {"train": (train[pick.sort().values], self.neg["valid"]), **self.eval_sets}
 
-    def train_epoch(self, job: Any, epoch: int) -> float:
+    def train_epoch(self, job: Job, epoch: int) -> float:
         """One epoch of mini-batch steps; returns the mean loss over the epoch's positive edges (all ranks)."""
         cfg, model, comm, ctx = job.cfg, job.model, job.comm, job.ctx
         model.train()
@@ -182,8 +187,9 @@ class LinkTask:
         return float(comm.all_reduce(total)[0]) / len(pos)
 
     @torch.no_grad()
-    def evaluate(self, job: Any) -> dict[str, float]:
-        """The metric on train (a sample, see __init__), valid and test, identical on every rank."""
+    def evaluate(self, job: Job, outputs: torch.Tensor | None = None) -> dict[str, float]:
+        """The metric on train (a sample, see _prepare), valid and test, identical on every rank (the encoder runs
+        again whatever ``outputs`` is: the pairs are scored in the graph layout)."""
         job.model.eval()
         h_cols = graph_embeddings(job)
         out, scored = {}, {}  # the training sample's negatives are the validation ones: scored once
@@ -198,6 +204,32 @@ class LinkTask:
             out[split] = self.score(s_pos, s_neg)
         return out
 
+
+    def output_rows(self, job: Job) -> Partition:
+        return Partition(job.data.num_nodes, job.env.world, job.env.rank)
+
+    def layer_rows(self, job: Job, output: torch.Tensor) -> torch.Tensor:
+        return output
+
+    def check_store(self, cfg: TrainConfig, store: Any) -> None:
+        self.check(cfg)  # it trains on the store's edge splits (always non-empty)
+
+    def plan(self, cfg: TrainConfig, store: Any, world: int, device: str, mode: str) -> ChunkPlan | None:
+        if not cfg.memory_budget_bytes or cfg.chunk_rows:
+            return None
+        meta = store.meta
+        symmetric = bool(meta.preprocessing.get("symmetrized"))
+        resident = link_memory.resident_parts(
+            cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
+            splits={name: store.link_split_shapes(name) for name in meta.split_names}, world=world,
+            params=replicated_size(cfg, meta.feature_dim), device_type=device, symmetric=symmetric,
+            nn_on_device=device == "cpu" or cfg.nn_device == "device")
+        return placement.store_plan(cfg, store, world, device, resident, cfg.hidden)
+
+    @torch.no_grad()
+    def pair_scores(self, job: Job, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of ``pairs`` [P, 2] (their indices) and their scores (the decoder's logits)."""
+        return own_pair_scores(job.model, graph_embeddings(job), pairs, job.comm)
 
 def _source_target_scores(job: Any, h_cols: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Scores [E, K] of the pairs (sources[e], targets[e, k]), formed a block of sources at a time (about a chunk of

@@ -1,0 +1,125 @@
+"""What every task shares: the job one rank trains with, and the protocol a task implements.
+
+A task (node classification, link prediction, heterogeneous R-GCN) is chosen once, from the store's kind
+(:func:`ntp.engine.tasks.task_for`); setup, the loop, inference and the launcher's preflight then call its methods and
+never branch on the task themselves. Adding a task is a new package here that implements :class:`Task`, and one line
+in ``task_for``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from ntp.config import TrainConfig
+from ntp.engine.distributed.collectives import Comm
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.distributed.partition import Partition
+from ntp.errors import ConfigError
+from ntp.records import EpochRecord
+
+if TYPE_CHECKING:
+    from ntp.engine.memory.chunks import ChunkPlan
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class Best:
+    """The best evaluation so far (by validation metric) and the weights that reached it."""
+
+    epoch: int = -1
+    valid: float = float("-inf")
+    test: float | None = None
+    state: dict | None = None
+
+
+@dataclass
+class Job:
+    """Everything one rank trains with; ``task`` made it and runs its epochs and evaluations."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    data: Any  #: the task's data (ntp.engine.graph.data.GraphData or the task's own)
+    comm: Comm
+    ctx: Any  #: the task's context (ntp.engine.parallel.context.GraphContext, or R-GCN's HeteroContext)
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    x: Any  #: this rank's feature rows (R-GCN: by node type)
+    y: torch.Tensor  #: labels of this rank's rows (empty for link prediction)
+    local_split: dict[str, torch.Tensor]  #: split name -> local row ids of labeled vertices in the split
+    global_train_count: int  #: what the loss is averaged over on all ranks (labeled vertices, positive edges)
+    task: Task
+    best: Best = field(default_factory=Best)
+    history: list[EpochRecord] = field(default_factory=list)  #: epoch records (rank 0 writes them)
+
+
+class Task(Protocol):
+    """One kind of learning problem, as a rank's job and the launcher's preflight see it."""
+
+    #: "node", "link" or "hetero"
+    kind: str
+    #: what ``ntp predict --export`` can write for this task's models, and how to choose when asked for another
+    exports: tuple[str, ...]
+    exports_hint: str
+
+    def check(self, cfg: TrainConfig) -> None:
+        """Refuse options this task does not take (ConfigError naming the fix); before launch and in every rank."""
+
+    def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> Any:
+        """This rank's data from an opened store."""
+
+    def build(self, cfg: TrainConfig, env: DistEnv, data: Any) -> Job:
+        """The job: context, model, optimiser, this rank's rows, with ``task=self``."""
+
+    def train_epoch(self, job: Job, epoch: int) -> float:
+        """Forward, backward and update(s); the global mean loss, the same on every rank."""
+
+    def evaluate(self, job: Job, outputs: torch.Tensor | None = None) -> dict[str, float]:
+        """The metric on train/valid/test, the same on every rank (``outputs``: this rank's model outputs, when the
+        caller has them already)."""
+
+    def output_rows(self, job: Job) -> Partition:
+        """The nodes whose rows this rank's model outputs cover (ids local to the target type for R-GCN)."""
+
+    def layer_rows(self, job: Job, output: Any) -> torch.Tensor:
+        """This rank's rows of :meth:`output_rows` in a layer's ``output`` (embeddings)."""
+
+    def check_store(self, cfg: TrainConfig, store: Any) -> None:
+        """Before launch: the options and what the store must hold for this task (ConfigError naming the fix)."""
+
+    def plan(self, cfg: TrainConfig, store: Any, world: int, device: str, mode: str) -> ChunkPlan | None:
+        """Before launch: the chunk plan an explicit ``--memory-budget`` gives on ``world`` ranks of ``device``
+        (MemoryPlanError when it cannot work); None where the ranks plan alone."""
+
+
+def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
+    """Adam or AdamW (--optimizer) over ``params`` (parameters or parameter groups)."""
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def split_accuracy(job: Job, pred: torch.Tensor) -> dict[str, float]:
+    """Accuracy of this rank's predicted classes on each split's labeled rows, summed over ranks (the same on
+    every rank)."""
+    counts = torch.tensor([[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],
+                          dtype=torch.float64, device=pred.device)
+    counts = job.comm.all_reduce(counts)
+    return {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
+
+
+def count_train_labels(name: str, labels: torch.Tensor, train_ids: np.ndarray) -> int:
+    """Labeled vertices of the train split; none is a ConfigError (the driver's preflight checks the same)."""
+    ids = torch.from_numpy(np.asarray(train_ids, dtype=np.int64))
+    count = int(labeled(labels[ids]).sum())
+    if count == 0:
+        raise ConfigError(f"graph {name!r} has no labeled training vertex: nothing to train on; give labels and "
+                          "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)")
+    return count
+
+
+def labeled(y: torch.Tensor) -> torch.Tensor:
+    """Which rows carry a label (class id >= 0, or a non-NaN task)."""
+    return y >= 0 if y.dim() == 1 else ~torch.isnan(y).all(dim=1)

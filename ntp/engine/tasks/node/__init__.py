@@ -1,0 +1,1 @@
+"""Node classification on a homogeneous graph: labels and splits of vertices, the engine's GNNs, class losses."""

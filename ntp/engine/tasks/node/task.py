@@ -1,0 +1,167 @@
+"""Node classification inside a rank (and before launch): one full-graph step per epoch over the labeled training
+vertices of every rank, multi-class (cross-entropy, accuracy) or multi-task binary (BCE, ROC-AUC)."""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ntp.config import TrainConfig
+from ntp.engine.device import precision
+from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
+from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.distributed.traffic import ALLREDUCE
+from ntp.engine.graph.data import GraphData, load_shared
+from ntp.engine.memory import placement
+from ntp.engine.memory.chunks import ChunkPlan
+from ntp.engine.nn.layers import class_loss_sum
+from ntp.engine.nn.models import build_model
+from ntp.engine.parallel.context import GraphContext
+from ntp.engine.parallel.data_parallel import DataParallelContext
+from ntp.engine.tasks.base import SPLITS, Job, count_train_labels, labeled, make_optimizer, split_accuracy
+from ntp.engine.tasks.evaluation import compute_metric
+from ntp.errors import ConfigError
+
+
+class NodeTask:
+    kind = "node"
+    exports = ("predictions", "embeddings")
+    exports_hint = ("a node classifier predicts nodes: use --export predictions or embeddings (--export scores is for link prediction models)")
+
+    def check(self, cfg: TrainConfig) -> None:
+        if cfg.model == "rgcn":
+            raise ConfigError("--model rgcn needs a heterogeneous store (node types and relations); this one is "
+                              "homogeneous: choose gcn, sage, gin, gat, sgc or appnp, or build the store from an OGB "
+                              "heterogeneous folder")
+
+    def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> GraphData:
+        return load_shared(store, env)
+
+    def build(self, cfg: TrainConfig, env: DistEnv, data: GraphData) -> Job:
+        self.check(cfg)
+        y_all = torch.from_numpy(np.asarray(data.labels))
+        train_count = count_train_labels(data.name, y_all, data.splits["train"])  # before a model of 0 outputs
+        part = Partition(data.num_nodes, env.world, env.rank)
+        check_same_on_all_ranks("graph (nodes, edges, feature width, classes)",
+                                (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
+        comm = Comm(part, env.device, group=None)
+        width = placement.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
+        model = build_model(cfg, data.feature_dim, data.out_dim)
+        placed = _place_nn_stage(cfg, env, data, model)
+        nn_device = placed.home
+        ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
+        ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
+                      memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload, width=width,
+                      nn_device=nn_device, reserved=placed.reserved, precision=cfg.precision,
+                      row_block=placed.row_block)
+        if env.is_main and cfg.offload == "all" and ctx.device.type == "cuda":
+            print(f"[ntp] {placement.describe_streaming(ctx.column_block, ctx.slice_width, ctx.topology_offload == 'none')}",
+                  flush=True)
+        model = model.to(env.device if placed.row_block else nn_device)  # streamed: the parameters stay on the device
+        r0, r1 = part.rows()
+        local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1).to(nn_device) for name in SPLITS}
+        x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
+        if placed.row_block and env.device.type == "cuda":
+            x = x.pin_memory()  # its blocks reach the device at the bus's speed, no staging copy
+        return Job(cfg, env, data, comm, ctx, model, make_optimizer(cfg, model.parameters()), x=x,
+                   y=y_all[r0:r1].to(nn_device), local_split=local_split, global_train_count=train_count, task=self)
+
+    def train_epoch(self, job: Job, epoch: int) -> float:
+        job.model.train()
+        job.ctx.step = epoch
+        job.optimizer.zero_grad(set_to_none=True)
+        logits = job.model(job.x, job.ctx)
+        loss = loss_sum(job, logits, job.local_split["train"]) / job.global_train_count
+        loss.backward()
+        all_reduce_gradients(list(job.model.parameters()), job.comm)
+        job.optimizer.step()
+        total = job.comm.all_reduce(loss.detach().reshape(1).clone(), ALLREDUCE)
+        return float(total[0])
+
+    @torch.no_grad()
+    def evaluate(self, job: Job, outputs: torch.Tensor | None = None) -> dict[str, float]:
+        if outputs is None:
+            job.model.eval()
+            outputs = job.model(job.x, job.ctx)
+        return split_metrics(job, outputs)
+
+    def output_rows(self, job: Job) -> Partition:
+        return Partition(job.data.num_nodes, job.env.world, job.env.rank)
+
+    def layer_rows(self, job: Job, output: torch.Tensor) -> torch.Tensor:
+        return output
+
+    def check_store(self, cfg: TrainConfig, store: Any) -> None:
+        self.check(cfg)
+        count_train_labels(store.meta.name, torch.from_numpy(store.labels()), store.split("train"))
+
+    def plan(self, cfg: TrainConfig, store: Any, world: int, device: str, mode: str) -> ChunkPlan | None:
+        if not cfg.memory_budget_bytes or cfg.chunk_rows or mode == "data":
+            return None
+        meta = store.meta
+        out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
+        params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
+        shape = dict(num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
+                     out_dim=out_dim, world=world, params=params, device_type=device,
+                     symmetric=bool(meta.preprocessing.get("symmetrized")))
+        if cfg.nn_device == "stream":  # the ranks size the blocks from the budget alike
+            resident = placement.stream_parts(cfg, room=cfg.memory_budget_bytes, **shape)[1]
+        else:  # on a GPU, "auto" may move the NN stage off the device; the ranks decide (and check) that themselves
+            resident = placement.rank_resident_parts(cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device",
+                                                     **shape)
+        return placement.store_plan(cfg, store, world, device, resident, out_dim)
+
+
+def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
+                    model: torch.nn.Module) -> placement.NNPlacement:
+    """Where the NN stage runs, and what the model keeps on the rank's device besides aggregation
+    (ntp.engine.memory.placement.place_nn_stage)."""
+    # the preflight's figures (the largest row block), so every rank plans alike
+    shape = dict(num_nodes=data.num_nodes, num_edges=data.num_edges, feature_dim=data.feature_dim,
+                 out_dim=data.out_dim, world=env.world, params=sum(p.numel() for p in model.parameters()),
+                 device_type=env.device.type, symmetric=data.topology.symmetric)
+    resident = placement.rank_resident_parts(cfg, nn_on_device=True, **shape)
+    reserved = {"NN stage": resident["NN stage"], **placement.attention_parts(cfg, data.num_nodes, data.num_edges)}
+    return placement.place_nn_stage(cfg, env.device, resident, reserved, report=env.is_main,
+                                    streamed=partial(placement.stream_parts, cfg, **shape) if cfg.nn_streams else None)
+
+
+def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Sum of per-vertex losses over ``rows`` (the caller divides by the global count). The rows are picked with
+    ``index_select``: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on two CPU
+    threads."""
+    y, picked = job.y[rows], logits.index_select(0, rows)
+    if job.data.task_type == "multiclass":
+        return class_loss_sum(picked, y)
+    mask = ~torch.isnan(y)
+    return F.binary_cross_entropy_with_logits(picked[mask], y[mask], reduction="sum")
+
+
+def split_metrics(job: Job, logits: torch.Tensor) -> dict[str, float]:
+    """The metric on train/valid/test of this rank's rows of ``logits`` (every rank gets the same numbers)."""
+    if job.data.metric == "acc" and job.data.task_type == "multiclass":
+        return split_accuracy(job, logits.argmax(dim=1))
+    return _gathered_metric(job, logits)
+
+
+def _gathered_metric(job: Job, logits: torch.Tensor) -> dict[str, float]:
+    """ROC-AUC (and OGB's evaluator) need every score: gather them to every rank."""
+    scores = logits if job.data.task_type == "multiclass" else torch.sigmoid(logits)
+    full = job.comm.all_gather_rows(scores.to(job.comm.device).contiguous(), ALLREDUCE).cpu().numpy()
+    labels = np.asarray(job.data.labels)
+    out = {}
+    for name in SPLITS:
+        ids = np.asarray(job.data.splits[name], dtype=np.int64)
+        pred = full[ids].argmax(1) if job.data.metric == "acc" else full[ids]
+        out[name] = compute_metric(job.data.metric, labels[ids], pred, job.data.ogb_name)
+    return out
+
+
+def _local_labeled(ids: np.ndarray, y_all: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+    own = ids_t[(ids_t >= r0) & (ids_t < r1)]
+    return own[labeled(y_all[own])] - r0
