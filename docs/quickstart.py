@@ -1,12 +1,12 @@
-"""Run the README's Prefect section the way a new user would, and check that the flow run COMPLETED.
+"""Run the Prefect block of docs/quickstart.md the way a new user would, and check that the flow run COMPLETED.
 
     .venv/bin/python docs/quickstart.py              # a free port, a temporary home; exit 0 when the run completed
-    .venv/bin/python docs/quickstart.py --port 4200  # the README's own port (fails if a server already uses it)
+    .venv/bin/python docs/quickstart.py --port 4200  # the block's own port (fails if a server already uses it)
     .venv/bin/python docs/quickstart.py --keep DIR   # keep the Prefect home, data, MLflow database and logs in DIR
 
-The commands are read from README.md (the first ```bash block of the section "A Prefect server, a GPU work pool and
-an MLflow server"), not copied here, so the README cannot drift from what is tested. Every command runs in a fresh
-`bash -c` shell, as in a new terminal: only what the README's per-terminal line (`. .venv/bin/activate`) and the
+The commands are read from docs/quickstart.md (the first ```bash block of its section "3. The Prefect loop"), not
+copied here, so the page cannot drift from what is tested. Every command runs in a fresh
+`bash -c` shell, as in a new terminal: only what the block's per-terminal line (`. .venv/bin/activate`) and the
 Prefect profile (`prefect config set ...`) provide carries over from one command to the next. The short commands
 run on a pseudo-terminal with nothing typed, so a command that stops to ask a question (as `prefect deploy` does
 for a deployment without `schedules:`) times out and fails instead of passing silently. `prefect server start` and
@@ -41,8 +41,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
-README = PROJECT / "README.md"
-SECTION = "### A Prefect server, a GPU work pool and an MLflow server"
+README = PROJECT / "docs" / "quickstart.md"  #: the page whose Prefect block is run (the README linked to it)
+SECTION = "## 3. The Prefect loop"
 README_PORT = "4200"
 LONG_RUNNING = re.compile(r"\bprefect\s+(server|worker)\s+start\b")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
@@ -60,7 +60,7 @@ def readme_block(text: str) -> list[str]:
     start = text.index(SECTION)
     match = re.compile(r"^```bash\n(.*?)^```", re.S | re.M).search(text, start)
     if match is None:
-        raise ValueError(f"no ```bash block after {SECTION!r} in README.md")
+        raise ValueError(f"no ```bash block after {SECTION!r} in {README.name}")
     return match.group(1).splitlines()
 
 
@@ -185,7 +185,7 @@ def get_json(url: str, body: dict | None = None) -> object:
 
 @dataclasses.dataclass
 class Session:
-    """A running README session: the server and the worker are up until the ``with`` block ends."""
+    """A running session of the Prefect block: the server and the worker are up until the ``with`` block ends."""
 
     root: Path
     port: int
@@ -267,7 +267,7 @@ class Session:
 @contextmanager
 def readme_session(port: int | None = None, root: Path | None = None, log: Callable[[str], None] = print,
                    run_timeout: float = 600) -> Iterator[Session]:
-    """Run every command of the README's Prefect block; yield while the server and the worker still run (more
+    """Run every command of the Prefect block; yield while the server and the worker still run (more
     commands: ``session.run``); then stop them and remove the temporary directory (not a given ``root``)."""
     own_root = root is None
     root = Path(tempfile.mkdtemp(prefix="ntp-quickstart-")) if root is None else root
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with readme_session(port=args.port, root=args.keep) as session:
             if not session.flow_run_ids:
-                print("the README's block triggers no `prefect deployment run`", file=sys.stderr)
+                print("the Prefect block triggers no `prefect deployment run`", file=sys.stderr)
                 return 1
             run = session.flow_run()
             print(f"flow run {run['name']} ({run['id']}): {run['state_type']}")

@@ -3,7 +3,7 @@
     .venv/bin/python docs/screenshots.py            # needs Debian's `chromium` (apt-get install chromium)
     .venv/bin/python docs/screenshots.py --out DIR  # write the PNGs elsewhere
 
-It runs the README's Prefect block exactly as docs/quickstart.py does (a private Prefect home and data directory,
+It runs the Prefect block of docs/quickstart.md exactly as docs/quickstart.py does (a private Prefect home and data directory,
 a free port, a server with its UI, a worker on the process pool, a pipeline run on Cora), then a second run of the
 same job in data-parallel mode (something to compare), starts `mlflow ui` on the runs' database, drives headless
 Chromium over the DevTools protocol (so it can wait for each page's data and close MLflow's assistant panel), saves
@@ -29,9 +29,9 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 WIDTH, HEIGHT = 1400, 900
 MAX_BYTES = 300_000
-#: The same job in data-parallel mode: something to compare with the README's tensor-parallel run.
+#: The same job in data-parallel mode: something to compare with the quickstart's tensor-parallel run.
 SECOND_RUN = "prefect deployment run pipeline/pipeline --watch --flow-run-name cora-data-parallel --params " + shlex.quote(
-    json.dumps({"params": {"dataset": {"name": "cora", "from_dir": "../shared/datasets/ogb-layout/cora"},
+    json.dumps({"params": {"dataset": {"name": "cora"},
                            "training": {"epochs": 20, "mode": "data"}, "launch": {"nproc": 2, "device": "cpu"}}}))
 
 
@@ -178,7 +178,7 @@ def take_screenshots(out: Path, root: Path) -> list[Path]:
             found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
             mlflow_runs[flow_run_id] = found[0].info.run_id
 
-        # `mlflow ui` as the README says, in its own terminal, on the runs' database
+        # `mlflow ui` as the quickstart says, in its own terminal, on the runs' database
         mlflow_port = qs.free_port()
         mlflow_log = root / "mlflow.log"
         with mlflow_log.open("wb") as log:
