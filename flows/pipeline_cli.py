@@ -57,7 +57,7 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
                     "best model; MLflow holds the run (default: sqlite under the data directory, or "
                     "$MLFLOW_TRACKING_URI). Uses $PREFECT_API_URL when set, else an ephemeral Prefect.")
     add_dataset_arguments(p.add_argument_group("dataset (as `ntp data prepare`)"))
-    add_config_arguments(p.add_argument_group("training (as `ntp train`)"), exclude=("store",))
+    add_config_arguments(p, exclude=("store",), title="training (as `ntp train`): ")
     launch = p.add_argument_group("launch (as `ntp train`)")
     add_launch_arguments(launch)
     launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")

@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from ntp.errors import ConfigError
+from ntp.model_specs import MODELS, ModelSpec, models_help
 
 Model = Literal["gcn", "sgc", "appnp", "sage", "gin", "gat", "rgcn"]
 Arch = Literal["decoupled", "coupled"]
@@ -30,8 +31,6 @@ Precision = Literal["fp32", "bf16"]
 RelNorm = Literal["mean", "total", "sum"]
 Decomposition = Literal["none", "basis", "block"]
 
-#: Models whose propagation has no weights between steps: they only exist decoupled.
-DECOUPLED_ONLY = ("sgc", "appnp")
 #: --weight-decay left out: Kipf's GCN for node classifiers (and R-GCN), none for link prediction (OGB's examples)
 WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
 #: Keys of configs saved by older versions -> their names now.
@@ -49,89 +48,101 @@ INFERENCE_OPTIONS = ("chunk_rows", "memory_budget", "overlap", "offload", "nn_de
                      "collective_timeout_s", "threads")
 
 
-def opt(default: Any, help: str) -> Any:
-    """A config field with its --help text."""
-    return field(default=default, metadata={"help": help})
+#: The config's sections, in --help's order: name -> title. A field's section is in its metadata (:func:`opt`).
+SECTIONS = {"data": "data", "gnn": "model", "optim": "optimisation", "parallel": "parallelism and memory",
+            "link": "link prediction (link stores)", "rgcn": "R-GCN (heterogeneous stores)", "run": "run and outputs",
+            "testing": "testing aids (not in --help)"}
+
+
+def opt(section: str, default: Any, help: str) -> Any:
+    """A config field of ``section`` (:data:`SECTIONS`) with its --help text."""
+    assert section in SECTIONS, section
+    return field(default=default, metadata={"help": help, "section": section})
+
+
+def section_of(name: str) -> str:
+    """The section of the field ``name``."""
+    return next(f.metadata["section"] for f in fields(TrainConfig) if f.name == name)
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
     """Everything that defines a training run."""
 
-    store: str = opt("", "Path of the graph store (from `ntp data prepare`).")
-    model: Model = opt("gcn", "gcn, sgc, appnp, sage, gin or gat; rgcn for heterogeneous stores (and only there).")
-    arch: Arch = opt("decoupled", "decoupled: NN stage then propagation (4 all-to-all per epoch); coupled: classic GNN layers.")
-    mode: Mode | None = opt(None, "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned "
+    store: str = opt("data", "", "Path of the graph store (from `ntp data prepare`).")
+    model: Model = opt("gnn", "gcn", f"The model ({models_help()})")
+    arch: Arch = opt("gnn", "decoupled", "decoupled: NN stage then propagation (4 all-to-all per epoch); coupled: classic GNN layers.")
+    mode: Mode | None = opt("parallel", None, "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned "
                                   "data parallel. Empty: single for one process, tp for several.")
-    epochs: int = opt(100, "Number of training epochs.")
-    hidden: int = opt(64, "Hidden width of the NN stage / GNN layers.")
-    nn_layers: int = opt(2, "Decoupled: Linear layers in the NN stage. Coupled: number of GNN layers.")
-    prop_steps: int = opt(2, "Decoupled: propagation steps after the NN stage (independent of nn_layers).")
-    dropout: float = opt(0.5, "Dropout probability in the NN stage (masks do not depend on the number of workers).")
-    input_dropout: float | None = opt(None, "Dropout on the first layer's input (the features, or the learned node "
+    epochs: int = opt("optim", 100, "Number of training epochs.")
+    hidden: int = opt("gnn", 64, "Hidden width of the NN stage / GNN layers.")
+    nn_layers: int = opt("gnn", 2, "Decoupled: Linear layers in the NN stage. Coupled: number of GNN layers.")
+    prop_steps: int = opt("gnn", 2, "Decoupled: propagation steps after the NN stage (independent of nn_layers).")
+    dropout: float = opt("gnn", 0.5, "Dropout probability in the NN stage (masks do not depend on the number of workers).")
+    input_dropout: float | None = opt("gnn", None, "Dropout on the first layer's input (the features, or the learned node "
                                             "embeddings); empty: --dropout, as Kipf's GCN. PyG's GCN/GraphSAGE models "
                                             "and OGB's link-prediction examples use 0.")
-    lr: float = opt(0.01, "Learning rate.")
-    weight_decay: float | None = opt(None, "L2 weight decay (Adam) or decoupled decay (AdamW); empty: 5e-4 (Kipf's "
+    lr: float = opt("optim", 0.01, "Learning rate.")
+    weight_decay: float | None = opt("optim", None, "L2 weight decay (Adam) or decoupled decay (AdamW); empty: 5e-4 (Kipf's "
                                            "GCN), and 0 for link prediction (OGB's examples: under Adam, decay "
                                            "pulls learned node embeddings, whose gradients are small, to zero).")
-    optimizer: Optimizer = opt("adam", "adam or adamw.")
-    norm: Norm = opt("none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer.")
-    alpha: float = opt(0.1, "APPNP teleport probability.")
-    heads: int = opt(4, "GAT attention heads.")
-    seed: int = opt(0, "Seed for parameters, dropout and anything random.")
-    eval_every: int = opt(1, "Evaluate train/valid/test every N epochs (and at the last epoch).")
-    patience: int = opt(0, "Early stopping: stop after this many evaluations without a better validation metric (0: off).")
-    results: str | None = opt(None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record).")
-    checkpoint_dir: str | None = opt(None, "Directory for checkpoints (written atomically).")
-    checkpoint_every: int = opt(10, "Write a checkpoint every N epochs (needs checkpoint_dir).")
-    model_out: str | None = opt(None, "Where rank 0 saves the best model (weights + config) at the end of training.")
-    resume: bool = opt(False, "Continue from the latest checkpoint in checkpoint_dir.")
-    resume_anyway: bool = opt(False, "With --resume: continue even if the checkpoint was written with other options "
+    optimizer: Optimizer = opt("optim", "adam", "adam or adamw.")
+    norm: Norm = opt("gnn", "none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer.")
+    alpha: float = opt("gnn", 0.1, "APPNP teleport probability.")
+    heads: int = opt("gnn", 4, "GAT attention heads.")
+    seed: int = opt("optim", 0, "Seed for parameters, dropout and anything random.")
+    eval_every: int = opt("optim", 1, "Evaluate train/valid/test every N epochs (and at the last epoch).")
+    patience: int = opt("optim", 0, "Early stopping: stop after this many evaluations without a better validation metric (0: off).")
+    results: str | None = opt("run", None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record).")
+    checkpoint_dir: str | None = opt("run", None, "Directory for checkpoints (written atomically).")
+    checkpoint_every: int = opt("run", 10, "Write a checkpoint every N epochs (needs checkpoint_dir).")
+    model_out: str | None = opt("run", None, "Where rank 0 saves the best model (weights + config) at the end of training.")
+    resume: bool = opt("run", False, "Continue from the latest checkpoint in checkpoint_dir.")
+    resume_anyway: bool = opt("run", False, "With --resume: continue even if the checkpoint was written with other options "
                                      "(lr, model, ...) or on another store; the new options apply from now on.")
-    chunk_rows: int = opt(0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
-    memory_budget: str = opt("", "Memory of one rank, e.g. 8GB or 512MB: what stays resident (topology, embeddings, NN "
+    chunk_rows: int = opt("parallel", 0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
+    memory_budget: str = opt("parallel", "", "Memory of one rank, e.g. 8GB or 512MB: what stays resident (topology, embeddings, NN "
                                  "stage) plus one aggregation chunk; chunks are the largest that fit in the rest "
                                  "(default: free GPU memory with a margin; chunks of 256 MiB on CPU).")
-    overlap: bool = opt(False, "Tensor parallel: split and gather chunk by chunk as asynchronous collectives that "
+    overlap: bool = opt("parallel", False, "Tensor parallel: split and gather chunk by chunk as asynchronous collectives that "
                                "overlap aggregation (inter-chunk pipelining); a source row is sent once. Not for gat.")
-    precision: Precision = opt("fp32", "fp32, or bf16: features, activations, communication and aggregation in "
+    precision: Precision = opt("parallel", "fp32", "fp32, or bf16: features, activations, communication and aggregation in "
                                        "bfloat16, with float32 sums, parameters and optimiser state (half the "
                                        "activation memory and traffic; fp32 is the exactness reference). Link "
                                        "prediction: its encoder (the decoder scores in float32).")
-    offload: Offload = opt("none", "What aggregation keeps in host memory: none, topology (streamed to the device "
+    offload: Offload = opt("parallel", "none", "What aggregation keeps in host memory: none, topology (streamed to the device "
                                    "chunk by chunk through pinned staging buffers; about 1.5x the in-device epoch on "
                                    "an H200), or all (the column-slice embeddings too, in pinned memory, when the "
                                    "budget cannot hold them on the device: each product copies them through the "
                                    "device in column blocks; docs/benchmarks.md, section 8).")
-    nn_device: NNDevice = opt("auto", "Where the NN stage runs: device (the rank's GPU); stream (its rows in host "
+    nn_device: NNDevice = opt("parallel", "auto", "Where the NN stage runs: device (the rank's GPU); stream (its rows in host "
                                       "memory, computed on the GPU a block of rows at a time and recomputed in the "
                                       "backward); cpu (on the host); or auto (device when its rows fit beside "
                                       "aggregation's, else stream). Not gat, --norm batch or link prediction for "
                                       "stream.")
-    nn_block_rows: int = opt(0, "Rows of a block of the streamed NN stage (--nn-device stream; 0: from the memory "
+    nn_block_rows: int = opt("parallel", 0, "Rows of a block of the streamed NN stage (--nn-device stream; 0: from the memory "
                                 "budget or the free device memory).")
-    decoder: Decoder = opt("mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "
+    decoder: Decoder = opt("link", "mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "
                                   "LinkPredictor on h_u * h_v) or dot (h_u . h_v).")
-    decoder_layers: int = opt(2, "Link prediction: Linear layers of the mlp decoder (hidden width: --hidden).")
-    link_batch: int = opt(65536, "Link prediction: positive training edges per step, with as many uniform negative "
+    decoder_layers: int = opt("link", 2, "Link prediction: Linear layers of the mlp decoder (hidden width: --hidden).")
+    link_batch: int = opt("link", 65536, "Link prediction: positive training edges per step, with as many uniform negative "
                                  "pairs; every step reruns the encoder on the whole graph (as OGB's full-graph examples).")
-    clip_grad: float = opt(0.0, "Clip the gradient norms of the node embeddings, the encoder and the decoder, each to "
+    clip_grad: float = opt("link", 0.0, "Clip the gradient norms of the node embeddings, the encoder and the decoder, each to "
                                 "this value (0: off; OGB's link-prediction examples use 1.0).")
-    rel_norm: RelNorm = opt("mean", "R-GCN: how each relation's messages are normalised: mean (1/|N_r(v)|, PyG's "
+    rel_norm: RelNorm = opt("rgcn", "mean", "R-GCN: how each relation's messages are normalised: mean (1/|N_r(v)|, PyG's "
                                     "RGCNConv), total (1/sum over relations of |N_r(v)|) or sum (none).")
-    decomposition: Decomposition = opt("none", "R-GCN (coupled): relation weights as they are (none), a combination "
+    decomposition: Decomposition = opt("rgcn", "none", "R-GCN (coupled): relation weights as they are (none), a combination "
                                                "of --num-bases shared bases (basis) or --num-bases diagonal blocks "
                                                "(block: widths divisible by it).")
-    sparse_embeddings: bool = opt(False, "R-GCN: update embedding tables row-wise (lazy Adam: a row without a "
+    sparse_embeddings: bool = opt("rgcn", False, "R-GCN: update embedding tables row-wise (lazy Adam: a row without a "
                                          "gradient keeps its value and moments, as DGL's SparseAdam); no weight decay "
                                          "on them.")
-    num_bases: int = opt(0, "R-GCN: bases (basis) or blocks (block) of the relation weights (0: none).")
-    collective_timeout_s: float = opt(300.0, "Timeout of every collective, in seconds; a rank that waits longer "
+    num_bases: int = opt("rgcn", 0, "R-GCN: bases (basis) or blocks (block) of the relation weights (0: none).")
+    collective_timeout_s: float = opt("parallel", 300.0, "Timeout of every collective, in seconds; a rank that waits longer "
                                              "fails the job.")
-    threads: int = opt(0, "Intra-op threads per rank (0: cores / ranks on this node).")
-    fail_at_epoch: int = opt(-1, "Testing aid: this rank fails (raises) at this epoch; see fail_rank.")
-    fail_rank: int = opt(-1, "Testing aid: the rank that fails at fail_at_epoch (-1: none).")
+    threads: int = opt("parallel", 0, "Intra-op threads per rank (0: cores / ranks on this node).")
+    fail_at_epoch: int = opt("testing", -1, "Testing aid: this rank fails (raises) at this epoch; see fail_rank.")
+    fail_rank: int = opt("testing", -1, "Testing aid: the rank that fails at fail_at_epoch (-1: none).")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -160,16 +171,19 @@ class TrainConfig:
             raise ConfigError(f"--clip-grad {self.clip_grad} must be >= 0 (0: no clipping); e.g. --clip-grad 1.0")
         if self.collective_timeout_s <= 0:
             raise ConfigError(f"--collective-timeout-s {self.collective_timeout_s} must be positive (seconds)")
-        if self.arch == "coupled" and self.model in DECOUPLED_ONLY:
-            raise ConfigError(f"--model {self.model} is decoupled by nature; use --arch decoupled (or a coupled model: gcn, sage, gin, gat)")
-        if self.arch == "decoupled" and self.prop_steps == 0 and self.model == "gat":
+        spec = self.model_spec
+        if self.arch not in spec.archs:
+            coupled = ", ".join(m.name for m in MODELS.values() if self.arch in m.archs and not m.heterogeneous)
+            raise ConfigError(f"--model {self.model} is {' or '.join(spec.archs)} by nature; use --arch "
+                              f"{spec.archs[0]} (or a {self.arch} model: {coupled})")
+        if self.arch == "decoupled" and self.prop_steps == 0 and spec.attention:
             raise ConfigError("--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)")
         parse_bytes(self.memory_budget, "--memory-budget")
         self._check_used_options()
         if self.offload != "none" and self.mode == "data":
             raise ConfigError("--offload streams tensor parallelism's chunks; the data-parallel baseline keeps its "
                               "own block on the device: use --mode tp, or --offload none")
-        if self.offload != "none" and self.model == "gat":
+        if self.offload != "none" and self.model_spec.attention:
             raise ConfigError("--offload streams fixed propagation operators; attention (--model gat) computes its "
                               "edge values on the device every step: use --offload none (--memory-budget still "
                               "chunks its aggregation)")
@@ -183,22 +197,23 @@ class TrainConfig:
         if self.overlap and self.mode in ("single", "data"):
             raise ConfigError(f"--overlap overlaps the split and gather of tensor parallelism; --mode {self.mode} "
                               "has none: use --mode tp (or drop --overlap)")
-        if self.overlap and self.model == "gat":
+        spec = self.model_spec
+        if self.overlap and spec.attention:
             raise ConfigError("--overlap pipelines fixed propagation operators; attention (--model gat) computes its "
                               "edge weights every step and is not overlapped: drop --overlap")
         if self.decomposition != "none" and self.num_bases < 1:
             raise ConfigError(f"--decomposition {self.decomposition} needs --num-bases N >= 1 (e.g. --num-bases 30)")
-        if (self.decomposition != "none" or self.num_bases) and (self.model != "rgcn" or self.arch != "coupled"):
+        if (self.decomposition != "none" or self.num_bases) and (not spec.heterogeneous or self.arch != "coupled"):
             raise ConfigError("--decomposition/--num-bases shape the relation weights of coupled R-GCN layers: use "
                               "--model rgcn --arch coupled, or drop them")
-        if self.sparse_embeddings and self.model != "rgcn":
+        if self.sparse_embeddings and not spec.heterogeneous:
             raise ConfigError("--sparse-embeddings updates R-GCN's embedding tables: use --model rgcn, or drop it")
-        if self.model == "rgcn" and self.mode == "data":
+        if spec.heterogeneous and self.mode == "data":
             raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
-        if self.model == "rgcn" and self.input_dropout is not None:
+        if spec.heterogeneous and self.input_dropout is not None:
             raise ConfigError("--input-dropout applies to the homogeneous models; R-GCN's dropout is --dropout: drop "
                               "--input-dropout")
-        if self.model == "rgcn" and (self.overlap or self.offload != "none" or self.nn_device == "cpu"):
+        if spec.heterogeneous and (self.overlap or self.offload != "none" or self.nn_device == "cpu"):
             raise ConfigError("--overlap, --offload and --nn-device cpu apply to homogeneous models; R-GCN runs on "
                               "the rank's device and its relation-wise aggregation is bounded with --memory-budget "
                               "SIZE (or --chunk-rows N): drop them and use that")
@@ -214,7 +229,7 @@ class TrainConfig:
                               "drop --nn-block-rows")
         if self.nn_device != "stream" or self.nn_streams:
             return
-        if self.model in ("gat", "rgcn"):
+        if not self.model_spec.row_wise:
             raise ConfigError(f"--nn-device stream streams row-wise layers; --model {self.model} computes on its "
                               "edges or relations on the device: use --nn-device cpu (or device) with it, or "
                               "--model gcn, sage, gin, sgc or appnp")
@@ -227,10 +242,15 @@ class TrainConfig:
         return bool(self.checkpoint_dir) and ((epoch + 1) % self.checkpoint_every == 0 or epoch == self.epochs - 1)
 
     @property
+    def model_spec(self) -> ModelSpec:
+        """What the chosen model can do (ntp.model_specs)."""
+        return MODELS[self.model]
+
+    @property
     def nn_streams(self) -> bool:
-        """Whether the NN stage can stream in row blocks (ntp.engine.parallel.row_stream): its work is row-wise, as it is but
-        for attention and relations (gat, rgcn) and batch statistics (--norm batch)."""
-        return self.model not in ("gat", "rgcn") and self.norm != "batch"
+        """Whether the NN stage can stream in row blocks (ntp.engine.parallel.row_stream): its work is row-wise
+        (no attention or relations) and needs no statistics over all rows (--norm batch)."""
+        return self.model_spec.row_wise and self.norm != "batch"
 
     @property
     def first_dropout(self) -> float:
@@ -250,6 +270,15 @@ class TrainConfig:
         """``memory_budget`` in bytes (0: not given)."""
         return parse_bytes(self.memory_budget, "--memory-budget")
 
+    def section(self, name: str) -> dict[str, Any]:
+        """The options of section ``name`` (:data:`SECTIONS`) and their values."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata["section"] == name}
+
+    def changed(self, section: str) -> list[str]:
+        """The options of ``section`` set away from their defaults."""
+        defaults = TrainConfig.__dataclass_fields__
+        return [k for k, v in self.section(section).items() if v != defaults[k].default]
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -262,7 +291,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         known = {f.name for f in fields(cls)}
-        clean = {k.replace("-", "_"): v for k, v in data.items()}
+        clean = {k.replace("-", "_"): v for k, v in _flattened(data).items()}
         clean = {RENAMED_KEYS.get(k, k): v for k, v in clean.items()}
         if isinstance(clean.get("offload"), bool):  # saved before offload had levels: True meant the topology
             clean["offload"] = "topology" if clean["offload"] else "none"
@@ -274,6 +303,24 @@ class TrainConfig:
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
         return cls.from_dict({**load_config_file(path), **overrides})
+
+
+def _flattened(data: dict[str, Any]) -> dict[str, Any]:
+    """A config as flat keys: a file may group them by section (``link: {decoder: dot}``; :data:`SECTIONS`), and a
+    key must then be in its own section."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if not (isinstance(value, dict) and key in SECTIONS):
+            flat[key] = value
+            continue
+        for name, v in value.items():
+            name = RENAMED_KEYS.get(name.replace("-", "_"), name.replace("-", "_"))
+            own = next((f.metadata["section"] for f in fields(TrainConfig) if f.name == name), None)
+            if own is not None and own != key:
+                raise ConfigError(f"config key {name!r} is in section {key!r}; it belongs to section {own!r}: "
+                                  f"move it there (or write it at the top level)")
+            flat[name] = v
+    return flat
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,

@@ -8,29 +8,36 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from ntp.config import TrainConfig, flag, literal_choices, load_config_file
+from ntp.config import SECTIONS, TrainConfig, flag, literal_choices, load_config_file
 from ntp.spec import DEVICES, LaunchSpec, resolve
 
 
-def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-                         exclude: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> None:
-    """One --flag per TrainConfig field but ``exclude`` (defaults None, so a --config file can fill them); with
-    ``only``, just those fields' flags (and no --config)."""
+def add_config_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
+                         only: tuple[str, ...] | None = None, title: str = "") -> None:
+    """One --flag per TrainConfig field but ``exclude`` (defaults None, so a --config file can fill them), in one
+    argument group per section (``title`` before each group's name); with ``only``, just those fields' flags (and no
+    --config). The testing aids take flags but stay out of --help."""
     if only is None:
-        parser.add_argument("--config", help="YAML or TOML file with training options; flags given on the command "
-                                             "line win")
-    for f in fields(TrainConfig):
-        if f.name in exclude or (only is not None and f.name not in only):
-            continue
+        parser.add_argument("--config", help="YAML or TOML file with training options (flat, or grouped by section: "
+                                             f"{', '.join(s for s in SECTIONS if s != 'testing')}); flags given on "
+                                             "the command line win")
+    chosen = [f for f in fields(TrainConfig) if f.name not in exclude and (only is None or f.name in only)]
+    groups = {s: parser.add_argument_group(f"{title}{name}") for s, name in SECTIONS.items()
+              if any(f.metadata["section"] == s for f in chosen)}
+    for f in chosen:
+        section = f.metadata["section"]
         help_text = f.metadata["help"] + ("" if f.default in (None, "") else f" (default: {f.default})")
+        if section == "testing":
+            help_text = argparse.SUPPRESS
         kind = f.type.removesuffix(" | None")
+        group = groups[section]
         if kind == "bool":
-            parser.add_argument(f"--{flag(f.name)}", action="store_true", default=None, help=help_text)
+            group.add_argument(f"--{flag(f.name)}", action="store_true", default=None, help=help_text)
         elif kind in ("int", "float"):
-            parser.add_argument(f"--{flag(f.name)}", type=int if kind == "int" else float, default=None, help=help_text)
+            group.add_argument(f"--{flag(f.name)}", type=int if kind == "int" else float, default=None, help=help_text)
         else:
-            parser.add_argument(f"--{flag(f.name)}", choices=literal_choices(f.type) or None, default=None,
-                                help=help_text)
+            group.add_argument(f"--{flag(f.name)}", choices=literal_choices(f.type) or None, default=None,
+                               help=help_text)
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -20,7 +20,7 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
                              "default that is refused, and another width always is")
     launch = parser.add_argument_group("launch (as for `ntp train`; default: one process)")
     add_launch_arguments(launch)
-    add_config_arguments(parser.add_argument_group("memory plan"), only=INFERENCE_OPTIONS)
+    add_config_arguments(parser, only=INFERENCE_OPTIONS)
 
 
 def inference_spec_from_args(args: argparse.Namespace):

@@ -31,7 +31,7 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
     tracking.add_argument("--register", default=None, metavar="NAME",
                           help="register the best model (logged as an MLflow model: node ids -> predictions) as a "
                                "new version of NAME in the MLflow model registry")
-    add_config_arguments(parser.add_argument_group("training"))
+    add_config_arguments(parser)
     parser.set_defaults(func=run_train)
     return parser
 

@@ -84,13 +84,13 @@ def input_dropped_in_product(cfg) -> bool:
     """Whether the first layer's input dropout may run inside its product (ntp.engine.kernels.dropout.RowDropout.linear;
     ``cfg``: a TrainConfig): not in a coupled GraphSAGE, whose two products read the dropped input
     (ntp.engine.nn.models.SAGELayer)."""
-    return not (cfg.model == "sage" and cfg.arch == "coupled")
+    return not (cfg.model_spec.root_term and cfg.arch == "coupled")
 
 
 def inner_width(cfg) -> int:
     """Activation columns of a layer besides its output, summed over the layers (``cfg``: a TrainConfig): a coupled
     GIN layer's MLP hidden layer, ``hidden`` wide."""
-    return cfg.hidden * cfg.nn_layers if cfg.model == "gin" and cfg.arch == "coupled" else 0
+    return cfg.hidden * cfg.nn_layers if cfg.model_spec.inner_mlp and cfg.arch == "coupled" else 0
 
 
 def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
@@ -202,7 +202,7 @@ def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
     and offloads nothing), and its edge tensors, per head of every attention layer (coupled: each layer, one head in
     the last; decoupled: one attention whose weights every propagation step copies per head). Nothing for the other
     models."""
-    if cfg.model != "gat":
+    if not cfg.model_spec.attention:
         return {}
     edges = num_edges + num_nodes
     if cfg.arch == "decoupled":

@@ -28,7 +28,6 @@ from ntp.engine.distributed.traffic import ATTENTION
 from ntp.engine.device.precision import autocast
 
 #: Decoupled propagation operator of each model (see ntp.engine.graph.operators).
-DECOUPLED_OPERATOR = {"gcn": "gcn", "sgc": "gcn", "appnp": "gcn", "sage": "mean_self", "gin": "sum_root"}
 
 
 # -- attention (GAT) ----------------------------------------------------------------------------------------------
@@ -84,17 +83,17 @@ class DecoupledGNN(GraphModel):
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.model, self.steps, self.alpha, self.out_dim = cfg.model, cfg.prop_steps, cfg.alpha, out_dim
+        spec = cfg.model_spec
+        self.operator, self.steps, self.out_dim = spec.operator, cfg.prop_steps, out_dim
+        self.alpha = cfg.alpha if spec.teleport else None
         self.mlp = MLP(in_dim, cfg.hidden, out_dim, cfg.nn_layers, dropout=cfg.dropout,
-                       input_dropout=cfg.first_dropout, norm=cfg.norm,
-                       activation=cfg.model != "sgc")
-        self.attention = EdgeAttention(cfg.heads, out_dim) if cfg.model == "gat" else None
+                       input_dropout=cfg.first_dropout, norm=cfg.norm, activation=spec.mlp_activation)
+        self.attention = EdgeAttention(cfg.heads, out_dim) if spec.attention else None
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         z = ctx.rows(self._mlp, x, params=self.mlp.parameters())
         if self.attention is None:  # split, K steps, gather: one call, so the context may pipeline it
-            alpha = self.alpha if self.model == "appnp" else None
-            return ctx.propagate_rows(DECOUPLED_OPERATOR[self.model], z, self.steps, alpha)
+            return ctx.propagate_rows(self.operator, z, self.steps, self.alpha)
         z_cols = ctx.to_graph(z)
         h = self._attend(z, z_cols, ctx)
         return ctx.from_graph(h, self.out_dim)
@@ -245,8 +244,8 @@ class CoupledGNN(GraphModel):
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.model = cfg.model
-        hidden = max(1, cfg.hidden // cfg.heads) * cfg.heads if cfg.model == "gat" else cfg.hidden
+        self.attention = cfg.model_spec.attention
+        hidden = max(1, cfg.hidden // cfg.heads) * cfg.heads if self.attention else cfg.hidden
         layers, dims = [], [in_dim] + [hidden] * (cfg.nn_layers - 1) + [out_dim]
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
             last = i == cfg.nn_layers - 1
@@ -256,25 +255,17 @@ class CoupledGNN(GraphModel):
 
     @staticmethod
     def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> nn.Module:
-        if cfg.model == "gcn":
-            return GCNLayer(in_dim, out_dim)
-        if cfg.model == "sage":
-            return SAGELayer(in_dim, out_dim)
-        if cfg.model == "gin":
-            return GINLayer(in_dim, out_dim, cfg.hidden)
-        if cfg.model == "gat":
-            if last:
-                return GATLayer(in_dim, out_dim, heads=1, concat=False)
-            return GATLayer(in_dim, out_dim // cfg.heads, cfg.heads, concat=True)
-        raise ValueError(f"model {cfg.model} has no coupled form")
+        if cfg.model not in COUPLED_LAYERS:
+            raise ValueError(f"model {cfg.model} has no coupled form")
+        return COUPLED_LAYERS[cfg.model](cfg, in_dim, out_dim, last)
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         if ctx.streams_rows:
             return self._streamed(x, ctx)
-        gat = self.model == "gat"
+        elu = self.attention  # GAT's activation; the others' ReLU is their dropout's mask
         for i, (layer, dropout) in enumerate(zip(self.layers, self.dropouts)):
-            x = F.elu(x) if gat and i > 0 else x  # ReLU is the dropout's mask; GAT's ELU is not a mask
-            x = layer(x, ctx, dropout, relu=i > 0 and not gat)
+            x = F.elu(x) if elu and i > 0 else x
+            x = layer(x, ctx, dropout, relu=i > 0 and not elu)
         return x
 
     def _streamed(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
@@ -312,6 +303,16 @@ def _segment(layer: nn.Module, dropout: RowDropout, relu: bool, following: nn.Mo
         return h
     z = following.before(ctx, h, following_dropout, True)
     return (h, z) if following.reads_input_after else z
+
+
+#: A coupled layer of each homogeneous model: (config, in width, out width, last layer) -> layer.
+COUPLED_LAYERS = {
+    "gcn": lambda cfg, a, b, last: GCNLayer(a, b),
+    "sage": lambda cfg, a, b, last: SAGELayer(a, b),
+    "gin": lambda cfg, a, b, last: GINLayer(a, b, cfg.hidden),
+    "gat": lambda cfg, a, b, last: (GATLayer(a, b, heads=1, concat=False) if last
+                                    else GATLayer(a, b // cfg.heads, cfg.heads, concat=True)),
+}
 
 
 def build_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> nn.Module:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from ntp.config import TrainConfig
+from ntp.config import SECTIONS, TrainConfig, flag
 from ntp.engine.distributed.collectives import Comm
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition
@@ -123,3 +123,11 @@ def count_train_labels(name: str, labels: torch.Tensor, train_ids: np.ndarray) -
 def labeled(y: torch.Tensor) -> torch.Tensor:
     """Which rows carry a label (class id >= 0, or a non-NaN task)."""
     return y >= 0 if y.dim() == 1 else ~torch.isnan(y).all(dim=1)
+
+
+def refuse_section(cfg: TrainConfig, section: str, store_kind: str) -> None:
+    """Options of another task's section (ntp.config.SECTIONS) set on this task's store are an error, not ignored."""
+    changed = cfg.changed(section)
+    if changed:
+        flags = ", ".join(f"--{flag(name)}" for name in changed)
+        raise ConfigError(f"{flags}: options of {SECTIONS[section]}; this store is {store_kind}: drop them")

@@ -19,7 +19,7 @@ from ntp.engine.distributed.collectives import (Comm, all_gather_rows, all_reduc
     gather)
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.memory.chunks import ChunkPlan
-from ntp.engine.tasks.base import SPLITS, Job, count_train_labels, make_optimizer, split_accuracy
+from ntp.engine.tasks.base import refuse_section, SPLITS, Job, count_train_labels, make_optimizer, split_accuracy
 from ntp.engine.tasks.hetero.data import HeteroGraphData, load_hetero, load_relations
 from ntp.engine.tasks.hetero.memory import plan_operators, summary
 from ntp.engine.nn.layers import class_loss_sum
@@ -29,6 +29,7 @@ from ntp.engine.tasks.hetero.relations import HeteroContext
 from ntp.engine.tasks.hetero.rgcn import build_rgcn, embedding_tables
 from ntp.engine.nn.rowwise_adam import RowwiseAdam
 from ntp.errors import ConfigError
+from ntp.model_specs import MODELS
 
 class _TableView:
     """What SlicedEmbedding.snapshot needs of a context: a gather and a communicator over the table's rows."""
@@ -67,9 +68,11 @@ class HeteroTask:
         self.gathered = False  #: the tables' snapshot is of the current parameters
 
     def check(self, cfg: TrainConfig) -> None:
-        if cfg.model != "rgcn":
+        if not cfg.model_spec.heterogeneous:
+            models = " or ".join(name for name, spec in MODELS.items() if spec.heterogeneous)
             raise ConfigError(f"this store is heterogeneous (several node types and relations): --model {cfg.model} "
-                              "handles one node and one edge type; use --model rgcn")
+                              f"handles one node and one edge type; use --model {models}")
+        refuse_section(cfg, "link", "heterogeneous (R-GCN)")
 
     def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> HeteroGraphData:
         return load_hetero(store, env.world, env.rank)

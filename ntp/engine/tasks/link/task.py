@@ -32,7 +32,7 @@ from ntp.engine.tasks.link.model import LinkModel, replicated_size
 from ntp.engine.tasks.link.pairs import own_pair_scores, pair_chunk, score_pairs, train_pairs
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.memory.chunks import ChunkPlan
-from ntp.engine.tasks.base import Job, make_optimizer
+from ntp.engine.tasks.base import refuse_section, Job, make_optimizer
 from ntp.errors import ConfigError
 
 #: Redraws of negatives that hit an edge before the rest are kept as they are (only a nearly complete graph needs more).
@@ -105,6 +105,7 @@ class LinkTask:
     exports_hint = ("a link prediction model scores pairs, not nodes: use --export scores --pairs FILE, or --export embeddings")
 
     def check(self, cfg: TrainConfig) -> None:
+        refuse_section(cfg, "rgcn", "link prediction")
         if cfg.mode == "data":
             raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
         if cfg.nn_device == "stream":

@@ -22,9 +22,10 @@ from ntp.engine.nn.layers import class_loss_sum
 from ntp.engine.nn.models import build_model
 from ntp.engine.parallel.context import GraphContext
 from ntp.engine.parallel.data_parallel import DataParallelContext
-from ntp.engine.tasks.base import SPLITS, Job, count_train_labels, labeled, make_optimizer, split_accuracy
+from ntp.engine.tasks.base import refuse_section, SPLITS, Job, count_train_labels, labeled, make_optimizer, split_accuracy
 from ntp.engine.tasks.evaluation import compute_metric
 from ntp.errors import ConfigError
+from ntp.model_specs import MODELS
 
 
 class NodeTask:
@@ -33,10 +34,12 @@ class NodeTask:
     exports_hint = ("a node classifier predicts nodes: use --export predictions or embeddings (--export scores is for link prediction models)")
 
     def check(self, cfg: TrainConfig) -> None:
-        if cfg.model == "rgcn":
-            raise ConfigError("--model rgcn needs a heterogeneous store (node types and relations); this one is "
-                              "homogeneous: choose gcn, sage, gin, gat, sgc or appnp, or build the store from an OGB "
-                              "heterogeneous folder")
+        if cfg.model_spec.heterogeneous:
+            models = ", ".join(name for name, spec in MODELS.items() if not spec.heterogeneous)
+            raise ConfigError(f"--model {cfg.model} needs a heterogeneous store (node types and relations); this one "
+                              f"is homogeneous: choose {models}, or build the store from an OGB heterogeneous folder")
+        refuse_section(cfg, "link", "node classification on a homogeneous graph")
+        refuse_section(cfg, "rgcn", "node classification on a homogeneous graph")
 
     def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> GraphData:
         return load_shared(store, env)
