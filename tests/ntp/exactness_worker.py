@@ -35,3 +35,16 @@ def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
     """Run every config on this rank (one process group for all of them)."""
     with distributed(60, "cpu") as env:
         return [trace(TrainConfig(**c), graph, epochs, env) for c in configs]
+
+
+def trace_all_on_shared_gpu(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
+    """As :func:`trace_all`, each rank on the one CUDA GPU of the machine, the ranks sharing it through host-staged
+    collectives (ntp.engine.distributed.dist.SHARED_GPU_ENV: a testing mode); results moved to the CPU."""
+    import os
+
+    from ntp.engine.distributed.dist import SHARED_GPU_ENV
+
+    os.environ[SHARED_GPU_ENV] = "1"
+    with distributed(60, "cuda") as env:
+        traced = [trace(TrainConfig(**c), graph, epochs, env) for c in configs]
+    return [{**t, "logits": t["logits"].cpu(), "grads": {k: g.cpu() for k, g in t["grads"].items()}} for t in traced]

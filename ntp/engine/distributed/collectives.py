@@ -21,6 +21,35 @@ from ntp.engine.distributed.partition import Partition
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
+#: Several CUDA ranks on one GPU, for tests only (ntp.engine.distributed.dist.SHARED_GPU_ENV): NCCL refuses two ranks
+#: on one device, so their collectives run on gloo through host copies. Never chosen by default.
+_host_staged = False
+
+
+def stage_on_host(on: bool) -> None:
+    """Run collectives of CUDA tensors through host copies (the shared-GPU test mode), or not."""
+    global _host_staged
+    _host_staged = on
+
+
+class _Done:
+    """The handle of a collective that already finished (a staged one runs synchronously)."""
+
+    def wait(self) -> bool:
+        return True
+
+
+def _collective(op, out: torch.Tensor, *inputs: torch.Tensor, **kwargs):
+    """``op(out, *inputs, **kwargs)`` (``out`` written in place); in the shared-GPU test mode, on host copies of
+    CUDA tensors, copied back. An asynchronous call then runs at once and returns a finished handle."""
+    if not (_host_staged and out.is_cuda):
+        return op(out, *inputs, **kwargs)
+    host = out.cpu()
+    asynchronous = kwargs.pop("async_op", False)
+    op(host, *(t.cpu() for t in inputs), **kwargs)
+    out.copy_(host)
+    return _Done() if asynchronous else None
+
 
 class Comm:
     """Collective primitives bound to one process group, with their time and bytes recorded in ``stats``."""
@@ -79,7 +108,7 @@ class Comm:
         recv = torch.empty_like(send)
         nbytes = send[0].numel() * send.element_size() * (self.world - 1)  # the block kept locally is not sent
         with self.stats.timed(kind, nbytes, nbytes, self.device):
-            dist.all_to_all_single(recv, send.contiguous(), group=self.group)
+            _collective(dist.all_to_all_single, recv, send.contiguous(), group=self.group)
         return recv
 
     # -- replicated small tensors ------------------------------------------------------------------------------
@@ -94,7 +123,7 @@ class Comm:
         recv = x.new_empty(m * lay.padded_rows, *x.shape[1:])
         nbytes = send.numel() * send.element_size() * (m - 1)
         with self.stats.timed(kind, nbytes, nbytes, self.device):
-            _all_gather_single(recv, send, group=self.group)
+            _collective(_all_gather_single, recv, send, group=self.group)
         recv = recv.view(m, lay.padded_rows, *x.shape[1:])
         return torch.cat([recv[r, : lay.num_rows(r)] for r in range(m)], dim=0)
 
@@ -110,7 +139,7 @@ class Comm:
         recv = g.new_empty(lay.padded_rows, *g.shape[1:])
         nbytes = recv.numel() * recv.element_size() * (m - 1)
         with self.stats.timed(kind, nbytes, nbytes, self.device):
-            _reduce_scatter_single(recv, send.view(m * lay.padded_rows, *g.shape[1:]), group=self.group)
+            _collective(_reduce_scatter_single, recv, send.view(m * lay.padded_rows, *g.shape[1:]), group=self.group)
         return recv[: lay.num_rows()]
 
     def all_reduce(self, x: torch.Tensor, kind: str = ALLREDUCE) -> torch.Tensor:
@@ -122,7 +151,7 @@ class Comm:
         nbytes = 2 * (self.world - 1) * x.numel() * x.element_size() // self.world
         staged = x.to(self.device)
         with self.stats.timed(kind, nbytes, nbytes, self.device):
-            dist.all_reduce(staged, group=self.group)
+            _collective(dist.all_reduce, staged, group=self.group)
         if staged is not x:
             x.copy_(staged)
         return x
@@ -131,8 +160,8 @@ class Comm:
                           *, async_op: bool = False) -> dist.Work | None:
         """All-to-all of flat blocks of different sizes (``in_splits[q]`` elements to rank ``q``). Untimed: callers
         time it, since with ``async_op`` only they know when it is waited for."""
-        return dist.all_to_all_single(recv, send, output_split_sizes=out_splits, input_split_sizes=in_splits,
-                                      group=self.group, async_op=async_op)
+        return _collective(dist.all_to_all_single, recv, send, output_split_sizes=out_splits,
+                           input_split_sizes=in_splits, group=self.group, async_op=async_op)
 
     def _check_rows(self, x: torch.Tensor) -> None:
         if x.shape[0] != self.part.num_rows():

@@ -11,7 +11,11 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from ntp.engine.distributed.collectives import barrier
+from ntp.engine.distributed.collectives import barrier, stage_on_host
+
+#: Set to 1, several CUDA ranks share one GPU: gloo with host-staged collectives (tests on one-GPU machines; NCCL
+#: refuses two ranks on one device). Never set by ntp itself.
+SHARED_GPU_ENV = "NTP_SHARED_GPU"
 
 
 @dataclass
@@ -39,8 +43,9 @@ def launched_by_torchrun() -> bool:
 
 
 def init_distributed(timeout_s: float, device: str = "auto") -> DistEnv:
-    """Join the torchrun job (gloo on CPU, NCCL on CUDA, one GPU per rank); a lone process gets world size 1.
-    ``device`` is the launch spec's ("cpu" or "cuda"; "auto": CUDA where there is one)."""
+    """Join the torchrun job (gloo on CPU, NCCL on CUDA, one GPU per rank; gloo through host copies where
+    :data:`SHARED_GPU_ENV` lets ranks share a GPU, for tests); a lone process gets world size 1. ``device`` is the
+    launch spec's ("cpu" or "cuda"; "auto": CUDA where there is one)."""
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if not launched_by_torchrun():
         return DistEnv(0, 1, 0, 1, torch.device("cuda:0" if cuda else "cpu"), None)
@@ -53,10 +58,12 @@ def init_distributed(timeout_s: float, device: str = "auto") -> DistEnv:
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a stuck NCCL collective aborts, not hangs
     else:
         rank_device = torch.device("cpu")
-    backend = "nccl" if cuda else "gloo"
+    shared = cuda and os.environ.get(SHARED_GPU_ENV) == "1"
+    backend = "nccl" if cuda and not shared else "gloo"
+    stage_on_host(shared)
     _import_what_the_optimiser_imports()
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=rank_device if cuda else None)
+                            device_id=rank_device if backend == "nccl" else None)
     return DistEnv(rank, world, local_rank, local_world, rank_device, backend)
 
 
