@@ -4,7 +4,7 @@ memory per edge, start-up time and the budget and offload variants.
     python bench/gpu.py                       # on a GPU machine: products-scale (2.4M nodes, 120M edges) and larger
     python bench/gpu.py --device cpu --size small --nproc 2    # anywhere: 200k nodes, 20M edges, 2 CPU ranks
     python bench/gpu.py --size products --budget 4GB 12GB    # the budget and offload rows once per budget
-    python bench/gpu.py --plan                # the papers100M plan from the bytes per edge measured last
+    python bench/gpu.py --plan                # bench/plan.py: papers100M and MAG240M-sized plans
 
 Rows: ntp's variants (coupled and decoupled GCN, SAGE, GAT; a memory budget, offloaded topology, offloaded
 topology and embeddings: these once per ``--budget``, and a budget the memory plan refuses is a row with its
@@ -54,8 +54,6 @@ VARIANTS = {
                                                                   offload="all", nn_device="stream",
                                                                   precision="bf16"),
 }
-PLAN_GPUS = (1, 2, 4, 8, 16)
-PAPERS = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "hidden": 256, "classes": 172}
 
 
 def ntp_row(store: Path, name: str, fields: dict, args) -> dict:
@@ -177,34 +175,6 @@ def _edges(store: Path) -> int:
     return open_store(store).meta.num_edges
 
 
-# -- the papers100M plan --------------------------------------------------------------------------------------------------
-def papers_plan(host_b_per_edge: float, world_sizes=PLAN_GPUS, gpus_per_node: int = 8) -> list[dict]:
-    """Memory per node and per GPU for ogbn-papers100M (coupled GCN, hidden 256, dropout 0.5, fp32): the node's host
-    memory from the measured bytes per edge, a GPU's from the memory plan ``--memory-budget`` checks
-    (ntp.engine.memory.placement: the topology, the column slice, the rank's row block of the NN stage; the products' chunks
-    take what a budget leaves), with the topology on the device or streamed (``--offload topology``)."""
-    from ntp.config import TrainConfig
-    from ntp.engine.nn.models import build_model
-    from ntp.engine.memory.placement import rank_resident_parts
-
-    n, e, f, classes = PAPERS["nodes"], PAPERS["edges"], PAPERS["features"], PAPERS["classes"]
-    cfg = TrainConfig(model="gcn", arch="coupled", hidden=PAPERS["hidden"], dropout=0.5)
-    params = sum(p.numel() for p in build_model(cfg, f, classes).parameters())
-    rows = []
-    for gpus in world_sizes:
-        local = min(gpus, gpus_per_node)
-        features_node = n * f * 4 * local / gpus  # each rank holds its row block of the features
-        host_node = e * host_b_per_edge + features_node + 1e9
-        device = {offload: sum(rank_resident_parts(cfg.replace(offload=offload), num_nodes=n, num_edges=e,
-                                                   feature_dim=f, out_dim=classes, world=gpus, params=params,
-                                                   nn_on_device=True).values())
-                  for offload in ("none", "topology")}
-        rows.append({"gpus": gpus, "nodes": -(-gpus // gpus_per_node), "host_GB_per_node": host_node / 1e9,
-                     "device_GB_per_gpu": device["none"] / 1e9,
-                     "device_GB_per_gpu_offload_topology": device["topology"] / 1e9})
-    return rows
-
-
 def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda where there is one")
@@ -218,7 +188,7 @@ def main() -> None:
                    help="--memory-budget of the budget and offload variants; each runs once per budget (a budget "
                         "the plan refuses is reported as a row with the plan's message)")
     p.add_argument("--no-pyg", action="store_true")
-    p.add_argument("--plan", action="store_true", help="print the papers100M plan from the last run's bytes/edge")
+    p.add_argument("--plan", action="store_true", help="print the largest graphs' plan (bench/plan.py) and stop")
     args = p.parse_args()
     if args.plan:
         return print_plan()
@@ -268,7 +238,7 @@ def keep_measured(measured: dict | None) -> None:
     if measured and measured["edges"] >= kept.get("edges", 0):
         path.write_text(json.dumps(measured))
     elif measured:
-        print(f"the papers100M plan keeps the figures of {kept['graph']}, a larger graph than this run's")
+        print(f"the plan of the largest graphs keeps the figures of {kept['graph']}, a larger graph than this run's")
 
 
 def _measured(rows: list[dict]) -> dict | None:
@@ -290,11 +260,10 @@ def _measured(rows: list[dict]) -> dict | None:
 
 
 def print_plan() -> None:
-    path = OUT / "bytes_per_edge.json"
-    measured = json.loads(path.read_text()) if path.is_file() else {"host_B_per_edge": 12.0, "topology_B_per_edge": 8.0,
-                                                                     "graph": "design figures (no run yet)"}
-    rows = papers_plan(measured["host_B_per_edge"])
-    report("papers100m-plan", rows, {"from": measured["graph"], **measured, **PAPERS})
+    """The plan of the largest graphs (bench/plan.py), with the bytes per edge kept above."""
+    import plan
+
+    plan.main([])
 
 
 if __name__ == "__main__":
