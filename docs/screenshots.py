@@ -30,8 +30,8 @@ DOCS = Path(__file__).resolve().parent
 WIDTH, HEIGHT = 1400, 900
 MAX_BYTES = 300_000
 #: The same job in data-parallel mode: something to compare with the quickstart's tensor-parallel run.
-SECOND_RUN = "prefect deployment run pipeline/pipeline --watch --flow-run-name cora-data-parallel --params " + shlex.quote(
-    json.dumps({"params": {"dataset": {"name": "cora"},
+SECOND_RUN = "prefect deployment run pipeline/pipeline --watch --flow-run-name synthetic-data-parallel --params " + shlex.quote(
+    json.dumps({"params": {"dataset": {"name": "synthetic"},
                            "training": {"epochs": 20, "mode": "data"}, "launch": {"nproc": 2, "device": "cpu"}}}))
 
 
@@ -172,7 +172,7 @@ def take_screenshots(out: Path, root: Path) -> list[Path]:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(session.mlflow_uri)
-        exp = client.get_experiment_by_name("cora")
+        exp = client.get_experiment_by_name("synthetic")
         mlflow_runs = {}
         for flow_run_id in (tp_run, dp_run):
             found = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")

@@ -1,6 +1,7 @@
-"""The README's Prefect section, copy-pasted into fresh shells, trains on Cora through a real server and worker.
+"""The quick start's Prefect section, copy-pasted into fresh shells, trains on the synthetic graph through a real
+server and worker.
 
-`docs/quickstart.py` reads the commands from README.md and runs each one in a new `bash -c` shell (the short ones
+`docs/quickstart.py` reads the commands from docs/quickstart.md and runs each one in a new `bash -c` shell (the short ones
 on a pseudo-terminal, typing nothing, so a prompt fails the test), with a private Prefect home, data directory and
 MLflow database; the server and the worker are stopped with everything they started. The first test (reading the
 README only) is fast; the second is a `deployment` test.
@@ -12,7 +13,7 @@ import subprocess
 import psutil
 import pytest
 
-from tests.pipeline.conftest import CORA, PROJECT, quickstart
+from tests.pipeline.conftest import PROJECT, quickstart
 
 
 def test_readme_block_is_what_the_script_runs() -> None:
@@ -24,7 +25,8 @@ def test_readme_block_is_what_the_script_runs() -> None:
     assert [s.command.split()[1:3] for s in steps if s.background] == [["server", "start"], ["worker", "start"]]
     assert "prefect deploy --all" in commands
     run = commands[-1]
-    assert run.startswith("prefect deployment run pipeline/pipeline --watch") and "ogb-layout/cora" in run
+    assert run.startswith("prefect deployment run pipeline/pipeline --watch") and '"name": "synthetic"' in run
+    assert "../shared" not in run, "a user has only the repository"
     assert not any("export " in c for c in commands), "an export does not reach the next terminal"
 
 
@@ -32,8 +34,6 @@ def test_readme_block_is_what_the_script_runs() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_readme_prefect_section_runs_in_fresh_shells() -> None:
-    if not CORA.is_dir():
-        pytest.skip(f"{CORA} is missing")
     qs = quickstart()
     lines: list[str] = []
     pids: list[int] = []
@@ -55,7 +55,7 @@ def test_readme_prefect_section_runs_in_fresh_shells() -> None:
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(session.mlflow_uri)
-            exp = client.get_experiment_by_name("cora")
+            exp = client.get_experiment_by_name("synthetic")
             runs = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{run['id']}'")
             assert len(runs) == 1 and runs[0].info.status == "FINISHED"
             assert runs[0].data.params["epochs"] == "20" and "eval/test" in runs[0].data.metrics
