@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 
 from ntp.config import TrainConfig
-from ntp.engine.tasks.link.pairs import pair_chunk
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.placement import PARAMETER_COPIES, attention_parts, rank_resident_parts
+from ntp.engine.tasks.link.pairs import pair_chunk
 
 #: Floats per pair and column of the rank's slice that a chunk holds through the decoder: the two ends' embeddings
 #: and their product; then its gradient and one end's gradient on its way into the encoder's (or the decoder's own).
@@ -47,8 +47,9 @@ def resident_parts(cfg: TrainConfig, **shape) -> dict[str, int]:
     """What a link rank holds besides one chunk of propagation, by part (bytes): the encoder's and the link step's.
     ``shape``: ``num_nodes``, ``num_edges``, ``feature_dim`` (0: learned embeddings), ``splits`` (by split, the
     shapes of its positive pairs and of its negatives or None), ``world``, ``params`` (the encoder's and the
-    decoder's), and optionally ``device_type``, ``symmetric`` and ``nn_on_device`` (as
-    ntp.engine.memory.placement.rank_resident_parts: the encoder's NN stage counts where it runs on the rank's device)."""
+    decoder's), and optionally ``device_type``, ``symmetric``, ``nn_on_device`` and ``row_block`` (as
+    ntp.engine.memory.placement.rank_resident_parts: the encoder's NN stage counts where it runs on the rank's device,
+    or one block of it where it streams)."""
     encoder, step = _parts(cfg, **shape)
     return {**encoder, **step}
 
@@ -62,13 +63,13 @@ def reserved_parts(cfg: TrainConfig, **shape) -> dict[str, int]:
 
 
 def _parts(cfg: TrainConfig, *, num_nodes: int, num_edges: int, feature_dim: int, splits: dict, world: int,
-           params: int, device_type: str = "cuda", symmetric: bool = False,
-           nn_on_device: bool = True) -> tuple[dict[str, int], dict[str, int]]:
+           params: int, device_type: str = "cuda", symmetric: bool = False, nn_on_device: bool = True,
+           row_block: int = 0) -> tuple[dict[str, int], dict[str, int]]:
     """The encoder's parts and the link step's own, by part (bytes)."""
     width, on_host = cfg.hidden, device_type == "cpu"
     encoder = rank_resident_parts(cfg, num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim or width,
                                   out_dim=width, world=world, params=params, nn_on_device=nn_on_device,
-                                  device_type=device_type, symmetric=symmetric)
+                                  device_type=device_type, symmetric=symmetric, row_block=row_block)
     slice_width = ceil_div(width, world)
     step = {}
     if not feature_dim:  # this rank's columns of the learned matrix, with their gradient and Adam's moments

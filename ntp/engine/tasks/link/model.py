@@ -14,19 +14,18 @@ layer, pair index) only, never on the number of ranks.
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.collectives import Comm, gather, reduce_scatter_rows
-from ntp.engine.parallel.context import GraphContext
+from ntp.engine.distributed.partition import Partition
 from ntp.engine.kernels.dropout import drop
 from ntp.engine.kernels.linear import Linear
-from ntp.engine.nn.models import build_model
-from ntp.engine.distributed.partition import Partition
 from ntp.engine.nn.embedding import SlicedEmbedding
+from ntp.engine.nn.models import build_model
+from ntp.engine.parallel.context import GraphContext
 
 #: Communication kind of the pair exchanges (in the workers' byte counts).
 LINK = "link"

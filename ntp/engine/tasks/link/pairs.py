@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ntp.engine.distributed.collectives import Comm
-from ntp.engine.tasks.link.model import LINK
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.tasks.link.model import LINK
 
 #: Pairs per chunk on CPU (8192 x 256 floats: 8 MB, cache-sized) and on accelerators (fewer, larger kernels; their
 #: size there is a guess, not yet measured on a GPU).

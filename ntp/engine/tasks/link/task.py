@@ -13,26 +13,27 @@ and test edges).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.tasks.link import memory as link_memory
-from ntp.engine.memory import placement
 from ntp.engine.device import precision
 from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
-from ntp.engine.parallel.context import GraphContext
-from ntp.engine.graph.data import GraphData, load_shared
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.graph.data import GraphData, load_shared
+from ntp.engine.memory import placement
+from ntp.engine.memory.chunks import ChunkPlan
+from ntp.engine.parallel.context import GraphContext
+from ntp.engine.tasks.base import Job, make_optimizer, refuse_section
+from ntp.engine.tasks.link import memory as link_memory
 from ntp.engine.tasks.link.data import LinkGraphData, read_link_splits, with_link_splits
 from ntp.engine.tasks.link.metrics import link_evaluator
 from ntp.engine.tasks.link.model import LinkModel, replicated_size
 from ntp.engine.tasks.link.pairs import own_pair_scores, pair_chunk, score_pairs, train_pairs
-from ntp.engine.distributed.partition import Partition
-from ntp.engine.memory.chunks import ChunkPlan
-from ntp.engine.tasks.base import refuse_section, Job, make_optimizer
 from ntp.errors import ConfigError
 
 #: Redraws of negatives that hit an edge before the rest are kept as they are (only a nearly complete graph needs more).
@@ -91,6 +92,15 @@ def memory_shape(data: LinkGraphData, model: LinkModel, world: int, device_type:
                 device_type=device_type, symmetric=bool(getattr(getattr(data, "topology", None), "symmetric", False)))
 
 
+def streamed_parts(cfg: TrainConfig, shape: dict[str, Any], room: int) -> tuple[int, dict[str, int]]:
+    """The rows of a streamed block of the encoder's NN stage (ntp.engine.memory.placement.stream_parts, from
+    ``room``), and a link rank's parts with it streamed in such blocks (``shape``: :func:`memory_shape`'s)."""
+    encoder = {k: v for k, v in shape.items() if k != "splits"}
+    block, _ = placement.stream_parts(cfg, room=room, **{**encoder, "feature_dim": shape["feature_dim"] or cfg.hidden,
+                                                         "out_dim": cfg.hidden})
+    return block, link_memory.resident_parts(cfg, nn_on_device=False, row_block=block, **shape)
+
+
 def split_shapes(splits: dict) -> dict:
     """By split, the shapes of its positive pairs and of its negatives (None: none), as ntp.engine.tasks.link.memory takes
     them."""
@@ -108,9 +118,6 @@ class LinkTask:
         refuse_section(cfg, "rgcn", "link prediction")
         if cfg.mode == "data":
             raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
-        if cfg.nn_device == "stream":
-            raise ConfigError("--nn-device stream streams a node classifier's NN stage; link prediction's encoder "
-                              "does not stream yet: use --nn-device cpu, or auto")
 
     def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> LinkGraphData:
         return with_link_splits(load_shared(store, env), read_link_splits(cfg.store))
@@ -128,18 +135,24 @@ class LinkTask:
         comm = Comm(part, env.device, group=None)
         model = LinkModel(cfg, n, data.feature_dim, part)
         shape = memory_shape(data, model, env.world, env.device.type)
+        streamed = partial(streamed_parts, cfg, shape) if cfg.nn_streams else None
         placed = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
-                                          link_memory.reserved_parts(cfg, **shape), report=env.is_main)
-        model.to(env.device).encoder.to(placed.home)  # the decoder and the embeddings' slice: the graph layout's
+                                          link_memory.reserved_parts(cfg, **shape), report=env.is_main,
+                                          streamed=streamed)
+        # the decoder and the embeddings' slice: the graph layout's device; the encoder where its rows are, or
+        # there too where its rows stream through it
+        model.to(env.device).encoder.to(env.device if placed.row_block else placed.home)
         ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
                            memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
                            width=cfg.hidden, nn_device=placed.home, reserved=placed.reserved,
-                           precision=cfg.precision)
+                           precision=cfg.precision, row_block=placed.row_block)
         optimizer = make_optimizer(cfg, model.parameters())
         if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
             model.embedding.track_optimizer(optimizer)
         self._prepare(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
         x = torch.from_numpy(data.features).to(placed.home, precision.dtype(cfg.precision))
+        if placed.row_block and env.device.type == "cuda":
+            x = x.pin_memory()  # its blocks reach the device at the bus's speed
         return Job(cfg, env, data, comm, ctx, model, optimizer, x=x, y=torch.zeros(0), local_split={},
                    global_train_count=len(splits["train"][0]), task=self)
 
@@ -219,12 +232,15 @@ class LinkTask:
         if not cfg.memory_budget_bytes or cfg.chunk_rows:
             return None
         meta = store.meta
-        symmetric = bool(meta.preprocessing.get("symmetrized"))
-        resident = link_memory.resident_parts(
-            cfg, num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
-            splits={name: store.link_split_shapes(name) for name in meta.split_names}, world=world,
-            params=replicated_size(cfg, meta.feature_dim), device_type=device, symmetric=symmetric,
-            nn_on_device=device == "cpu" or cfg.nn_device == "device")
+        shape = dict(num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
+                     splits={name: store.link_split_shapes(name) for name in meta.split_names}, world=world,
+                     params=replicated_size(cfg, meta.feature_dim), device_type=device,
+                     symmetric=bool(meta.preprocessing.get("symmetrized")))
+        if cfg.nn_device == "stream":  # the ranks size the blocks from the budget alike
+            resident = streamed_parts(cfg, shape, room=cfg.memory_budget_bytes)[1]
+        else:
+            resident = link_memory.resident_parts(cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device",
+                                                  **shape)
         return placement.store_plan(cfg, store, world, device, resident, cfg.hidden)
 
     @torch.no_grad()
