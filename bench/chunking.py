@@ -86,9 +86,9 @@ def memory_part(store: Path, args) -> list[dict]:
 
 def schedule_bytes(store: Path, world: int, chunk_rows: int, classes: int, send_once: bool) -> int:
     """Max over ranks of the split+gather bytes of one pipelined epoch (GCN operator, prop_steps >= 2)."""
+    from ntp.engine.distributed.partition import Partition
     from ntp.engine.graph.operators import CSR, transpose, with_self_loops
     from ntp.engine.memory.chunks import source_schedule, uniform_plan
-    from ntp.engine.distributed.partition import Partition
     from storage import open_store
 
     s = open_store(str(store))

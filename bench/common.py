@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from ntp.run.allocator import TUNABLES as RANK_TUNABLES  # noqa: E402  (after the path)
+
 #: The real graphs: ../shared/datasets beside the checkout, or NTP_DATASETS (bench/on_device.sh sets it).
 DATASETS = Path(os.environ.get("NTP_DATASETS", REPO.parent / "shared" / "datasets"))
 DGL_VENV = REPO / "bench" / ".dgl-venv"

@@ -30,7 +30,6 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-
 from common import ALLOCATORS, base_parser, report, same_allocator, torch_ops_dropout
 
 

@@ -20,9 +20,19 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from common import (add_graph_arguments, add_single_process_arguments, base_parser, graph_selection, graph_stores,
-                    load_arrays, report, run_dgl, single_process_settings, time_median, torch_ops_dropout)
+from common import (
+    add_graph_arguments,
+    add_single_process_arguments,
+    base_parser,
+    graph_selection,
+    graph_stores,
+    load_arrays,
+    report,
+    run_dgl,
+    single_process_settings,
+    time_median,
+    torch_ops_dropout,
+)
 
 
 def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, dropout: float = 0.5):

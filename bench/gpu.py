@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from common import OUT, base_parser, report, synthetic_store
 from runs import run_job
 

@@ -42,8 +42,8 @@ def run(path, cfg: dict, seed: int, merge_valid: bool, eval_every: int = 1) -> d
 
     from ntp.config import TrainConfig
     from ntp.engine.distributed.dist import distributed
-    from ntp.engine.tasks.hetero.task import target_logits
     from ntp.engine.tasks.hetero.data import load_hetero
+    from ntp.engine.tasks.hetero.task import target_logits
     from ntp.engine.train.loop import evaluate_splits, train_step
     from ntp.engine.train.setup import setup
 

@@ -14,9 +14,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from common import (add_graph_arguments, add_single_process_arguments, base_parser, graph_selection, graph_stores,
-                    load_arrays, report, run_dgl, single_process_settings, time_median)
+from common import (
+    add_graph_arguments,
+    add_single_process_arguments,
+    base_parser,
+    graph_selection,
+    graph_stores,
+    load_arrays,
+    report,
+    run_dgl,
+    single_process_settings,
+    time_median,
+)
 
 
 def main() -> None:
@@ -98,7 +107,7 @@ def main() -> None:
         if row.get("dgl_s"):
             row["dgl/ntp"] = row["dgl_s"] / t_ntp
         rows.append(row)
-        del op, h, grad, adj_t
+        op = h = grad = adj_t = None  # the graph's tensors go before the next graph's (the closures above hold names)
     report("kernel", rows, {"size": size, "width": args.width, "repeats": repeats, "threads": threads,
                             "dgl": dgl_note, "allocator": args.allocator})
 

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from common import base_parser, report
 from link_ddi import OGB_EXAMPLE, ddi_store
 
@@ -113,8 +112,8 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
 def _plan_bytes(job, device: str) -> int:
     """What ntp's memory plan gives a rank for this job: its parts and one chunk of propagation (no budget: one)."""
     from ntp.engine.memory.chunks import degree_costs
-    from ntp.engine.tasks.link.task import memory_shape
     from ntp.engine.tasks.link.memory import resident_parts
+    from ntp.engine.tasks.link.task import memory_shape
 
     topo = job.ctx.topology
     parts = resident_parts(job.cfg, **memory_shape(job.data, job.model, 1, device))

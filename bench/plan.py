@@ -17,11 +17,16 @@ import json
 from common import OUT, base_parser, report
 
 from ntp.config import TrainConfig
+from ntp.engine.device.precision import element_bytes
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES
-from ntp.engine.memory.placement import (PARAMETER_COPIES, nn_stage_bytes, propagated_width, rank_resident_parts,
-                                         stream_parts)
-from ntp.engine.device.precision import element_bytes
+from ntp.engine.memory.placement import (
+    PARAMETER_COPIES,
+    nn_stage_bytes,
+    propagated_width,
+    rank_resident_parts,
+    stream_parts,
+)
 from ntp.engine.nn.models import build_model
 
 #: The graphs: ogbn-papers100M, and a homogeneous graph of MAG240M's size (its papers' 768 features on every node).

@@ -7,7 +7,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 from common import OUT, REPO  # noqa: E402
 
 DOCS = REPO / "docs"

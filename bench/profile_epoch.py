@@ -15,7 +15,6 @@ import statistics
 import time
 
 import torch
-
 from common import OUT, base_parser, synthetic_store
 from gpu import SIZES
 

@@ -11,7 +11,8 @@ from flows.params import LaunchOptions
 from flows.train import _retry
 from ntp.engine.infer.predict import Request
 from ntp.run.inference_job import inference_spec
-from tasks.predict import fetch_model, predict as run_predict
+from tasks.predict import fetch_model
+from tasks.predict import predict as run_predict
 
 
 @flow(name="predict")

@@ -118,8 +118,8 @@ class TrainConfig:
     nn_device: NNDevice = opt("parallel", "auto", "Where the NN stage runs: device (the rank's GPU); stream (its rows in host "
                                       "memory, computed on the GPU a block of rows at a time and recomputed in the "
                                       "backward); cpu (on the host); or auto (device when its rows fit beside "
-                                      "aggregation's, else stream). Not gat, --norm batch or link prediction for "
-                                      "stream.")
+                                      "aggregation's, else stream). Not gat, rgcn or --norm batch for stream; link "
+                                      "prediction streams its encoder.")
     nn_block_rows: int = opt("parallel", 0, "Rows of a block of the streamed NN stage (--nn-device stream; 0: from the memory "
                                 "budget or the free device memory).")
     decoder: Decoder = opt("link", "mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from storage import hetero_arrays, schema as S
+from storage import hetero_arrays
+from storage import schema as S
 from storage.layout import expected_chunk_files
 from storage.location import Location, location_of
 from storage.schema import StoreError, StoreMeta, parse_meta, store_problem

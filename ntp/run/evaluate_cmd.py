@@ -39,9 +39,8 @@ def evaluate(args: argparse.Namespace) -> dict:
     """The metrics ({"train", "valid", "test", "metric", "task_type"}), the export's folder under "out", and what
     tracking logged ("run_id"; "model_uri" and "version" with --register)."""
     from ntp.engine.infer.predict import Request
-    from ntp.run.inference_job import run_inference
-
     from ntp.errors import ConfigError
+    from ntp.run.inference_job import run_inference
 
     if args.register and not _predicts_nodes(args.store):
         raise ConfigError("--register logs a model whose predict takes node ids; a link prediction model scores "

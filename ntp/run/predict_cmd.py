@@ -10,7 +10,6 @@ from ntp.config import INFERENCE_OPTIONS
 from ntp.run.flags import add_config_arguments, add_launch_arguments
 
 
-
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, store and the launch: processes, nodes and the memory plan as for `ntp train`."""
     parser.add_argument("--model", required=True, help="model file (`ntp train --model-out FILE`) or a checkpoint")

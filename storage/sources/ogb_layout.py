@@ -15,8 +15,8 @@ from storage.schema import StoreError
 from storage.sources.base import EdgeBlock, GraphSource
 from storage.sources.csvio import count_columns, iter_numeric_blocks, read_numeric
 from storage.sources.ogb_binary import is_binary_folder, ogb_binary_source
-from storage.sources.ogb_link import is_link_folder, ogb_link_source
 from storage.sources.ogb_folder import checked_split_folder, feature_rows, folder_problem, ogb_source, task_of
+from storage.sources.ogb_link import is_link_folder, ogb_link_source
 from storage.sources.ogb_meta import OgbInfo
 
 REQUIRED = ("raw/edge.csv.gz", "raw/num-node-list.csv.gz", "raw/num-edge-list.csv.gz",

@@ -7,8 +7,8 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import distributed
-from ntp.engine.tasks.hetero.task import HeteroTask
 from ntp.engine.tasks.hetero.data import hetero_from_arrays
+from ntp.engine.tasks.hetero.task import HeteroTask
 from ntp.engine.train.loop import train_step
 from ntp.engine.train.setup import setup
 

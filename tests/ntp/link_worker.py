@@ -7,10 +7,10 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import distributed
-from ntp.engine.tasks.link.task import graph_embeddings
-from ntp.engine.tasks.link.data import link_from_arrays
 from ntp.engine.tasks.link import pairs as link_pairs
+from ntp.engine.tasks.link.data import link_from_arrays
 from ntp.engine.tasks.link.pairs import score_pairs
+from ntp.engine.tasks.link.task import graph_embeddings
 from ntp.engine.train.loop import evaluate_splits, fit
 from ntp.engine.train.setup import setup
 from tests.ntp.exactness_worker import train_traced

@@ -8,20 +8,27 @@ import numpy as np
 import pytest
 import torch
 
+from ntp.config import TrainConfig, parse_bytes
+from ntp.engine.distributed.cost import coupled_bytes, decoupled_bytes
+from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.graph import aggregate
 from ntp.engine.graph.aggregate import RowBlocks, SparseOperator, csr_matmul, prescaled
 from ntp.engine.graph.operators import CSR, OPERATORS, Scaling, operator_pattern, scaling, with_self_loops
 from ntp.engine.graph.topology import Topology, build, from_csr
-from storage.csr import transpose_indices
-from ntp.engine.memory.chunks import (EDGE_BYTES, ROW_BYTES, budget_plan, make_plan, row_costs, source_schedule,
-    uniform_plan)
-from ntp.config import TrainConfig, parse_bytes
-from ntp.errors import ConfigError, MemoryPlanError
-from ntp.engine.distributed.cost import coupled_bytes, decoupled_bytes
-from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.memory.chunks import (
+    EDGE_BYTES,
+    ROW_BYTES,
+    budget_plan,
+    make_plan,
+    row_costs,
+    source_schedule,
+    uniform_plan,
+)
 from ntp.engine.memory.placement import graph_resident_parts, nn_placement, nn_stage_bytes, rank_resident_parts
 from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
+from ntp.errors import ConfigError, MemoryPlanError
+from storage.csr import transpose_indices
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import graph_budget, loader, random_graph
 from tests.ntp.spawn import run_on_ranks
@@ -105,8 +112,8 @@ def test_only_pipelined_chunks_count_a_source_row_per_edge() -> None:
     """The sparse kernels read their input where it lies; the pipelined loops (ntp.engine.parallel.overlap) receive each
     chunk's new source rows, up to one per edge, so only their plan counts them (and cuts more chunks)."""
     from ntp.engine.distributed.collectives import Comm
-    from ntp.engine.parallel.context import GraphContext
     from ntp.engine.distributed.partition import Partition
+    from ntp.engine.parallel.context import GraphContext
 
     csr, width = _csr(DIRECTED), 3
     plain, piped = (row_costs(csr.indptr, csr.indices, csr.num_nodes, width, pipelined=p) for p in (False, True))
@@ -252,9 +259,9 @@ def test_a_gpu_plan_counts_one_direction_of_a_symmetric_topology() -> None:
     took; so do a rank's resident parts (the preflight's figures: there from the store's "symmetrized" flag)."""
     from ntp.engine.device.measure import format_bytes
     from ntp.engine.distributed.collectives import Comm
-    from ntp.engine.parallel.context import GraphContext
     from ntp.engine.distributed.partition import Partition
     from ntp.engine.memory.placement import device_topology_bytes
+    from ntp.engine.parallel.context import GraphContext
 
     src, dst = DIRECTED["edge_index"]
     both = {**DIRECTED, "edge_index": np.unique(np.concatenate([[src, dst], [dst, src]], axis=1), axis=1)}
@@ -742,12 +749,12 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     on the device when the budget holds it, else streams in the widest blocks the room holds, over a topology that
     stays on the device where blocks of 8 columns fit beside it; the chunks get what the blocks (and the topology,
     where it stays) leave."""
-    from ntp.engine.memory.chunks import STREAMED_CHUNKS
     from ntp.engine.device.measure import format_bytes
     from ntp.engine.distributed.collectives import Comm
-    from ntp.engine.parallel.context import GraphContext
     from ntp.engine.distributed.partition import Partition
+    from ntp.engine.memory.chunks import STREAMED_CHUNKS
     from ntp.engine.memory.placement import device_topology_bytes, offload_room, streamed_bytes
+    from ntp.engine.parallel.context import GraphContext
 
     topo = _topology(DIRECTED)
     n, e, width = topo.num_nodes, topo.num_edges, 32
@@ -776,9 +783,9 @@ def test_one_rank_counts_its_slice_once_with_the_nn_stage_that_holds_it() -> Non
     there (streaming the topology) where the same room beside the NN stage streams them in blocks of 4 columns when
     it runs on the host or the ranks are two. Planned only: nothing runs on a device."""
     from ntp.engine.distributed.collectives import Comm
-    from ntp.engine.parallel.context import GraphContext
     from ntp.engine.distributed.partition import Partition
     from ntp.engine.memory.placement import offload_room
+    from ntp.engine.parallel.context import GraphContext
 
     topo = _topology(DIRECTED)
     n, e, width, nn_stage = topo.num_nodes, topo.num_edges, 32, 10**5
@@ -801,10 +808,10 @@ def test_a_streamed_topology_comes_in_enough_chunks_for_its_copies_to_overlap() 
     """Where products stream their topology (``--offload`` on a GPU; only planned here), a budget that holds the
     graph in one chunk still cuts :data:`STREAMED_CHUNKS` of about equal working sets, so each chunk's copy overlaps
     the compute of the one before; nothing changes on a CPU or without offload, and ``--chunk-rows`` wins."""
-    from ntp.engine.memory.chunks import STREAMED_CHUNKS, ChunkPlan
     from ntp.engine.distributed.collectives import Comm
-    from ntp.engine.parallel.context import GraphContext
     from ntp.engine.distributed.partition import Partition
+    from ntp.engine.memory.chunks import STREAMED_CHUNKS, ChunkPlan
+    from ntp.engine.parallel.context import GraphContext
 
     topo = _topology(DIRECTED)
     gpu, cpu = (Comm(Partition(topo.num_nodes, 1, 0), torch.device(*d)) for d in (("cuda", 0), ("cpu",)))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ntp.engine.distributed.collectives import Comm, gather, split
 from ntp.config import TrainConfig
+from ntp.engine.distributed.collectives import Comm, gather, split
 from ntp.engine.distributed.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.distributed.dist import distributed
 from ntp.engine.distributed.partition import Partition

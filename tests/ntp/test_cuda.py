@@ -10,8 +10,8 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.train.loop import fit
 from ntp.engine.memory.placement import offload_room
+from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
@@ -72,8 +72,8 @@ def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(dept
     back before each block (``torch.cuda._sleep``), so a copy that did not wait for its event would overwrite a
     block still being computed on, or read an output not yet written: every block still lands in its columns. The
     device holds no more than the memory plan counts (``placement.streamed_bytes``)."""
-    from ntp.engine.kernels import cuda_transpose
     from ntp.engine.device import transfer
+    from ntp.engine.kernels import cuda_transpose
     from ntp.engine.memory.placement import streamed_bytes
 
     monkeypatch.setattr(transfer, "SLAB_BYTES", 3 * 10_000 * 4)
@@ -109,9 +109,9 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
     as tests/ntp/test_memory_estimate.py counts on a CPU) is at most what the plan gives it: its parts but the
     topology, and the one chunk's working set (ntp.engine.memory.chunks.degree_costs). On one rank the slice is the NN
     stage's rows and counts once (ntp.engine.memory.placement.slice_is_rows), in float32 and bfloat16."""
-    from ntp.engine.train.loop import train_step
-    from ntp.engine.memory.placement import rank_resident_parts
     from ntp.engine.device.precision import element_bytes
+    from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.train.loop import train_step
 
     cfg = _config(hidden=64, dropout=0.5, **options)
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cuda:0"), None), loader(_large_graph()))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ntp.engine.distributed.partition import Partition
 from ntp.engine.kernels import cuda_dropout, gpu_kernels
 from ntp.engine.kernels.dropout import dropped
 from ntp.engine.kernels.masks import keep_mask
-from ntp.engine.distributed.partition import Partition
 from tests.ntp import interpreter
 
 triton = pytest.importorskip("triton", reason="Triton (pip install -e '.[test]' installs it) runs the kernel here")

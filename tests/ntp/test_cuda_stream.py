@@ -51,9 +51,9 @@ def test_a_streamed_nn_stage_trains_on_the_gpu_as_on_the_cpu(options: dict) -> N
 def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None:
     """100k rows in blocks of 10k: a step's device peak (above what lived before it) is at most the plan's parts
     but the topology, and a chunk; and well under the in-device stage's (the rows are on the host)."""
+    from ntp.engine.device.precision import element_bytes
     from ntp.engine.memory.chunks import degree_costs
     from ntp.engine.memory.placement import rank_resident_parts
-    from ntp.engine.device.precision import element_bytes
 
     graph = random_graph(n=100_000, d=128, classes=8, avg_degree=10, seed=5)
     measured = {}

@@ -9,10 +9,10 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.distributed.partition import Partition
 from ntp.engine.kernels import dropout, masks, native
 from ntp.engine.kernels.dropout import drop, dropped
 from ntp.engine.kernels.masks import device_keep_mask, keep_mask, stream_keep_mask
-from ntp.engine.distributed.partition import Partition
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
@@ -264,12 +264,12 @@ def test_keep_rate_and_independence(gen, p: float) -> None:
 def test_input_dropout_is_its_own_rate(arch: str, model: str) -> None:
     """One layer: its input is all that is dropped. With --input-dropout 0 training computes what evaluation does
     (PyG's and OGB's models drop only between layers); left out, the input's rate is --dropout's."""
-    for input_dropout, dropped in ((0.0, False), (None, True)):
+    for input_dropout, drops in ((0.0, False), (None, True)):
         cfg = TrainConfig(model=model, arch=arch, nn_layers=1, hidden=8, dropout=0.5, input_dropout=input_dropout,
                           mode="single")
         job = setup(cfg, SINGLE, loader(GRAPH))
         train, evaluate = job.model.train()(job.x, job.ctx), job.model.eval()(job.x, job.ctx)
-        assert torch.allclose(train, evaluate) != dropped
+        assert torch.allclose(train, evaluate) != drops
 
 
 @pytest.mark.parametrize("arch", ["coupled", "decoupled"])

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.train import checkpoint
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.train import checkpoint
 from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
 from ntp.errors import ConfigError, ModelFileError

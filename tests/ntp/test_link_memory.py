@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.tasks.link import memory as link_memory, pairs as link_pairs
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.tasks.link import memory as link_memory
+from ntp.engine.tasks.link import pairs as link_pairs
 from ntp.engine.tasks.link.task import memory_shape, split_shapes
 from ntp.engine.train.loop import evaluate_splits, train_step
 from ntp.engine.train.setup import setup

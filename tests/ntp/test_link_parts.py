@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.tasks.link import pairs as link_pairs
 from ntp.engine.distributed.collectives import Comm, reduce_scatter_rows
-from ntp.engine.tasks.link.task import _member, sample_negatives
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.nn.embedding import SlicedEmbedding
+from ntp.engine.tasks.link import pairs as link_pairs
 from ntp.engine.tasks.link.metrics import link_metric
 from ntp.engine.tasks.link.model import LinkModel
-from ntp.engine.nn.embedding import SlicedEmbedding
-from ntp.engine.distributed.partition import Partition
+from ntp.engine.tasks.link.task import _member, sample_negatives
 from tests.ntp.spawn import run_on_ranks
 
 
@@ -111,8 +111,8 @@ def test_mrr_scores_its_pairs_a_block_of_sources_at_a_time(monkeypatch: pytest.M
     """An MRR split's negatives [E, K] are scored a block of positives at a time (E x K pairs never formed at once):
     the same scores as the whole pairs, and the split's metric from them, over blocks that do not divide E."""
     from ntp.engine.distributed.dist import DistEnv
-    from ntp.engine.tasks.link.task import _source_target_scores
     from ntp.engine.tasks.link.data import link_from_arrays
+    from ntp.engine.tasks.link.task import _source_target_scores
     from ntp.engine.train.loop import evaluate_splits
     from ntp.engine.train.setup import setup
     from tests.ntp.link_worker import link_graph

@@ -42,8 +42,8 @@ def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
     rank on a ``device_type`` device (GAT's pattern is built in the first step and so is not counted on either
     side)."""
     from ntp.engine.distributed.dist import DistEnv
-    from ntp.engine.train.loop import train_step
     from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.train.loop import train_step
     from ntp.engine.train.setup import setup
     from tests.ntp.graphs import loader
     from tests.ntp.live_bytes import LiveBytes

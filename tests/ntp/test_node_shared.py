@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tests.ntp.spawn import run_on_ranks
 

@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.graph.aggregate import csr_matmul
-from ntp.engine.tasks.link.model import LINK
 from ntp.engine.distributed.traffic import GATHER, SPLIT
+from ntp.engine.graph.aggregate import csr_matmul
 from ntp.engine.memory.placement import rank_resident_parts
+from ntp.engine.tasks.link.model import LINK
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph
-from tests.ntp.hetero_worker import hetero_graph, trace_all as hetero_trace_all
-from tests.ntp.link_worker import link_graph, trace_all as link_trace_all
+from tests.ntp.hetero_worker import hetero_graph
+from tests.ntp.hetero_worker import trace_all as hetero_trace_all
+from tests.ntp.link_worker import link_graph
+from tests.ntp.link_worker import trace_all as link_trace_all
 from tests.ntp.spawn import run_on_ranks
 
 EPOCHS = 3

@@ -99,7 +99,7 @@ def test_a_model_is_refused_on_a_store_it_does_not_fit(tmp_path, capsys) -> None
 
 
 @pytest.mark.slow
-def test_link_scores_of_given_pairs_match_the_model_for_1_and_2_ranks(link_store, tmp_path, capsys) -> None:
+def test_link_scores_of_given_pairs_match_the_model_for_1_and_2_ranks(link_store, tmp_path, capsys) -> None:  # noqa: F811
     from ntp.engine.infer.inference import single_process_job
 
     model, _ = _train(str(link_store), tmp_path, model="gcn", arch="coupled", epochs=3, dropout=0.0, link_batch=200)

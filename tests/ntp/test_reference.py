@@ -110,33 +110,33 @@ def test_decoupled_gat_equals_dense_attention() -> None:
 def _pyg_pair(model: str, job):
     layers = job.model.layers
     if model == "gcn":
-        convs = [GCNConv(l.lin.in_features, l.lin.out_features) for l in layers]
-        for c, l in zip(convs, layers):
-            c.lin.weight.data.copy_(l.lin.weight.data)
-            c.bias.data.copy_(l.bias.data)
-        return convs, [l.lin.weight for l in layers], [c.lin.weight for c in convs]
+        convs = [GCNConv(layer.lin.in_features, layer.lin.out_features) for layer in layers]
+        for c, layer in zip(convs, layers):
+            c.lin.weight.data.copy_(layer.lin.weight.data)
+            c.bias.data.copy_(layer.bias.data)
+        return convs, [layer.lin.weight for layer in layers], [c.lin.weight for c in convs]
     if model == "sage":
-        convs = [SAGEConv(l.lin_l.in_features, l.lin_l.out_features) for l in layers]
-        for c, l in zip(convs, layers):
-            c.lin_l.load_state_dict(l.lin_l.state_dict())
-            c.lin_r.load_state_dict(l.lin_r.state_dict())
-        return convs, [l.lin_r.weight for l in layers], [c.lin_r.weight for c in convs]
+        convs = [SAGEConv(layer.lin_l.in_features, layer.lin_l.out_features) for layer in layers]
+        for c, layer in zip(convs, layers):
+            c.lin_l.load_state_dict(layer.lin_l.state_dict())
+            c.lin_r.load_state_dict(layer.lin_r.state_dict())
+        return convs, [layer.lin_r.weight for layer in layers], [c.lin_r.weight for c in convs]
     if model == "gin":
         convs = []
-        for l in layers:
-            conv = GINConv(torch.nn.Sequential(torch.nn.Linear(l.lin1.in_features, l.lin1.out_features), torch.nn.ReLU(),
-                                               torch.nn.Linear(l.lin2.in_features, l.lin2.out_features)))
-            conv.nn[0].load_state_dict(l.lin1.state_dict())  # after construction: GINConv re-initialises its nn
-            conv.nn[2].load_state_dict(l.lin2.state_dict())
+        for layer in layers:
+            conv = GINConv(torch.nn.Sequential(torch.nn.Linear(layer.lin1.in_features, layer.lin1.out_features), torch.nn.ReLU(),
+                                               torch.nn.Linear(layer.lin2.in_features, layer.lin2.out_features)))
+            conv.nn[0].load_state_dict(layer.lin1.state_dict())  # after construction: GINConv re-initialises its nn
+            conv.nn[2].load_state_dict(layer.lin2.state_dict())
             convs.append(conv)
-        return convs, [l.lin1.weight for l in layers], [c.nn[0].weight for c in convs]
-    convs = [GATConv(l.lin.in_features, l.head_dim, heads=l.heads, concat=l.concat) for l in layers]
-    for c, l in zip(convs, layers):
-        c.lin.weight.data.copy_(l.lin.weight.data)
-        c.att_src.data.copy_(l.attention.att_src.data)
-        c.att_dst.data.copy_(l.attention.att_dst.data)
-        c.bias.data.copy_(l.bias.data)
-    return convs, [l.attention.att_src for l in layers], [c.att_src for c in convs]
+        return convs, [layer.lin1.weight for layer in layers], [c.nn[0].weight for c in convs]
+    convs = [GATConv(layer.lin.in_features, layer.head_dim, heads=layer.heads, concat=layer.concat) for layer in layers]
+    for c, layer in zip(convs, layers):
+        c.lin.weight.data.copy_(layer.lin.weight.data)
+        c.att_src.data.copy_(layer.attention.att_src.data)
+        c.att_dst.data.copy_(layer.attention.att_dst.data)
+        c.bias.data.copy_(layer.bias.data)
+    return convs, [layer.attention.att_src for layer in layers], [c.att_src for c in convs]
 
 
 @pytest.mark.parametrize("hidden", [8, 16], ids=["narrower-than-features", "wider-than-features"])

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES
 from ntp.engine.tasks.hetero.memory import operator_degrees
 from ntp.engine.tasks.hetero.rgcn import parameter_sizes
 from ntp.engine.train.setup import setup

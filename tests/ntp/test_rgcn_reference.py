@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ntp.engine.distributed.collectives import Comm
-from ntp.engine.tasks.hetero.data import hetero_from_arrays
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.tasks.hetero.data import hetero_from_arrays
 from ntp.engine.tasks.hetero.relations import HeteroContext
 from ntp.engine.tasks.hetero.rgcn import RGCNLayer
 from tests.ntp.hetero_worker import hetero_graph

@@ -13,9 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ holds no packages: make store_helpers importable
 
+from store_helpers import REPO, SMALL_CHUNKS, quiet  # noqa: E402
+
 from storage import prepare  # noqa: E402
 from storage.inputs import CACHE_ENV  # noqa: E402
-from store_helpers import REPO, SMALL_CHUNKS, quiet  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,12 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from store_helpers import REPO, quiet
 
 from storage import StoreError, open_store, prepare
 from storage.paths import temp_prefix
-from store_helpers import quiet
-
-from store_helpers import REPO
 
 BUILD = ("import sys; from storage import prepare; "
          "print(prepare('synthetic', nodes=int(sys.argv[2]), avg_degree=20, features=64, out=sys.argv[1]))")

@@ -8,9 +8,9 @@ import os
 import subprocess
 import sys
 
-from storage.cli import add_data_commands, main
-
 from store_helpers import REPO
+
+from storage.cli import add_data_commands, main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

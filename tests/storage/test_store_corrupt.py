@@ -6,10 +6,10 @@ import json
 import shutil
 
 import pytest
+from store_helpers import quiet
 
 from storage import StoreError, open_store, prepare
 from storage.cli import main
-from store_helpers import quiet
 
 
 def expect_error(path, *fragments: str) -> str:

@@ -8,11 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from store_helpers import quiet
 
 import storage.csr as csr
 from storage import StoreError, open_store, prepare
 from storage.csr import CsrBuilder, Preprocessing
-from store_helpers import quiet
 
 # 5 vertices; 3 and 4 are isolated. Edge 0->1 appears twice, 1->1 is a self-loop.
 EDGES = [(0, 1), (0, 2), (2, 1), (1, 1), (0, 1)]

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from store_helpers import REPO, quiet
 
 from storage import StoreError, open_store, prepare
-
-from store_helpers import REPO, quiet
 
 
 def make_ogb_zip(src: Path, dest_dir: Path, folder: str, split: str) -> Path:

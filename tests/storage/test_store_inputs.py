@@ -7,11 +7,11 @@ import os
 
 import numpy as np
 import pytest
+from store_helpers import quiet, writable_copy
 
 from storage import StoreError, open_store, prepare
 from storage.inputs import CACHE_ENV
 from storage.paths import temp_prefix
-from store_helpers import quiet, writable_copy
 
 
 def relabel_keeping_size(path) -> tuple[int, int]:

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from store_helpers import quiet, writable_copy
 
 from storage import StoreError, open_store, prepare
-from store_helpers import quiet, writable_copy
 
 N = 6
 

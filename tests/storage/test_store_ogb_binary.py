@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from store_helpers import SMALL_CHUNKS, quiet
 
 from storage import StoreError, open_store, prepare
 from storage.sources import npz as npz_mod
-from storage.sources.npz import NpzFile
 from storage.sources import ogb_binary
+from storage.sources.npz import NpzFile
 from storage.sources.ogb_binary import ogb_binary_source
 from storage.sources.ogb_meta import ogb_info
-from store_helpers import SMALL_CHUNKS, quiet
 
 N, E, DIM, CLASSES = 600, 4000, 12, 172
 

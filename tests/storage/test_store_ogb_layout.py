@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 
 import numpy as np
+from store_helpers import quiet
 
 from storage import open_store, prepare
-from store_helpers import quiet
 
 
 def write_csv(path, rows) -> None:

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 import zarr
+from store_helpers import REPO, quiet
 
 from storage import StoreError, open_store, prepare
 from storage.lock import file_lock
 from storage.paths import lock_path, temp_prefix
-from store_helpers import REPO, quiet
 
 
 def user_zarr_group(path):

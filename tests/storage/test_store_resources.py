@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
+from store_helpers import REPO, quiet
 
 from storage import StoreError, open_store, prepare
 from storage.csr import Preprocessing
 from storage.resources import PADDING, available_memory, estimate
 from storage.sources.synthetic import SyntheticSpec, synthetic_source
-from store_helpers import REPO, quiet
 
 
 @pytest.mark.parametrize("kw", [dict(nodes=0), dict(nodes=-5), dict(features=0), dict(classes=0),

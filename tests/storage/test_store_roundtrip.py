@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from store_helpers import quiet
 
 from storage import open_store, prepare
-
 from storage.layout import Layout
-from store_helpers import quiet
 
 CORA_CHUNKS = Layout(row_chunk=512, edge_chunk=2048, feature_row_chunk=256, feature_col_chunk=256)
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from store_helpers import quiet
 
 from storage import open_store, prepare
 from storage.sources.synthetic import SyntheticSpec, synthetic_source
-from store_helpers import quiet
 
 
 def arrays(store) -> dict[str, bytes]:

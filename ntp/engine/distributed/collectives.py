@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ntp.engine.distributed.traffic import ALLREDUCE, GATHER, SPLIT, CommStats
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.distributed.traffic import ALLREDUCE, GATHER, SPLIT, CommStats
 
 # torch 2.13 renamed these two (the old names warn); older torch (2.11 on the lent GPU machines) has only the old.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -17,12 +17,20 @@ import torch
 import torch.nn.functional as F
 
 from ntp.engine.device.measure import in_phase
-from ntp.engine.device.transfer import streams_topology
-from ntp.engine.graph.operators import CSR, Scaling, transpose
 from ntp.engine.device.page_lock import pin_read_only
 from ntp.engine.device.precision import LOW_PRECISION, accumulation_dtype
-from ntp.engine.device.transfer import (Downloads, even_blocks, host_columns, host_empty, is_column_major,
-    stream_columns, stream_depth, streamed)
+from ntp.engine.device.transfer import (
+    Downloads,
+    even_blocks,
+    host_columns,
+    host_empty,
+    is_column_major,
+    stream_columns,
+    stream_depth,
+    streamed,
+    streams_topology,
+)
+from ntp.engine.graph.operators import CSR, Scaling, transpose
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")

@@ -8,8 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from ntp.engine.graph import topology as T
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.graph import topology as T
 
 #: builds a topology's arrays with the allocator it is given (ntp.engine.graph.node_shared.on_node shares them on a node)
 Share = Callable[[T.Builder], dict[str, np.ndarray]]

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
 import numpy as np
 
 from ntp.engine.distributed.collectives import barrier

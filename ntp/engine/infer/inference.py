@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from ntp.config import INFERENCE_OPTIONS, TrainConfig
-from ntp.engine.train import checkpoint
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.train.loop import evaluate_splits
 from ntp.engine.tasks.base import Job
+from ntp.engine.train import checkpoint
+from ntp.engine.train.loop import evaluate_splits
 from ntp.engine.train.setup import setup
 from ntp.errors import ModelFileError
 

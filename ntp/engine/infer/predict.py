@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.infer import exports
 from ntp.engine.distributed.dist import DistEnv, distributed
+from ntp.engine.infer import exports
 from ntp.engine.infer.inference import load_saved, load_weights, single_process_job
 from ntp.engine.tasks.base import Job, Task
 from ntp.engine.train.setup import setup

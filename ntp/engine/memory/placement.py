@@ -20,13 +20,13 @@ from typing import Callable
 
 import torch
 
-from ntp.engine.graph.aggregate import scales_rows
-from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, ChunkPlan, make_plan
 from ntp.engine.device.measure import format_bytes, free_device_bytes
-from ntp.engine.kernels.dropout import dropped_copy_bytes
-from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.device.precision import dtype, element_bytes
 from ntp.engine.device.transfer import slab_columns, stream_depth, streams_topology
+from ntp.engine.distributed.partition import ceil_div
+from ntp.engine.graph.aggregate import scales_rows
+from ntp.engine.kernels.dropout import dropped_copy_bytes
+from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, ChunkPlan, make_plan
 
 #: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
 #: dropout input or mask), its gradient, and one temporary.

@@ -5,12 +5,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ntp.engine.device.precision import accumulation_dtype
 from ntp.engine.distributed.collectives import all_reduce_sum
-from ntp.engine.parallel.context import GraphContext
+from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.kernels.dropout import layer_dropouts
 from ntp.engine.kernels.linear import Linear
-from ntp.engine.distributed.traffic import ALLREDUCE
-from ntp.engine.device.precision import accumulation_dtype
+from ntp.engine.parallel.context import GraphContext
 
 
 def class_loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

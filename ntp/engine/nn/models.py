@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ntp.engine.distributed.collectives import all_gather_rows
 from ntp.config import TrainConfig
-from ntp.engine.parallel.context import GraphContext
-from ntp.engine.kernels.dropout import RowDropout, layer_dropouts
-from ntp.engine.nn.layers import MLP
-from ntp.engine.kernels.linear import Linear, linear
-from ntp.engine.distributed.traffic import ATTENTION
 from ntp.engine.device.precision import autocast
+from ntp.engine.distributed.collectives import all_gather_rows
+from ntp.engine.distributed.traffic import ATTENTION
+from ntp.engine.kernels.dropout import RowDropout, layer_dropouts
+from ntp.engine.kernels.linear import Linear, linear
+from ntp.engine.nn.layers import MLP
+from ntp.engine.parallel.context import GraphContext
 
 #: Decoupled propagation operator of each model (see ntp.engine.graph.operators).
 

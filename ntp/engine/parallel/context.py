@@ -5,19 +5,18 @@ from functools import cached_property
 
 import torch
 
-from ntp.engine.graph.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator
-from ntp.engine.memory.chunks import ChunkPlan, default_device_budget, make_plan
 from ntp.engine.device.measure import OverlapClock, PhaseMemory, in_phase
-from ntp.engine.device.transfer import streams_topology
+from ntp.engine.device.precision import element_bytes
+from ntp.engine.device.transfer import moved, streams_topology
 from ntp.engine.distributed.collectives import Comm, gather, split
 from ntp.engine.distributed.partition import ceil_div
-from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
+from ntp.engine.graph.aggregate import EdgeWeightedTopology, RowBlocks, SparseOperator
 from ntp.engine.graph.operators import CSR, scaling, with_self_loops
-from ntp.engine.memory.placement import graph_resident_parts, offloaded_layout, slice_is_rows, ways_out
-from ntp.engine.device.precision import element_bytes
-from ntp.engine.parallel.row_stream import stream_rows
 from ntp.engine.graph.topology import Topology
-from ntp.engine.device.transfer import moved
+from ntp.engine.memory.chunks import ChunkPlan, default_device_budget, make_plan
+from ntp.engine.memory.placement import graph_resident_parts, offloaded_layout, slice_is_rows, ways_out
+from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
+from ntp.engine.parallel.row_stream import stream_rows
 
 
 class GraphContext:

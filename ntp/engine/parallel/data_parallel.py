@@ -18,12 +18,12 @@ from functools import cached_property
 
 import torch
 
-from ntp.engine.graph.aggregate import csr_matmul, edge_softmax, weighted_matmul
-from ntp.engine.distributed.collectives import Comm
-from ntp.engine.parallel.context import GraphContext
-from ntp.engine.graph.operators import CSR, operator_pattern, with_self_loops
-from ntp.engine.distributed.traffic import HALO
 from ntp.engine.device.transfer import moved
+from ntp.engine.distributed.collectives import Comm
+from ntp.engine.distributed.traffic import HALO
+from ntp.engine.graph.aggregate import csr_matmul, edge_softmax, weighted_matmul
+from ntp.engine.graph.operators import CSR, operator_pattern, with_self_loops
+from ntp.engine.parallel.context import GraphContext
 
 
 # -- the halo plan and its exchange ----------------------------------------------------------------------------------

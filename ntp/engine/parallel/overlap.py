@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ntp.engine.graph.aggregate import ScaledBlocks, SparseOperator
-from ntp.engine.memory.chunks import ChunkPlan, SourceSchedule, source_schedule
 from ntp.engine.device.measure import OverlapClock, PhaseMemory, in_phase, now
+from ntp.engine.device.transfer import moved
 from ntp.engine.distributed.collectives import Comm
 from ntp.engine.distributed.traffic import GATHER, SPLIT
-from ntp.engine.device.transfer import moved
+from ntp.engine.graph.aggregate import ScaledBlocks, SparseOperator
+from ntp.engine.memory.chunks import ChunkPlan, SourceSchedule, source_schedule
 
 
 @dataclass

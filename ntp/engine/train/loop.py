@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ntp.engine.train import checkpoint
+from ntp.engine.device.measure import host_pss_bytes, peak_memory_bytes, reset_peak_memory
 from ntp.engine.distributed.collectives import all_gather_objects
 from ntp.engine.distributed.dist import distributed
-from ntp.engine.device.measure import host_pss_bytes, peak_memory_bytes, reset_peak_memory
 from ntp.engine.tasks.base import Best, Job
+from ntp.engine.train import checkpoint
 from ntp.engine.train.setup import DataLoader, setup
 from ntp.engine.train.sinks import RecordSink, default_sinks
 from ntp.errors import CheckpointError, TrainingError

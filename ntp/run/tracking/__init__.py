@@ -2,13 +2,34 @@
 worker, the timing table, tables and figures, the resolved config, the model and the dataset. Nothing here imports
 Prefect."""
 from ntp.run.tracking.live import EpochLogger, ResultsFollower
-from ntp.run.tracking.mlflow_store import (EXPERIMENT_KIND, TAG_ERROR, TAG_EXPERIMENT_KIND, TAG_FLOW_RUN, TAG_GIT,
-                                           TAG_KIND, TAG_PARENT, UI_URL_ENV, client, data_dir, experiment_id,
-                                           git_commit, run_url, tracking_uri, ui_url)
-from ntp.run.tracking.plots import (curves_figure, memory_figure, plot_curves, plot_memory, plot_workers,
-                                    workers_figure)
-from ntp.run.tracking.runs import (MODEL_DIR, PLOTS_DIR, TABLES_DIR, TrainingRun, download_model, log_evaluation,
-                                   run_store, start_training_run)
+from ntp.run.tracking.mlflow_store import (
+                                           EXPERIMENT_KIND,
+                                           TAG_ERROR,
+                                           TAG_EXPERIMENT_KIND,
+                                           TAG_FLOW_RUN,
+                                           TAG_GIT,
+                                           TAG_KIND,
+                                           TAG_PARENT,
+                                           UI_URL_ENV,
+                                           client,
+                                           data_dir,
+                                           experiment_id,
+                                           git_commit,
+                                           run_url,
+                                           tracking_uri,
+                                           ui_url,
+)
+from ntp.run.tracking.plots import curves_figure, memory_figure, plot_curves, plot_memory, plot_workers, workers_figure
+from ntp.run.tracking.runs import (
+                                           MODEL_DIR,
+                                           PLOTS_DIR,
+                                           TABLES_DIR,
+                                           TrainingRun,
+                                           download_model,
+                                           log_evaluation,
+                                           run_store,
+                                           start_training_run,
+)
 from ntp.run.tracking.tables import epoch_metrics, summarize, timing_table, worker_metrics, worker_summary
 from ntp.run.tracking.tracked import TrackedTraining, default_run_name, train_tracked, train_untracked
 

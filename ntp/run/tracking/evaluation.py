@@ -100,10 +100,9 @@ def track_evaluation(run_id: str | None, metrics: dict, *, model_path: str | Pat
     """An evaluation in MLflow: the metrics into ``run_id`` (or a new evaluate run), the report of ``export``
     (None: a link model, no node predictions), and with ``register`` the model as a new version of that registered
     model. Returns {"run_id", and with register "model_uri", "version"}."""
-    from storage import open_store
-
     from ntp.run.tracking.mlflow_model import log_mlflow_model
     from ntp.run.tracking.runs import log_evaluation
+    from storage import open_store
 
     run_id = log_evaluation(run_id, metrics, model_path=model_path, store=store_path, experiment=experiment, uri=uri)
     if export is not None:

@@ -17,8 +17,18 @@ from typing import Any
 import yaml
 
 from ntp.records import EpochRecord, Results, read_results
-from ntp.run.tracking.mlflow_store import (TAG_ERROR, TAG_FLOW_RUN, TAG_GIT, TAG_KIND, TAG_PARENT, client,
-                                           experiment_id, git_commit, run_url, tracking_uri)
+from ntp.run.tracking.mlflow_store import (
+    TAG_ERROR,
+    TAG_FLOW_RUN,
+    TAG_GIT,
+    TAG_KIND,
+    TAG_PARENT,
+    client,
+    experiment_id,
+    git_commit,
+    run_url,
+    tracking_uri,
+)
 from ntp.run.tracking.orphans import close_orphaned_runs, end_status, launcher_tags
 from ntp.run.tracking.plots import curves_figure, memory_figure, workers_figure
 from ntp.run.tracking.tables import epoch_metrics, summarize, timing_table, worker_metrics, worker_summary
@@ -81,7 +91,7 @@ class TrainingRun:
 
     def log_dataset(self, store_path: str | Path, meta: Mapping[str, Any]) -> None:
         """The store as an MLflow dataset: source = store path, digest = store fingerprint."""
-        import mlflow.data  # registers the artifact dataset sources
+        import mlflow.data  # noqa: F401 (registers the artifact dataset sources)
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.data.sources import LocalArtifactDatasetSource
         from mlflow.entities import DatasetInput, InputTag

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from ntp.config import TrainConfig
-from ntp.engine.memory.chunks import ChunkPlan, make_plan
-from ntp.engine.tasks.hetero.data import RelationData
 from ntp.engine.distributed.partition import ceil_div
+from ntp.engine.memory.chunks import ChunkPlan, make_plan
 from ntp.engine.memory.placement import ACTIVATION_COPIES, PARAMETER_COPIES, nn_stage_bytes, propagated_width
+from ntp.engine.tasks.hetero.data import RelationData
 from ntp.engine.tasks.hetero.rgcn import parameter_sizes, stacks_relations
 
 #: Bytes per edge of a typed operator's direction: int64 column index and float32 value.
@@ -61,7 +61,7 @@ def resident_parts(cfg: TrainConfig, relations: list[RelationData], counts: dict
                    feature_dims: dict[str, int], out_dim: int, world: int, degrees: dict) -> dict[str, int]:
     """What a rank holds besides one chunk of aggregation, by part (bytes; float32)."""
     tables, replicated = parameter_sizes(cfg, counts, feature_dims, len(relations), out_dim)
-    n, edges = sum(counts.values()), sum(len(r.indices) for r in relations)
+    n = sum(counts.values())
     rows = {t: ceil_div(c, world) for t, c in counts.items()}
     ops = sum(8 * (len(d) + 1) + OPERATOR_EDGE_BYTES * int(d.sum()) for d in degrees.values())
     pairs = sum(len(d) for (kind, _), d in degrees.items() if kind == "forward")

@@ -19,12 +19,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ntp.engine.graph.aggregate import csr_matmul
 from ntp.engine.device.measure import OverlapClock, PhaseMemory
-from ntp.engine.memory.chunks import uniform_plan
 from ntp.engine.distributed.collectives import Comm
-from ntp.engine.tasks.hetero.data import HeteroGraphData, RelationData
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.graph.aggregate import csr_matmul
+from ntp.engine.memory.chunks import uniform_plan
+from ntp.engine.tasks.hetero.data import HeteroGraphData, RelationData
 
 NORMS = ("mean", "total", "sum")
 

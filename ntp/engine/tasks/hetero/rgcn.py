@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ntp.config import TrainConfig
-from ntp.engine.distributed.collectives import gather, split
-from ntp.engine.kernels.dropout import drop
-from ntp.engine.nn.embedding import SlicedEmbedding
-from ntp.engine.kernels.linear import Linear, matmul
-from ntp.engine.distributed.partition import Partition
 from ntp.engine.device.precision import autocast, dtype
+from ntp.engine.distributed.collectives import gather, split
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.kernels.dropout import drop
+from ntp.engine.kernels.linear import Linear, matmul
+from ntp.engine.nn.embedding import SlicedEmbedding
 from ntp.engine.tasks.hetero.relations import HeteroContext
 
 

@@ -15,21 +15,27 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.device import precision
-from ntp.engine.distributed.collectives import (Comm, all_gather_rows, all_reduce_gradients, check_same_on_all_ranks,
-    gather)
+from ntp.engine.distributed.collectives import (
+    Comm,
+    all_gather_rows,
+    all_reduce_gradients,
+    check_same_on_all_ranks,
+    gather,
+)
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.distributed.partition import Partition
+from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.memory.chunks import ChunkPlan
-from ntp.engine.tasks.base import refuse_section, SPLITS, Job, count_train_labels, make_optimizer, split_accuracy
+from ntp.engine.nn.layers import class_loss_sum
+from ntp.engine.nn.rowwise_adam import RowwiseAdam
+from ntp.engine.tasks.base import SPLITS, Job, count_train_labels, make_optimizer, refuse_section, split_accuracy
 from ntp.engine.tasks.hetero.data import HeteroGraphData, load_hetero, load_relations
 from ntp.engine.tasks.hetero.memory import plan_operators, summary
-from ntp.engine.nn.layers import class_loss_sum
-from ntp.engine.distributed.traffic import ALLREDUCE
-from ntp.engine.distributed.partition import Partition
 from ntp.engine.tasks.hetero.relations import HeteroContext
 from ntp.engine.tasks.hetero.rgcn import build_rgcn, embedding_tables
-from ntp.engine.nn.rowwise_adam import RowwiseAdam
 from ntp.errors import ConfigError
 from ntp.model_specs import MODELS
+
 
 class _TableView:
     """What SlicedEmbedding.snapshot needs of a context: a gather and a communicator over the table's rows."""

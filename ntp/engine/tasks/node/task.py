@@ -22,7 +22,15 @@ from ntp.engine.nn.layers import class_loss_sum
 from ntp.engine.nn.models import build_model
 from ntp.engine.parallel.context import GraphContext
 from ntp.engine.parallel.data_parallel import DataParallelContext
-from ntp.engine.tasks.base import refuse_section, SPLITS, Job, count_train_labels, labeled, make_optimizer, split_accuracy
+from ntp.engine.tasks.base import (
+    SPLITS,
+    Job,
+    count_train_labels,
+    labeled,
+    make_optimizer,
+    refuse_section,
+    split_accuracy,
+)
 from ntp.engine.tasks.evaluation import compute_metric
 from ntp.errors import ConfigError
 from ntp.model_specs import MODELS
