@@ -20,7 +20,7 @@ from ntp.config import TrainConfig
 from ntp.engine.device.precision import element_bytes
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES
-from ntp.engine.memory.placement import (
+from ntp.engine.memory.parts import (
     PARAMETER_COPIES,
     nn_stage_bytes,
     propagated_width,

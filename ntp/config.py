@@ -8,28 +8,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
-import yaml
-
+from ntp.config_checks import validate
 from ntp.errors import ConfigError
 from ntp.model_specs import MODELS, ModelSpec, models_help
-
-Model = Literal["gcn", "sgc", "appnp", "sage", "gin", "gat", "rgcn"]
-Arch = Literal["decoupled", "coupled"]
-Mode = Literal["single", "tp", "data"]
-Optimizer = Literal["adam", "adamw"]
-Norm = Literal["none", "batch", "layer"]
-Offload = Literal["none", "topology", "all"]
-NNDevice = Literal["auto", "device", "stream", "cpu"]
-Decoder = Literal["mlp", "dot"]
-Precision = Literal["fp32", "bf16"]
-RelNorm = Literal["mean", "total", "sum"]
-Decomposition = Literal["none", "basis", "block"]
+from ntp.options import (
+    Arch,
+    Decoder,
+    Decomposition,
+    Mode,
+    Model,
+    NNDevice,
+    Norm,
+    Offload,
+    Optimizer,
+    Precision,
+    RelNorm,
+    load_config_file,
+    parse_bytes,
+)
 
 #: --weight-decay left out: Kipf's GCN for node classifiers (and R-GCN), none for link prediction (OGB's examples)
 WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
@@ -148,94 +148,8 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        for f in fields(self):
-            choices = literal_choices(f.type)
-            value = getattr(self, f.name)
-            if choices and value not in choices and not (value is None and f.default is None):
-                raise ConfigError(f"--{flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
-        _positive(self, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads", "decoder_layers",
-                  "link_batch")
-        _non_negative(self, "prop_steps", "patience", "chunk_rows", "threads", "num_bases", "nn_block_rows")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"--dropout {self.dropout} must be in [0, 1); e.g. --dropout 0.5")
-        if self.input_dropout is not None and not 0.0 <= self.input_dropout < 1.0:
-            raise ConfigError(f"--input-dropout {self.input_dropout} must be in [0, 1); e.g. --input-dropout 0 "
-                              "(or leave it out: --dropout)")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ConfigError(f"--alpha {self.alpha} must be in [0, 1]; APPNP commonly uses 0.1")
-        if self.lr <= 0:
-            raise ConfigError(f"--lr {self.lr} must be positive; e.g. --lr 0.01")
-        if self.weight_decay is not None and self.weight_decay < 0:
-            raise ConfigError(f"--weight-decay {self.weight_decay} must be >= 0")
-        if self.clip_grad < 0:
-            raise ConfigError(f"--clip-grad {self.clip_grad} must be >= 0 (0: no clipping); e.g. --clip-grad 1.0")
-        if self.collective_timeout_s <= 0:
-            raise ConfigError(f"--collective-timeout-s {self.collective_timeout_s} must be positive (seconds)")
-        spec = self.model_spec
-        if self.arch not in spec.archs:
-            coupled = ", ".join(m.name for m in MODELS.values() if self.arch in m.archs and not m.heterogeneous)
-            raise ConfigError(f"--model {self.model} is {' or '.join(spec.archs)} by nature; use --arch "
-                              f"{spec.archs[0]} (or a {self.arch} model: {coupled})")
-        if self.arch == "decoupled" and self.prop_steps == 0 and spec.attention:
-            raise ConfigError("--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)")
-        parse_bytes(self.memory_budget, "--memory-budget")
-        self._check_used_options()
-        if self.offload != "none" and self.mode == "data":
-            raise ConfigError("--offload streams tensor parallelism's chunks; the data-parallel baseline keeps its "
-                              "own block on the device: use --mode tp, or --offload none")
-        if self.offload != "none" and self.model_spec.attention:
-            raise ConfigError("--offload streams fixed propagation operators; attention (--model gat) computes its "
-                              "edge values on the device every step: use --offload none (--memory-budget still "
-                              "chunks its aggregation)")
-        if self.resume and not self.checkpoint_dir:
-            raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
-        if self.resume_anyway and not self.resume:
-            raise ConfigError("--resume-anyway only applies to --resume: add --resume, or drop --resume-anyway")
-
-    def _check_used_options(self) -> None:
-        """An option the chosen model, architecture or mode would ignore is an error, not a silent no-op."""
-        if self.overlap and self.mode in ("single", "data"):
-            raise ConfigError(f"--overlap overlaps the split and gather of tensor parallelism; --mode {self.mode} "
-                              "has none: use --mode tp (or drop --overlap)")
-        spec = self.model_spec
-        if self.overlap and spec.attention:
-            raise ConfigError("--overlap pipelines fixed propagation operators; attention (--model gat) computes its "
-                              "edge weights every step and is not overlapped: drop --overlap")
-        if self.decomposition != "none" and self.num_bases < 1:
-            raise ConfigError(f"--decomposition {self.decomposition} needs --num-bases N >= 1 (e.g. --num-bases 30)")
-        if (self.decomposition != "none" or self.num_bases) and (not spec.heterogeneous or self.arch != "coupled"):
-            raise ConfigError("--decomposition/--num-bases shape the relation weights of coupled R-GCN layers: use "
-                              "--model rgcn --arch coupled, or drop them")
-        if self.sparse_embeddings and not spec.heterogeneous:
-            raise ConfigError("--sparse-embeddings updates R-GCN's embedding tables: use --model rgcn, or drop it")
-        if spec.heterogeneous and self.mode == "data":
-            raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
-        if spec.heterogeneous and self.input_dropout is not None:
-            raise ConfigError("--input-dropout applies to the homogeneous models; R-GCN's dropout is --dropout: drop "
-                              "--input-dropout")
-        if spec.heterogeneous and (self.overlap or self.offload != "none" or self.nn_device == "cpu"):
-            raise ConfigError("--overlap, --offload and --nn-device cpu apply to homogeneous models; R-GCN runs on "
-                              "the rank's device and its relation-wise aggregation is bounded with --memory-budget "
-                              "SIZE (or --chunk-rows N): drop them and use that")
-        self._check_streaming()
-        if self.norm != "none" and self.arch == "coupled":
-            raise ConfigError(f"--norm {self.norm} normalises the hidden layers of the decoupled NN stage; coupled "
-                              "layers have none: use --arch decoupled, or drop --norm")
-
-    def _check_streaming(self) -> None:
-        """What ``--nn-device stream`` (ntp.engine.parallel.row_stream) can stream: row-wise segments only."""
-        if self.nn_block_rows and self.nn_device != "stream":
-            raise ConfigError("--nn-block-rows sizes the blocks of --nn-device stream: add --nn-device stream, or "
-                              "drop --nn-block-rows")
-        if self.nn_device != "stream" or self.nn_streams:
-            return
-        if not self.model_spec.row_wise:
-            raise ConfigError(f"--nn-device stream streams row-wise layers; --model {self.model} computes on its "
-                              "edges or relations on the device: use --nn-device cpu (or device) with it, or "
-                              "--model gcn, sage, gin, sgc or appnp")
-        raise ConfigError("--norm batch needs statistics over all rows before any row's output, which a stage "
-                          "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "
-                          "--nn-device device or cpu")
+        """ntp.config_checks.validate: a ConfigError naming the option and its fix."""
+        validate(self)
 
     def checkpoint_due(self, epoch: int) -> bool:
         """Whether the loop writes a checkpoint after ``epoch`` (tasks gather sliced state for it beforehand)."""
@@ -323,66 +237,3 @@ def _flattened(data: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_bytes(text: str | int, flag: str = "--memory-budget") -> int:
-    """``"8GB"``, ``"512MiB"``, ``"1.5g"`` or a plain byte count -> bytes; empty -> 0 (not given)."""
-    if isinstance(text, int):
-        value, unit = float(text), ""
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-        if not str(text).strip():
-            return 0
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ConfigError(f"{flag} {text!r} is not a size; write a number with a unit, e.g. {flag} 8GB "
-                              f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-        value, unit = float(match.group(1)), match.group(2).lower()
-    nbytes = int(value * _UNITS[unit])
-    if nbytes <= 0:
-        raise ConfigError(f"{flag} {text!r} must be positive, e.g. {flag} 8GB")
-    return nbytes
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or TOML configuration file into a dict."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist; pass an existing .yaml/.toml file to --config")
-    text = p.read_text()
-    try:
-        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {p} must hold a mapping of option names to values")
-    return data
-
-
-_LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm, "Offload": Offload,
-             "NNDevice": NNDevice, "Decoder": Decoder, "Precision": Precision, "RelNorm": RelNorm,
-             "Decomposition": Decomposition}
-
-
-def literal_choices(type_name: str) -> tuple[str, ...]:
-    """The choices of a field annotated with one of the Literal aliases above (``"Mode | None"`` included)."""
-    literal = _LITERALS.get(type_name.removesuffix(" | None"))
-    return tuple(get_args(literal)) if literal is not None else ()
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a field: ``memory_budget`` -> ``memory-budget``."""
-    return name.replace("_", "-")
-
-
-def _positive(cfg: TrainConfig, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{flag(name)} {getattr(cfg, name)} must be at least 1")
-
-
-def _non_negative(cfg: TrainConfig, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"--{flag(name)} {getattr(cfg, name)} must be >= 0")

@@ -16,6 +16,9 @@ FORBIDDEN = {
     "ntp": {"prefect", "tasks", "flows"},
     "ntp.engine": {"mlflow", "prefect", "subprocess", "argparse", "matplotlib", "pandas", "ntp.run"},
     "ntp.config": {"ntp.engine", "ntp.run"},
+    "ntp.config_checks": {"ntp.engine", "ntp.run"},
+    "ntp.options": {"ntp.engine", "ntp.run"},
+    "ntp.model_specs": {"ntp.engine", "ntp.run"},
     "ntp.spec": {"ntp.engine", "ntp.run"},
     "ntp.records": {"ntp.engine", "ntp.run"},
     "ntp.errors": {"ntp.engine", "ntp.run"},
@@ -27,7 +30,8 @@ COMMUNICATION = {"all_to_all", "all_to_all_single", "all_reduce", "all_gather", 
                  "all_gather_object", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
                  "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "isend", "irecv", "barrier",
                  "monitored_barrier", "batch_isend_irecv", "gather_object", "scatter_object_list"}
-MAX_LINES = 400
+#: Lines of a module as ruff formats it (one argument a line where a call does not fit in 120 columns).
+MAX_LINES = 500
 #: The engine's packages, lowest first: a package imports only from those before it (and itself).
 ENGINE_LAYERS = ("kernels", "device", "distributed", "graph", "memory", "parallel", "nn", "tasks", "train", "infer")
 

@@ -9,9 +9,10 @@ from typing import get_args
 
 import pytest
 
-from ntp.config import SECTIONS, Model, TrainConfig, section_of
+from ntp.config import SECTIONS, TrainConfig, section_of
 from ntp.errors import ConfigError
 from ntp.model_specs import MODELS
+from ntp.options import Model
 from ntp.run.flags import add_config_arguments, config_from_args
 
 ROOT = Path(__file__).resolve().parents[1]

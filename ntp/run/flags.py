@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from ntp.config import SECTIONS, TrainConfig, flag, literal_choices, load_config_file
+from ntp.config import SECTIONS, TrainConfig
+from ntp.options import flag, literal_choices, load_config_file
 from ntp.spec import DEVICES, LaunchSpec, resolve
 
 

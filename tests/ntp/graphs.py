@@ -36,7 +36,7 @@ def budget_leaving(chunk_bytes: int, cfg, *, num_nodes: int, num_edges: int, fea
                    world: int) -> str:
     """A ``--memory-budget`` that leaves ``chunk_bytes`` to the aggregation chunks of a CPU rank once what stays
     resident there (topology, embeddings, NN stage: ntp.engine.memory.placement) is counted, as the ranks count it."""
-    from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.memory.parts import rank_resident_parts
     from ntp.engine.nn.models import build_model
 
     params = sum(p.numel() for p in build_model(cfg, feature_dim, out_dim).parameters())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ntp.config import TrainConfig, parse_bytes
+from ntp.config import TrainConfig
 from ntp.engine.distributed.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.graph import aggregate
@@ -24,10 +24,12 @@ from ntp.engine.memory.chunks import (
     source_schedule,
     uniform_plan,
 )
-from ntp.engine.memory.placement import graph_resident_parts, nn_placement, nn_stage_bytes, rank_resident_parts
+from ntp.engine.memory.parts import graph_resident_parts, nn_stage_bytes, rank_resident_parts
+from ntp.engine.memory.placement import nn_placement
 from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
 from ntp.errors import ConfigError, MemoryPlanError
+from ntp.options import parse_bytes
 from storage.csr import transpose_indices
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import graph_budget, loader, random_graph
@@ -260,7 +262,7 @@ def test_a_gpu_plan_counts_one_direction_of_a_symmetric_topology() -> None:
     from ntp.engine.device.measure import format_bytes
     from ntp.engine.distributed.collectives import Comm
     from ntp.engine.distributed.partition import Partition
-    from ntp.engine.memory.placement import device_topology_bytes
+    from ntp.engine.memory.parts import device_topology_bytes
     from ntp.engine.parallel.context import GraphContext
 
     src, dst = DIRECTED["edge_index"]
@@ -573,7 +575,7 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
     them the chunks get an eighth of their working set (they number STREAMED_CHUNKS; the costliest row at least),
     and the topology where it stays. The blocks are the widest that this leaves room for."""
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
-    from ntp.engine.memory.placement import device_topology_bytes, offload_room, offloaded_layout, streamed_bytes
+    from ntp.engine.memory.parts import device_topology_bytes, offload_room, offloaded_layout, streamed_bytes
 
     for n in (1_000, 1_000_000):  # a slab holds all the columns of the small graph, 4 of the large one
         e, width = 20 * n, 64
@@ -598,7 +600,8 @@ def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_
     """A streamed slice's blocks read the topology once each: from device memory if it stays there, over the bus
     if it streams. It stays when the room it leaves holds blocks a memory sector wide (8 float32 columns, 16
     bfloat16) or the whole slice, if narrower; otherwise it streams as before, in wider blocks."""
-    from ntp.engine.memory.placement import describe_streaming, offload_room, offloaded_layout
+    from ntp.engine.memory.parts import offload_room, offloaded_layout
+    from ntp.engine.memory.placement import describe_streaming
 
     n, e, width = 10_000, 50_000, 64
     room = lambda columns, precision="fp32", e=e: offload_room(n, e, columns, precision, True)  # noqa: E731
@@ -753,7 +756,7 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     from ntp.engine.distributed.collectives import Comm
     from ntp.engine.distributed.partition import Partition
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
-    from ntp.engine.memory.placement import device_topology_bytes, offload_room, streamed_bytes
+    from ntp.engine.memory.parts import device_topology_bytes, offload_room, streamed_bytes
     from ntp.engine.parallel.context import GraphContext
 
     topo = _topology(DIRECTED)
@@ -784,7 +787,7 @@ def test_one_rank_counts_its_slice_once_with_the_nn_stage_that_holds_it() -> Non
     it runs on the host or the ranks are two. Planned only: nothing runs on a device."""
     from ntp.engine.distributed.collectives import Comm
     from ntp.engine.distributed.partition import Partition
-    from ntp.engine.memory.placement import offload_room
+    from ntp.engine.memory.parts import offload_room
     from ntp.engine.parallel.context import GraphContext
 
     topo = _topology(DIRECTED)

@@ -10,7 +10,7 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.memory.placement import offload_room
+from ntp.engine.memory.parts import offload_room
 from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -52,7 +52,7 @@ def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: i
     them through the GPU in blocks of 8 columns, over a topology kept on the device (where the blocks come one ahead
     of the compute, two at least: room for the whole 16-column slice gives two blocks of 8) or streamed per block;
     the losses stay the CPU's. The NN stage runs on the host: on one rank whose NN stage is on the GPU the slice is
-    its rows, which stay there (ntp.engine.memory.placement.slice_is_rows). The budget is the room ``--offload all`` needs
+    its rows, which stay there (ntp.engine.memory.parts.slice_is_rows). The budget is the room ``--offload all`` needs
     for ``columns`` (``offload_room``: the block's columns and a slab in transit, the chunks, and the topology where
     it stays; blocks of 8 columns stay with the topology only if the budget counts it)."""
     n = GRAPH["x"].shape[0]
@@ -74,7 +74,7 @@ def test_column_blocks_cross_the_gpu_in_order_while_the_compute_stream_lags(dept
     device holds no more than the memory plan counts (``placement.streamed_bytes``)."""
     from ntp.engine.device import transfer
     from ntp.engine.kernels import cuda_transpose
-    from ntp.engine.memory.placement import streamed_bytes
+    from ntp.engine.memory.parts import streamed_bytes
 
     monkeypatch.setattr(transfer, "SLAB_BYTES", 3 * 10_000 * 4)
     h = transfer.host_columns(torch.randn(10_000, 37), pinned=True)
@@ -108,9 +108,9 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
     """What a step allocates on the GPU (the caching allocator's peak above what lived before it, plus the features,
     as tests/ntp/test_memory_estimate.py counts on a CPU) is at most what the plan gives it: its parts but the
     topology, and the one chunk's working set (ntp.engine.memory.chunks.degree_costs). On one rank the slice is the NN
-    stage's rows and counts once (ntp.engine.memory.placement.slice_is_rows), in float32 and bfloat16."""
+    stage's rows and counts once (ntp.engine.memory.parts.slice_is_rows), in float32 and bfloat16."""
     from ntp.engine.device.precision import element_bytes
-    from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.memory.parts import rank_resident_parts
     from ntp.engine.train.loop import train_step
 
     cfg = _config(hidden=64, dropout=0.5, **options)

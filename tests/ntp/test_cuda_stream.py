@@ -53,7 +53,7 @@ def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None
     but the topology, and a chunk; and well under the in-device stage's (the rows are on the host)."""
     from ntp.engine.device.precision import element_bytes
     from ntp.engine.memory.chunks import degree_costs
-    from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.memory.parts import rank_resident_parts
 
     graph = random_graph(n=100_000, d=128, classes=8, avg_degree=10, seed=5)
     measured = {}

@@ -113,7 +113,7 @@ def test_a_chunk_of_pairs_holds_what_the_plan_counts(options: dict, monkeypatch:
 def test_the_decoders_slice_is_counted_where_offload_all_may_stream_it() -> None:
     """Where ``--offload all`` streams the column slice through a GPU, the decoder still copies it there whole
     (ntp.engine.tasks.link.task.LinkTask.train_epoch): counted on several ranks; one rank's slice is its NN stage's rows, which
-    never stream (ntp.engine.memory.placement.slice_is_rows)."""
+    never stream (ntp.engine.memory.parts.slice_is_rows)."""
     shape = dict(num_nodes=1_000, num_edges=8_000, feature_dim=16, splits={"train": ((4_000, 2), None)}, params=100)
     cfg = TrainConfig(hidden=64, offload="all")
     assert link_memory.resident_parts(cfg, world=2, **shape)["decoder's slice"] == 4 * 1_000 * 32

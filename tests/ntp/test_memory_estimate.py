@@ -20,7 +20,7 @@ CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5),
            dict(arch="coupled", model="gcn", hidden=128, dropout=0.0),
            dict(arch="decoupled", model="gcn", hidden=64, nn_layers=3, dropout=0.5),
            dict(arch="coupled", model="sage", hidden=64, dropout=0.5),
-           dict(arch="coupled", model="gin", hidden=64, dropout=0.5)]  # its MLPs: ntp.engine.memory.placement.inner_width
+           dict(arch="coupled", model="gin", hidden=64, dropout=0.5)]  # its MLPs: ntp.engine.memory.parts.inner_width
 #: bfloat16 on a CPU, whose products sum a float32 copy into a float32 output
 BF16_CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5, precision="bf16"),
                 dict(arch="coupled", model="sage", hidden=64, dropout=0.5, precision="bf16")]
@@ -42,7 +42,7 @@ def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
     rank on a ``device_type`` device (GAT's pattern is built in the first step and so is not counted on either
     side)."""
     from ntp.engine.distributed.dist import DistEnv
-    from ntp.engine.memory.placement import rank_resident_parts
+    from ntp.engine.memory.parts import rank_resident_parts
     from ntp.engine.train.loop import train_step
     from ntp.engine.train.setup import setup
     from tests.ntp.graphs import loader
@@ -67,7 +67,7 @@ def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
 def test_one_rank_is_not_planned_at_much_more_than_a_step(options: dict) -> None:
     """On one rank the column slice is the NN stage's rows: counted twice (once as embeddings), the plan was 1.8 and
     2.2x what these coupled GCNs' steps allocate, and sent an H100's products-scale run that peaks at 6.15 GB off the
-    device under an 8GB budget (ntp.engine.memory.placement.slice_is_rows). Counted once, it exceeds these steps by at most
+    device under an 8GB budget (ntp.engine.memory.parts.slice_is_rows). Counted once, it exceeds these steps by at most
     60 % (the NN stage's four copies per activation are an upper bound)."""
     measured, estimate = measured_and_estimated(options)
     assert estimate < 1.6 * measured, f"the plan counts {estimate} bytes, a step allocates {measured}"

@@ -12,7 +12,7 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.distributed.traffic import GATHER, SPLIT
 from ntp.engine.graph.aggregate import csr_matmul
-from ntp.engine.memory.placement import rank_resident_parts
+from ntp.engine.memory.parts import rank_resident_parts
 from ntp.engine.tasks.link.model import LINK
 from tests.ntp.exactness_worker import trace_all
 from tests.ntp.graphs import random_graph

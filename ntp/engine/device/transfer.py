@@ -132,7 +132,7 @@ def stream_columns(h: torch.Tensor, out: torch.Tensor, device: torch.device, blo
     another, a slab of columns at a time, transposed there; ``depth`` 2: in two sets of buffers, so the next block
     arrives and the previous one leaves while the compute stream works on this one; 1: one set, the next block
     arriving as the previous one leaves. Buffers are allocated once: the device holds ``2 * depth`` blocks and a slab
-    each way (ntp.engine.memory.placement.streamed_bytes). On a CPU every copy happens where it is issued."""
+    each way (ntp.engine.memory.parts.streamed_bytes). On a CPU every copy happens where it is issued."""
     rows, widest = h.shape[0], max((c1 - c0 for c0, c1 in blocks), default=0)
     depth = min(depth, len(blocks))  # one block: one set
     xs, ys = ([torch.empty(rows * widest, dtype=h.dtype, device=device) for _ in range(depth)] for _ in range(2))

@@ -244,7 +244,7 @@ class RowBlocks:
         while the next chunk computes. In blocks of columns, ``h`` lies column by column (ntp.engine.device.transfer:
         ``to_graph`` leaves it so), so a block comes and goes in contiguous slabs; its output returns while the next
         block computes, and where the topology stays on the device (no chunk copies for the bus) the next block's
-        input arrives meanwhile (ntp.engine.memory.placement.streamed_bytes counts both)."""
+        input arrives meanwhile (ntp.engine.memory.parts.streamed_bytes counts both)."""
         pinned, width = self.device.type == "cuda", h.shape[1]
         step = self.column_block or width
         if step >= width and not is_column_major(h):

@@ -14,173 +14,17 @@ but these copies (which are no-ops).
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ntp.engine.device.measure import format_bytes, free_device_bytes
-from ntp.engine.device.precision import dtype, element_bytes
-from ntp.engine.device.transfer import slab_columns, stream_depth, streams_topology
+from ntp.engine.device.precision import element_bytes
+from ntp.engine.device.transfer import streams_topology
 from ntp.engine.distributed.partition import ceil_div
-from ntp.engine.graph.aggregate import scales_rows
-from ntp.engine.kernels.dropout import dropped_copy_bytes
-from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, ChunkPlan, make_plan
-
-#: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
-#: dropout input or mask), its gradient, and one temporary.
-ACTIVATION_COPIES = 4
-#: Device bytes per edge of each direction of the topology (ntp.engine.graph.topology: 32-bit indices, no values).
-INDEX_BYTES = 4
-#: Device bytes per vertex of each direction's row pointers (32-bit per chunk).
-ROW_POINTER_BYTES = 4
-#: Device bytes per vertex of an operator's three scaling vectors.
-SCALING_BYTES = 3 * 4
-#: Bytes of a row of a streamed column block, at least, beside a topology kept on the device: one memory sector of a
-#: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
-SECTOR_BYTES = 32
-#: fp32 copies per parameter: the weight, its gradient and Adam's two moments.
-PARAMETER_COPIES = 4
-#: float32 values per edge (self-loops included) that one head of one attention layer holds at its peak: the scores
-#: gathered at both ends, the logits, the softmax's terms and its weights, and their gradients. Measured 5.4-7.2
-#: (tests/ntp/test_memory_estimate.py counts a step's live tensor bytes).
-ATTENTION_COPIES = 8
-#: Device bytes per edge of the attention pattern (ntp.engine.graph.aggregate.EdgeWeightedTopology: sources, destinations,
-#: transposed sources and their permutation, 32-bit).
-ATTENTION_INDEX_BYTES = 4 * 4
-#: the most device memory a streamed NN block takes (ntp.engine.parallel.row_stream): a larger one runs no faster, its
-#: products being long already, and leaves less to aggregation's chunks
-STREAM_BLOCK_BYTES = 1 << 30
-#: the share of what the budget leaves besides aggregation's resident parts that a streamed NN block may take
-STREAM_BLOCK_SHARE = 0.5
-#: the fewest rows of a streamed NN block: fewer, and each block's fixed costs (copies, kernel launches) dominate
-MIN_STREAM_ROWS = 1024
-
-
-def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
-    """The widest matrix propagation moves: the output (decoupled) or the widest layer (coupled)."""
-    return out_dim if arch == "decoupled" else max(hidden, out_dim)
-
-
-def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int,
-                   precision: str = "fp32", device_type: str = "cuda", input_dropout: float = 0.5,
-                   inner: int = 0, in_product: bool = True) -> int:
-    """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
-    features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
-    ntp.engine.kernels.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product, which
-    ``in_product`` allows: :func:`input_dropped_in_product`), activations of every layer (and ``inner`` columns more:
-    :func:`inner_width`), and the (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor
-    bytes against it."""
-    eb = element_bytes(precision)
-    dropped = (dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout) if in_product
-               else eb * rows * in_dim if input_dropout else 0)
-    features = eb * rows * in_dim + dropped
-    activations = eb * rows * (hidden * (layers - 1) + out_dim + inner) * ACTIVATION_COPIES
-    return features + activations + 4 * params * PARAMETER_COPIES
-
-
-def input_dropped_in_product(cfg) -> bool:
-    """Whether the first layer's input dropout may run inside its product (ntp.engine.kernels.dropout.RowDropout.linear;
-    ``cfg``: a TrainConfig): not in a coupled GraphSAGE, whose two products read the dropped input
-    (ntp.engine.nn.models.SAGELayer)."""
-    return not (cfg.model_spec.root_term and cfg.arch == "coupled")
-
-
-def inner_width(cfg) -> int:
-    """Activation columns of a layer besides its output, summed over the layers (``cfg``: a TrainConfig): a coupled
-    GIN layer's MLP hidden layer, ``hidden`` wide."""
-    return cfg.hidden * cfg.nn_layers if cfg.model_spec.inner_mlp and cfg.arch == "coupled" else 0
-
-
-def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
-                         device_type: str = "cuda", column_block: int = 1, topology_kept: bool = False,
-                         symmetric: bool = False, rows_counted: bool = False) -> dict[str, int]:
-    """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
-    offloaded (or ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice
-    embeddings (input, output and their gradients; none where they are the NN stage's rows, counted there:
-    ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with ``offload == "all"`` on a GPU, what a
-    product streaming ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the
-    device; the default, one column, is the least before the plan has chosen). A product on the resident slice
-    multiplies a float32 copy of its input where it makes one: a bfloat16 input's on a CPU, or rows scaled once
-    (ntp.engine.graph.aggregate.scales_rows: on a GPU, float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product
-    writes a float32 output first."""
-    eb = element_bytes(precision)
-    streamed = offload == "all" and device_type == "cuda" and column_block > 0 and not rows_counted
-    on_device = offload == "none" or topology_kept
-    parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
-             "embeddings": (streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept)) if streamed
-                            else 0 if rows_counted else 4 * num_nodes * slice_width * eb)}
-    in_float32 = device_type == "cpu" and precision != "fp32"  # a CPU sums a bfloat16 input in float32, then casts
-    if not streamed and (in_float32 or scales_rows(num_edges, num_nodes * slice_width, device_type, precision)):
-        parts["float32 product input"] = 4 * num_nodes * slice_width
-    if not streamed and in_float32:
-        parts["float32 product output"] = 4 * num_nodes * slice_width
-    return parts
-
-
-def slice_is_rows(world: int, nn_stage_bytes: int) -> bool:
-    """Whether the column slice is the NN stage's rows themselves (one rank: split and gather are the identity), whose
-    bytes the plan counts with the NN stage (``nn_stage_bytes`` on the rank's device), not again as embeddings
-    (counted twice, a one-GPU plan was about twice a step: docs/benchmarks.md, section 8). ``--offload all`` keeps
-    such a slice on the device and streams the topology, which holds less and is faster (an H100 at products scale:
-    1.12x the in-device epoch at 4.24 GB, where streaming the slice took 3.83x at 5.02 GB)."""
-    return world == 1 and nn_stage_bytes > 0
-
-
-def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int, precision: str = "fp32",
-                     max_degree: int = 0, symmetric: bool = False) -> tuple[int, bool]:
-    """``--offload all`` on a GPU, given ``room`` (what the budget leaves besides the NN stage): how many columns of
-    the column slice a product holds on the device at once, and whether the topology stays there meanwhile.
-
-    0 columns when the slice's embeddings fit there as without offload (half the room; moving them through host
-    memory would only add copies: products keep nothing for the backward, so the device holds the same either way).
-    Else the slice streams, in the widest blocks the room holds (:func:`offload_room`), at least one column. The
-    topology stays when blocks a memory sector wide (:data:`SECTOR_BYTES`; or the whole slice, if narrower) fit
-    beside it: each block then reads it from device memory instead of streaming it over the bus once more (an H200
-    streamed a 120M-edge topology in about the time of a whole product). The blocks then come one ahead of the
-    compute (:func:`streamed_bytes`), and number two at least where they stay a sector wide, so that copies overlap the
-    products."""
-    eb = element_bytes(precision)
-    if 4 * num_nodes * slice_width * eb <= room // 2:
-        return 0, False
-    widest = lambda kept: bisect.bisect_right(  # noqa: E731
-        range(1, slice_width + 1), room,
-        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree, symmetric))
-    beside, sector = widest(True), min(slice_width, SECTOR_BYTES // eb)
-    if beside >= sector:
-        return min(beside, max(sector, ceil_div(slice_width, 2))), True
-    return max(1, widest(False)), False
-
-
-def offload_room(num_nodes: int, num_edges: int, columns: int, precision: str = "fp32", topology_kept: bool = False,
-                 max_degree: int = 0, symmetric: bool = False) -> int:
-    """Device bytes ``--offload all`` needs besides the NN stage to stream ``columns`` columns at a time: the
-    product's (:func:`streamed_bytes`), a chunk (about an eighth of the chunks' working set, as they number
-    :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
-    and the topology where it stays."""
-    eb = element_bytes(precision)
-    row = eb * columns + ROW_BYTES
-    chunks = max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS,
-                 (max_degree + 1) * EDGE_BYTES + row)
-    topology = device_topology_bytes(num_nodes, num_edges, symmetric) if topology_kept else 0
-    return streamed_bytes(num_nodes, columns, eb, stream_depth(not topology_kept)) + chunks + topology
-
-
-def device_topology_bytes(num_nodes: int, num_edges: int, symmetric: bool = False) -> int:
-    """Device bytes of the topology kept there between products: both directions, or one where ``A`` is symmetric
-    (``A^T`` is ``A``: ntp.engine.graph.topology), and the scaling vectors."""
-    directions = 1 if symmetric else 2
-    return directions * (num_edges * INDEX_BYTES + num_nodes * ROW_POINTER_BYTES) + num_nodes * SCALING_BYTES
-
-
-def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, depth: int = 1) -> int:
-    """Device bytes of a product that streams ``columns`` columns at a time (ntp.engine.device.transfer.stream_columns):
-    a block's input and output in each of ``depth`` sets (2 where the topology stays on the device: the next block
-    arrives and the previous one leaves while one computes; ntp.engine.device.transfer.stream_depth), and a slab of columns
-    (ntp.engine.device.transfer.slab_columns) on its way each way."""
-    blocks = 2 * depth
-    return num_nodes * element_bytes * (blocks * columns + 2 * min(columns, slab_columns(num_nodes, element_bytes)))
+from ntp.engine.memory.chunks import DEVICE_MARGIN, ChunkPlan, make_plan
+from ntp.engine.memory.parts import propagated_width
 
 
 def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
@@ -196,22 +40,6 @@ def describe_streaming(column_block: int, slice_width: int, topology_kept: bool)
             f"{blocks} block(s) of up to {column_block} columns; the topology {where}")
 
 
-def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
-    """What GAT (``cfg``: a TrainConfig) keeps on the rank's device per edge, self-loops included: its topology is
-    its attention pattern, which replaces the row blocks the other models build (it propagates through nothing else,
-    and offloads nothing), and its edge tensors, per head of every attention layer (coupled: each layer, one head in
-    the last; decoupled: one attention whose weights every propagation step copies per head). Nothing for the other
-    models."""
-    if not cfg.model_spec.attention:
-        return {}
-    edges = num_edges + num_nodes
-    if cfg.arch == "decoupled":
-        floats = cfg.heads * (ATTENTION_COPIES + max(cfg.prop_steps - 1, 0))
-    else:
-        floats = ATTENTION_COPIES * (cfg.heads * (cfg.nn_layers - 1) + 1)
-    return {"topology": edges * ATTENTION_INDEX_BYTES + 2 * 4 * (num_nodes + 1),
-            "attention": 4 * edges * floats}
-
 
 def ways_out(resident: dict[str, int]) -> str:
     """How else a budget too small for ``resident`` (by part) can be met, besides a larger one: link prediction's
@@ -225,52 +53,6 @@ def ways_out(resident: dict[str, int]) -> str:
     return ("use fewer --heads (GAT keeps its edge tensors per head, on every rank), --nn-device cpu, or a model "
             "without attention (gcn, sage)")
 
-
-def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int,
-                        params: int, nn_on_device: bool, device_type: str = "cuda",
-                        symmetric: bool = False, row_block: int = 0) -> dict[str, int]:
-    """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
-    before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device, or, streamed in
-    blocks of ``row_block`` rows, one block: "NN block"; ``symmetric``: ``A`` is, so one direction of the topology
-    is kept)."""
-    rows = ceil_div(num_nodes, world)
-    nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
-                              device_type, cfg.first_dropout, inner_width(cfg),
-                              input_dropped_in_product(cfg)) if nn_on_device and not row_block else 0
-    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
-                                 symmetric=symmetric, rows_counted=slice_is_rows(world, nn_bytes))
-    parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
-    parts["NN stage"] = nn_bytes
-    if row_block:
-        parts["NN block"] = stream_block_bytes(stream_row_bytes(cfg, feature_dim, out_dim, device_type), row_block,
-                                               params)
-    return parts
-
-
-def stream_row_bytes(cfg, in_dim: int, out_dim: int, device_type: str = "cuda") -> int:
-    """Device bytes of one row of the NN stage streamed in row blocks (``cfg``: a TrainConfig;
-    ntp.engine.parallel.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
-    layer counted, though a segment holds one or two), and the blocks on their way: two of the input coming, two of
-    the widest output leaving."""
-    per_row = nn_stage_bytes(1, in_dim, cfg.hidden, out_dim, cfg.nn_layers, 0, cfg.precision, device_type,
-                             cfg.first_dropout, inner_width(cfg), input_dropped_in_product(cfg))
-    return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim)
-
-
-def stream_block_bytes(row_bytes: int, row_block: int, params: int) -> int:
-    """Device bytes of the NN stage streamed in blocks of ``row_block`` rows of ``row_bytes``
-    (:func:`stream_row_bytes`): a block, and the parameters (with their gradients and optimiser state: they stay on
-    the device)."""
-    return row_block * row_bytes + 4 * params * PARAMETER_COPIES
-
-
-def stream_block_rows(row_bytes: int, rows: int, room: int) -> int:
-    """Rows of a streamed NN block: as many as :data:`STREAM_BLOCK_SHARE` of ``room`` (what the budget leaves
-    besides aggregation's resident parts; 0: unknown, as on a CPU rank) holds, up to :data:`STREAM_BLOCK_BYTES`, and
-    at least :data:`MIN_STREAM_ROWS` (a budget that cannot hold them fails in the plan, naming one that can)."""
-    target = min(STREAM_BLOCK_BYTES, int(room * STREAM_BLOCK_SHARE)) if room > 0 else STREAM_BLOCK_BYTES
-    return max(1, min(rows, max(MIN_STREAM_ROWS, target // max(1, row_bytes))))
 
 
 def nn_placement(choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int,
@@ -292,6 +74,7 @@ def nn_placement(choice: str, device: torch.device, nn_bytes: int, graph_bytes: 
     return "stream" if streamable else "cpu"
 
 
+
 @dataclass(frozen=True)
 class NNPlacement:
     """Where a rank's NN stage runs: ``home``, where its rows live; ``row_block``, rows of a block streamed through
@@ -302,22 +85,6 @@ class NNPlacement:
     row_block: int
     reserved: dict[str, int]
 
-
-def stream_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int, params: int,
-                 device_type: str, symmetric: bool, room: int) -> tuple[int, dict[str, int]]:
-    """The rows of a streamed NN block, and a rank's resident parts (:func:`rank_resident_parts`) with its NN stage
-    streamed in such blocks (``cfg``: a TrainConfig). The rows: ``--nn-block-rows``, or as many as
-    :func:`stream_block_rows` gives from ``room`` (the budget, or the free device memory with its margin; 0: unknown)
-    less aggregation's parts and the parameters. The preflight and the ranks plan with it alike."""
-    shape = dict(num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim, out_dim=out_dim, world=world,
-                 params=params, device_type=device_type, symmetric=symmetric)
-    block = cfg.nn_block_rows
-    if not block:
-        graph = sum(rank_resident_parts(cfg, nn_on_device=False, **shape).values())
-        left = room - graph - 4 * params * PARAMETER_COPIES if room else 0
-        block = stream_block_rows(stream_row_bytes(cfg, feature_dim, out_dim, device_type),
-                                  ceil_div(num_nodes, world), max(left, 1) if room else 0)
-    return block, rank_resident_parts(cfg, nn_on_device=False, row_block=block, **shape)
 
 
 def place_nn_stage(cfg, device: torch.device, resident: dict[str, int], reserved: dict[str, int],
@@ -345,6 +112,7 @@ def place_nn_stage(cfg, device: torch.device, resident: dict[str, int], reserved
     return NNPlacement(home, block, {**reserved, **nn_part})
 
 
+
 def describe(where: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int,
              row_block: int = 0) -> str:
     """One line for the worker log: where the NN stage runs and why."""
@@ -355,6 +123,7 @@ def describe(where: str, device: torch.device, nn_bytes: int, graph_bytes: int, 
         return what
     return (f"{what}: it needs {format_bytes(nn_bytes)} whole, aggregation keeps {format_bytes(graph_bytes)}, "
             f"{format_bytes(free_bytes)} free on the device")
+
 
 
 def store_plan(cfg, store, world: int, device: str, resident: dict[str, int],

@@ -14,7 +14,8 @@ from ntp.engine.graph.aggregate import EdgeWeightedTopology, RowBlocks, SparseOp
 from ntp.engine.graph.operators import CSR, scaling, with_self_loops
 from ntp.engine.graph.topology import Topology
 from ntp.engine.memory.chunks import ChunkPlan, default_device_budget, make_plan
-from ntp.engine.memory.placement import graph_resident_parts, offloaded_layout, slice_is_rows, ways_out
+from ntp.engine.memory.parts import graph_resident_parts, offloaded_layout, slice_is_rows
+from ntp.engine.memory.placement import ways_out
 from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.parallel.row_stream import stream_rows
 
@@ -91,7 +92,7 @@ class GraphContext:
     @property
     def slice_is_rows(self) -> bool:
         """Whether the column slice is the NN stage's rows, counted in ``reserved``
-        (ntp.engine.memory.placement.slice_is_rows)."""
+        (ntp.engine.memory.parts.slice_is_rows)."""
         return slice_is_rows(self.comm.world, self.reserved.get("NN stage", 0))
 
     @property
@@ -110,7 +111,7 @@ class GraphContext:
     @cached_property
     def _offloaded(self) -> tuple[int, bool]:
         """``--offload all`` on a GPU: the column block and whether the topology stays on the device, from the room
-        the model leaves (ntp.engine.memory.placement.offloaded_layout)."""
+        the model leaves (ntp.engine.memory.parts.offloaded_layout)."""
         if self.offload != "all" or self.device.type != "cuda" or self.slice_is_rows:
             return 0, False
         reserved = sum(self.reserved.values())

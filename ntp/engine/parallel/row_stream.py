@@ -7,7 +7,7 @@ side stream one block ahead of the compute, and its outputs go down on another i
 keeps nothing on the device. The backward recomputes each block from its inputs (dropout masks are counter-based,
 so they are drawn again, not kept: ntp.engine.kernels.masks), streams the inputs' gradients back and sums the parameters'
 gradients on the device. The device then holds one block's activations, however many rows there are: the block's
-size comes from the memory plan (ntp.engine.memory.placement.stream_block_rows).
+size comes from the memory plan (ntp.engine.memory.parts.stream_block_rows).
 
 On a CPU rank the same loop runs over views of the rows (no copies): what the tests compare with the in-memory stage.
 """

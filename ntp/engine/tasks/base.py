@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from ntp.config import SECTIONS, TrainConfig, flag
+from ntp.config import SECTIONS, TrainConfig
 from ntp.engine.distributed.collectives import Comm
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition
 from ntp.errors import ConfigError
+from ntp.options import flag
 from ntp.records import EpochRecord
 
 if TYPE_CHECKING:

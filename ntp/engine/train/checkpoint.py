@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 import torch
 
-from ntp.config import RESUMABLE_CHANGES, TrainConfig, flag
+from ntp.config import RESUMABLE_CHANGES, TrainConfig
 from ntp.errors import CheckpointError, ConfigError
+from ntp.options import flag
 
 _NAME = re.compile(r"^ckpt-(\d{6})\.pt$")
 #: What every checkpoint holds (one without them was not written by save_checkpoint, or is damaged).

@@ -20,7 +20,7 @@ import numpy as np
 from ntp.config import TrainConfig
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import ChunkPlan, make_plan
-from ntp.engine.memory.placement import ACTIVATION_COPIES, PARAMETER_COPIES, nn_stage_bytes, propagated_width
+from ntp.engine.memory.parts import ACTIVATION_COPIES, PARAMETER_COPIES, nn_stage_bytes, propagated_width
 from ntp.engine.tasks.hetero.data import RelationData
 from ntp.engine.tasks.hetero.rgcn import parameter_sizes, stacks_relations
 

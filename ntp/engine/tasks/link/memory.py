@@ -18,7 +18,7 @@ import math
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.partition import ceil_div
-from ntp.engine.memory.placement import PARAMETER_COPIES, attention_parts, rank_resident_parts
+from ntp.engine.memory.parts import PARAMETER_COPIES, attention_parts, rank_resident_parts
 from ntp.engine.tasks.link.pairs import pair_chunk
 
 #: Floats per pair and column of the rank's slice that a chunk holds through the decoder: the two ends' embeddings
@@ -48,7 +48,7 @@ def resident_parts(cfg: TrainConfig, **shape) -> dict[str, int]:
     ``shape``: ``num_nodes``, ``num_edges``, ``feature_dim`` (0: learned embeddings), ``splits`` (by split, the
     shapes of its positive pairs and of its negatives or None), ``world``, ``params`` (the encoder's and the
     decoder's), and optionally ``device_type``, ``symmetric``, ``nn_on_device`` and ``row_block`` (as
-    ntp.engine.memory.placement.rank_resident_parts: the encoder's NN stage counts where it runs on the rank's device,
+    ntp.engine.memory.parts.rank_resident_parts: the encoder's NN stage counts where it runs on the rank's device,
     or one block of it where it streams)."""
     encoder, step = _parts(cfg, **shape)
     return {**encoder, **step}

@@ -25,7 +25,7 @@ from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.graph.data import GraphData, load_shared
-from ntp.engine.memory import placement
+from ntp.engine.memory import parts, placement
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.parallel.context import GraphContext
 from ntp.engine.tasks.base import Job, make_optimizer, refuse_section
@@ -93,10 +93,10 @@ def memory_shape(data: LinkGraphData, model: LinkModel, world: int, device_type:
 
 
 def streamed_parts(cfg: TrainConfig, shape: dict[str, Any], room: int) -> tuple[int, dict[str, int]]:
-    """The rows of a streamed block of the encoder's NN stage (ntp.engine.memory.placement.stream_parts, from
+    """The rows of a streamed block of the encoder's NN stage (ntp.engine.memory.parts.stream_parts, from
     ``room``), and a link rank's parts with it streamed in such blocks (``shape``: :func:`memory_shape`'s)."""
     encoder = {k: v for k, v in shape.items() if k != "splits"}
-    block, _ = placement.stream_parts(cfg, room=room, **{**encoder, "feature_dim": shape["feature_dim"] or cfg.hidden,
+    block, _ = parts.stream_parts(cfg, room=room, **{**encoder, "feature_dim": shape["feature_dim"] or cfg.hidden,
                                                          "out_dim": cfg.hidden})
     return block, link_memory.resident_parts(cfg, nn_on_device=False, row_block=block, **shape)
 

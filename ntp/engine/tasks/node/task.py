@@ -16,7 +16,7 @@ from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.graph.data import GraphData, load_shared
-from ntp.engine.memory import placement
+from ntp.engine.memory import parts, placement
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.nn.layers import class_loss_sum
 from ntp.engine.nn.models import build_model
@@ -60,7 +60,7 @@ class NodeTask:
         check_same_on_all_ranks("graph (nodes, edges, feature width, classes)",
                                 (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
         comm = Comm(part, env.device, group=None)
-        width = placement.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
+        width = parts.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
         model = build_model(cfg, data.feature_dim, data.out_dim)
         placed = _place_nn_stage(cfg, env, data, model)
         nn_device = placed.home
@@ -120,9 +120,9 @@ class NodeTask:
                      out_dim=out_dim, world=world, params=params, device_type=device,
                      symmetric=bool(meta.preprocessing.get("symmetrized")))
         if cfg.nn_device == "stream":  # the ranks size the blocks from the budget alike
-            resident = placement.stream_parts(cfg, room=cfg.memory_budget_bytes, **shape)[1]
+            resident = parts.stream_parts(cfg, room=cfg.memory_budget_bytes, **shape)[1]
         else:  # on a GPU, "auto" may move the NN stage off the device; the ranks decide (and check) that themselves
-            resident = placement.rank_resident_parts(cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device",
+            resident = parts.rank_resident_parts(cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device",
                                                      **shape)
         return placement.store_plan(cfg, store, world, device, resident, out_dim)
 
@@ -135,10 +135,10 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
     shape = dict(num_nodes=data.num_nodes, num_edges=data.num_edges, feature_dim=data.feature_dim,
                  out_dim=data.out_dim, world=env.world, params=sum(p.numel() for p in model.parameters()),
                  device_type=env.device.type, symmetric=data.topology.symmetric)
-    resident = placement.rank_resident_parts(cfg, nn_on_device=True, **shape)
-    reserved = {"NN stage": resident["NN stage"], **placement.attention_parts(cfg, data.num_nodes, data.num_edges)}
+    resident = parts.rank_resident_parts(cfg, nn_on_device=True, **shape)
+    reserved = {"NN stage": resident["NN stage"], **parts.attention_parts(cfg, data.num_nodes, data.num_edges)}
     return placement.place_nn_stage(cfg, env.device, resident, reserved, report=env.is_main,
-                                    streamed=partial(placement.stream_parts, cfg, **shape) if cfg.nn_streams else None)
+                                    streamed=partial(parts.stream_parts, cfg, **shape) if cfg.nn_streams else None)
 
 
 def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
