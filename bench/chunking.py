@@ -16,6 +16,7 @@
 
 Figures are medians over epochs after the first. The machine may be shared: compare ratios, not absolute times.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,14 @@ def run(store: Path, nproc: int, epochs: int, **fields) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results.jsonl"
-        cfg = TrainConfig(store=str(store), epochs=epochs, results=str(results), eval_every=10**6,
-                          mode="tp" if nproc > 1 or fields.get("overlap") else "single", **fields)
+        cfg = TrainConfig(
+            store=str(store),
+            epochs=epochs,
+            results=str(results),
+            eval_every=10**6,
+            mode="tp" if nproc > 1 or fields.get("overlap") else "single",
+            **fields,
+        )
         launch_training(resolve(cfg, nproc=nproc, job_timeout_s=1800), on_line=lambda line: None)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
     epochs_recs = [r for r in recs if "epoch" in r]
@@ -45,12 +52,17 @@ def run(store: Path, nproc: int, epochs: int, **fields) -> dict:
         for k, v in w.get("peak_mem_by_phase", {}).items():
             phases[k] = max(phases.get(k, 0), v)
     med = lambda f: statistics.median(f(w) for e in timed for w in e["workers"])  # noqa: E731
-    return {"epoch_s": statistics.median(e["epoch_s"] for e in timed),
-            "peak_MB": max(w["peak_mem_bytes"] for w in workers) / 2**20,
-            "nn_peak_MB": phases.get("nn", 0) / 2**20, "propagate_peak_MB": phases.get("propagate", 0) / 2**20,
-            "chunks": timed[0]["workers"][0].get("chunks"), "overlap_s": med(lambda w: w.get("overlap_s", 0.0)),
-            "comm_s": med(lambda w: sum(w["comm_s"].values())), "cpu_s": med(lambda w: w.get("cpu_s", 0.0)),
-            "graph_MB_per_rank": med(lambda w: w["bytes_sent"].get("split", 0) + w["bytes_sent"].get("gather", 0)) / 1e6}
+    return {
+        "epoch_s": statistics.median(e["epoch_s"] for e in timed),
+        "peak_MB": max(w["peak_mem_bytes"] for w in workers) / 2**20,
+        "nn_peak_MB": phases.get("nn", 0) / 2**20,
+        "propagate_peak_MB": phases.get("propagate", 0) / 2**20,
+        "chunks": timed[0]["workers"][0].get("chunks"),
+        "overlap_s": med(lambda w: w.get("overlap_s", 0.0)),
+        "comm_s": med(lambda w: sum(w["comm_s"].values())),
+        "cpu_s": med(lambda w: w.get("cpu_s", 0.0)),
+        "graph_MB_per_rank": med(lambda w: w["bytes_sent"].get("split", 0) + w["bytes_sent"].get("gather", 0)) / 1e6,
+    }
 
 
 def memory_part(store: Path, args) -> list[dict]:
@@ -110,8 +122,14 @@ def schedule_bytes(store: Path, world: int, chunk_rows: int, classes: int, send_
 def pipeline_part(store: Path, args, classes: int) -> list[dict]:
     rows = []
     for world in args.ranks:
-        common = dict(model="gcn", hidden=args.hidden, nn_layers=2, prop_steps=args.prop_steps, dropout=0.0,
-                      chunk_rows=args.pipe_chunk_rows)
+        common = dict(
+            model="gcn",
+            hidden=args.hidden,
+            nn_layers=2,
+            prop_steps=args.prop_steps,
+            dropout=0.0,
+            chunk_rows=args.pipe_chunk_rows,
+        )
         offs, ons = [], []
         for _ in range(args.repeats):  # interleaved, so a busy moment of the machine hits both alike
             offs.append(run(store, world, args.epochs, **common))
@@ -120,8 +138,16 @@ def pipeline_part(store: Path, args, classes: int) -> list[dict]:
         send_once = schedule_bytes(store, world, args.pipe_chunk_rows, classes, True) / 1e6
         no_dedup = schedule_bytes(store, world, args.pipe_chunk_rows, classes, False) / 1e6
         rows.append(dict(part="b-pipeline", run=f"{world} ranks off", **off))
-        rows.append(dict(part="b-pipeline", run=f"{world} ranks on", **on, time_vs_off=on["epoch_s"] / off["epoch_s"],
-                         schedule_MB_dedup=send_once, schedule_MB_no_dedup=no_dedup))
+        rows.append(
+            dict(
+                part="b-pipeline",
+                run=f"{world} ranks on",
+                **on,
+                time_vs_off=on["epoch_s"] / off["epoch_s"],
+                schedule_MB_dedup=send_once,
+                schedule_MB_no_dedup=no_dedup,
+            )
+        )
     return rows
 
 
@@ -152,11 +178,29 @@ def main() -> None:
     args.repeats = args.repeats or (1 if args.quick else 3)  # part (b): interleaved off/on jobs per rank count
     args.pipe_chunk_rows = args.pipe_chunk_rows or -(-args.nodes // 8)
     store = synthetic_store(args.nodes, args.avg_degree, features=args.features, classes=args.classes)
-    rows = (memory_part(store, args) if "a" in args.parts else []) + \
-           (pipeline_part(store, args, args.classes) if "b" in args.parts else [])
-    columns = ["part", "run", "epoch_s", "time_vs_unchunked", "time_vs_off", "chunks", "peak_MB", "budget_MB",
-               "within_budget", "nn_peak_MB", "propagate_peak_MB", "overlap_s", "comm_s", "cpu_s", "graph_MB_per_rank",
-               "schedule_MB_dedup", "schedule_MB_no_dedup", "repeats_s"]
+    rows = (memory_part(store, args) if "a" in args.parts else []) + (
+        pipeline_part(store, args, args.classes) if "b" in args.parts else []
+    )
+    columns = [
+        "part",
+        "run",
+        "epoch_s",
+        "time_vs_unchunked",
+        "time_vs_off",
+        "chunks",
+        "peak_MB",
+        "budget_MB",
+        "within_budget",
+        "nn_peak_MB",
+        "propagate_peak_MB",
+        "overlap_s",
+        "comm_s",
+        "cpu_s",
+        "graph_MB_per_rank",
+        "schedule_MB_dedup",
+        "schedule_MB_no_dedup",
+        "repeats_s",
+    ]
     report("chunking", rows, {k: v for k, v in vars(args).items()}, columns)
 
 

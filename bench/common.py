@@ -1,4 +1,5 @@
 """Shared helpers of the benchmark scripts: graphs, timing, the DGL environment, MLflow logging, tables."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,16 @@ from ntp.run.allocator import TUNABLES as RANK_TUNABLES  # noqa: E402  (after th
 #: The real graphs: ../shared/datasets beside the checkout, or NTP_DATASETS (bench/on_device.sh sets it).
 DATASETS = Path(os.environ.get("NTP_DATASETS", REPO.parent / "shared" / "datasets"))
 DGL_VENV = REPO / "bench" / ".dgl-venv"
-DGL_PINS = ["torch==2.2.1", "dgl==2.1.0", "numpy<2", "torchdata==0.7.1", "pandas<2.3", "pyyaml", "pydantic", "packaging"]
+DGL_PINS = [
+    "torch==2.2.1",
+    "dgl==2.1.0",
+    "numpy<2",
+    "torchdata==0.7.1",
+    "pandas<2.3",
+    "pyyaml",
+    "pydantic",
+    "packaging",
+]
 OUT = REPO / "bench" / "out"
 
 #: Synthetic power-law graphs: (nodes, average degree). "big" is ogbn-products scale (~2M vertices, 50M edges).
@@ -40,8 +50,9 @@ def data_dir() -> Path:
 def synthetic_store(nodes: int, avg_degree: float, features: int = 128, classes: int = 16) -> Path:
     from storage import prepare
 
-    return prepare("synthetic", nodes=nodes, avg_degree=avg_degree, features=features, classes=classes,
-                   progress=lambda line: None)
+    return prepare(
+        "synthetic", nodes=nodes, avg_degree=avg_degree, features=features, classes=classes, progress=lambda line: None
+    )
 
 
 def cornell5_store() -> Path:
@@ -70,8 +81,14 @@ def cornell5_store() -> Path:
         np.save(work / "y.npy", y)
         _random_splits(work / "splits", np.flatnonzero(y >= 0), n)
         (work / "done").write_text("ok")
-    return prepare("cornell5", edges=work / "edges.parquet", node_features=work / "x.npy", labels=work / "y.npy",
-                   splits=work / "splits", progress=lambda line: None)
+    return prepare(
+        "cornell5",
+        edges=work / "edges.parquet",
+        node_features=work / "x.npy",
+        labels=work / "y.npy",
+        splits=work / "splits",
+        progress=lambda line: None,
+    )
 
 
 def tolokers_store() -> Path:
@@ -91,8 +108,14 @@ def tolokers_store() -> Path:
         for part, key in (("train", "train_masks"), ("valid", "val_masks"), ("test", "test_masks")):
             np.save(work / "splits" / f"{part}.npy", np.flatnonzero(d[key][0]).astype(np.int64))
         (work / "done").write_text("ok")
-    return prepare("tolokers", edges=work / "edges.parquet", node_features=work / "x.npy", labels=work / "y.npy",
-                   splits=work / "splits", progress=lambda line: None)
+    return prepare(
+        "tolokers",
+        edges=work / "edges.parquet",
+        node_features=work / "x.npy",
+        labels=work / "y.npy",
+        splits=work / "splits",
+        progress=lambda line: None,
+    )
 
 
 def _write_edges(path: Path, src: np.ndarray, dst: np.ndarray) -> None:
@@ -135,9 +158,15 @@ def load_arrays(store: Path, feature_width: int | None = None) -> dict[str, Any]
     if feature_width:
         x = np.random.default_rng(0).standard_normal((x.shape[0], feature_width), dtype=np.float32)
     y = np.asarray(s.labels())
-    return {"indptr": np.asarray(s.indptr(), np.int64), "indices": np.asarray(s.indices(), np.int64), "x": x,
-            "y": y, "train": np.asarray(s.split("train"), np.int64), "classes": s.meta.num_classes,
-            "name": s.meta.name}
+    return {
+        "indptr": np.asarray(s.indptr(), np.int64),
+        "indices": np.asarray(s.indices(), np.int64),
+        "x": x,
+        "y": y,
+        "train": np.asarray(s.split("train"), np.int64),
+        "classes": s.meta.num_classes,
+        "name": s.meta.name,
+    }
 
 
 # -- timing -----------------------------------------------------------------------------------------------------------
@@ -181,8 +210,14 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "torch": torch.__version__,
-            "python": platform.python_version(), "threads": torch.get_num_threads()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem, 1),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 # -- DGL in its own environment -----------------------------------------------------------------------------------------
@@ -193,12 +228,14 @@ def dgl_python(build: bool) -> tuple[Path | None, str]:
         return py, "ok"
     if not build:
         return None, f"DGL environment not built ({DGL_VENV}); pass --with-dgl to build it"
-    print(f"building the DGL environment in {DGL_VENV} (about 5 GB, a few minutes): {' '.join(DGL_PINS)}",
-          file=sys.stderr, flush=True)
+    print(
+        f"building the DGL environment in {DGL_VENV} (about 5 GB, a few minutes): {' '.join(DGL_PINS)}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         subprocess.run([sys.executable, "-m", "venv", str(DGL_VENV)], check=True)
-        subprocess.run([py, "-m", "pip", "install", "-q",
-                        *DGL_PINS], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", *DGL_PINS], check=True)
         subprocess.run([py, "-c", "import dgl"], check=True, capture_output=True)
     except (subprocess.CalledProcessError, OSError) as exc:
         return None, f"could not build the DGL environment ({exc}); DGL columns are left empty"
@@ -277,9 +314,13 @@ def base_parser(doc: str):
 def add_single_process_arguments(p) -> None:
     """--with-dgl and --allocator, which :func:`single_process_settings` reads."""
     p.add_argument("--with-dgl", action="store_true", help="build the DGL environment if needed and time DGL too")
-    p.add_argument("--allocator", choices=list(ALLOCATORS), default="hugepages",
-                   help="every contender's large blocks in transparent huge pages, as ntp's ranks get them "
-                        "(hugepages), or glibc's defaults (default: hugepages)")
+    p.add_argument(
+        "--allocator",
+        choices=list(ALLOCATORS),
+        default="hugepages",
+        help="every contender's large blocks in transparent huge pages, as ntp's ranks get them "
+        "(hugepages), or glibc's defaults (default: hugepages)",
+    )
 
 
 def add_graph_arguments(p) -> None:

@@ -7,6 +7,7 @@ Decoupled: nn_layers = L Linear layers then 2 propagation steps (the split width
 the width are). Coupled: L GCN layers, each split at the narrower of its input and output widths. Data parallel:
 the coupled model with halo exchange. "model_MB" is ntp.engine.distributed.cost's prediction for split+gather bytes (tp modes).
 """
+
 from __future__ import annotations
 
 from common import base_parser, graph_stores, report
@@ -36,22 +37,41 @@ def main() -> None:
         n, classes, features = meta.num_nodes, meta.num_classes, meta.feature_dim
         for L in layers:
             for w in widths:
-                for name, fields in (("tp-decoupled", dict(mode="tp", arch="decoupled")),
-                                     ("tp-coupled", dict(mode="tp", arch="coupled")),
-                                     ("data-coupled", dict(mode="data", arch="coupled"))):
-                    r = run_job(store, m, epochs, model="gcn", hidden=w, nn_layers=L, prop_steps=2,
-                                threads=args.threads or 0, **fields)
+                for name, fields in (
+                    ("tp-decoupled", dict(mode="tp", arch="decoupled")),
+                    ("tp-coupled", dict(mode="tp", arch="coupled")),
+                    ("data-coupled", dict(mode="data", arch="coupled")),
+                ):
+                    r = run_job(
+                        store,
+                        m,
+                        epochs,
+                        model="gcn",
+                        hidden=w,
+                        nn_layers=L,
+                        prop_steps=2,
+                        threads=args.threads or 0,
+                        **fields,
+                    )
                     if name == "tp-decoupled":
                         model = cost.decoupled_bytes(n, classes, m)
                     elif name == "tp-coupled":
                         model = cost.coupled_bytes(n, [features] + [w] * (L - 1) + [classes], m)
                     else:
                         model = None
-                    row = {"graph": gname, "mode": name, "ranks": m, "layers": L, "width": w,
-                           "graph_MB": r["graph_MB_per_rank"], "model_MB": model / 1e6 if model is not None else None,
-                           "measured/model": (max(r["graph_bytes_per_rank"]) / model) if model else None,
-                           "bytes_max/min": r["bytes_max/min"], "epoch_s": r["epoch_s"],
-                           "compute_max/min": r["compute_max/min"]}
+                    row = {
+                        "graph": gname,
+                        "mode": name,
+                        "ranks": m,
+                        "layers": L,
+                        "width": w,
+                        "graph_MB": r["graph_MB_per_rank"],
+                        "model_MB": model / 1e6 if model is not None else None,
+                        "measured/model": (max(r["graph_bytes_per_rank"]) / model) if model else None,
+                        "bytes_max/min": r["bytes_max/min"],
+                        "epoch_s": r["epoch_s"],
+                        "compute_max/min": r["compute_max/min"],
+                    }
                     rows.append(row)
                     print(row, flush=True)
     report("depth_width", rows, {"size": size, "ranks": m, "epochs": epochs})

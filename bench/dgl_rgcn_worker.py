@@ -2,6 +2,7 @@
 bench/hetero_speed.py, the same model as there (per-type Linear or embedding input, R-GCN layers with mean
 aggregation, root weight and bias, Adam). Input: one JSON argument {npz, hidden, layers, repeats, threads};
 output: one JSON line."""
+
 import json
 import sys
 import time
@@ -36,12 +37,16 @@ def main() -> None:
     torch.manual_seed(0)
     hid, classes = p["hidden"], int(d["classes"])
     feats = {t: torch.from_numpy(d[f"x_{t}"]) for t in types if f"x_{t}" in d}
-    inputs = torch.nn.ModuleDict({t: torch.nn.Linear(feats[t].shape[1], hid) if t in feats
-                                  else torch.nn.Embedding(c, hid) for t, c in zip(types, counts)})
+    inputs = torch.nn.ModuleDict(
+        {
+            t: torch.nn.Linear(feats[t].shape[1], hid) if t in feats else torch.nn.Embedding(c, hid)
+            for t, c in zip(types, counts)
+        }
+    )
     dims = [hid] * p["layers"] + [classes]
     convs = torch.nn.ModuleList(RelGraphConv(a, b, num_rels, self_loop=True) for a, b in zip(dims[:-1], dims[1:]))
     opt = torch.optim.Adam(list(inputs.parameters()) + list(convs.parameters()), lr=0.01)
-    off = int(sum(counts[:types.index(str(d["target"]))]))
+    off = int(sum(counts[: types.index(str(d["target"]))]))
     train = torch.from_numpy(d["train"]).long()
     y = torch.from_numpy(d["labels"]).long()[train]
     setup_s = time.perf_counter() - t0
@@ -58,8 +63,17 @@ def main() -> None:
 
     epoch_s, _ = timed(epoch, p["repeats"])
     peak = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM"))) * 1024
-    print(json.dumps({"epoch_s": epoch_s, "setup_s": setup_s, "peak_rss_mb": peak / 2**20,
-                      "dgl": dgl.__version__, "torch": torch.__version__}))
+    print(
+        json.dumps(
+            {
+                "epoch_s": epoch_s,
+                "setup_s": setup_s,
+                "peak_rss_mb": peak / 2**20,
+                "dgl": dgl.__version__,
+                "torch": torch.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Runs inside the DGL environment (torch 2.2.1, dgl 2.1.0): kernel and epoch timings for bench/kernel.py and
 bench/epoch.py. Input: one JSON argument {task, npz, width, threads, repeats, ...}; output: one JSON line."""
+
 import json
 import statistics
 import sys
@@ -57,19 +58,28 @@ def main():
         hid, classes, heads, rate = p["hidden"], p["classes"], p["heads"], p.get("dropout", 0.5)
         torch.manual_seed(0)
         if p["model"] == "gcn":
-            layers = torch.nn.ModuleList([GraphConv(x.shape[1], hid, allow_zero_in_degree=True),
-                                          GraphConv(hid, classes, allow_zero_in_degree=True)])
+            layers = torch.nn.ModuleList(
+                [
+                    GraphConv(x.shape[1], hid, allow_zero_in_degree=True),
+                    GraphConv(hid, classes, allow_zero_in_degree=True),
+                ]
+            )
 
             def forward():
                 h = torch.relu(layers[0](g, torch.nn.functional.dropout(x, rate)))
                 return layers[1](g, torch.nn.functional.dropout(h, rate))
         else:
-            layers = torch.nn.ModuleList([GATConv(x.shape[1], hid // heads, heads, allow_zero_in_degree=True),
-                                          GATConv(hid // heads * heads, classes, 1, allow_zero_in_degree=True)])
+            layers = torch.nn.ModuleList(
+                [
+                    GATConv(x.shape[1], hid // heads, heads, allow_zero_in_degree=True),
+                    GATConv(hid // heads * heads, classes, 1, allow_zero_in_degree=True),
+                ]
+            )
 
             def forward():
                 h = torch.nn.functional.elu(layers[0](g, torch.nn.functional.dropout(x, rate)).flatten(1))
                 return layers[1](g, torch.nn.functional.dropout(h, rate)).mean(1)
+
         opt = torch.optim.Adam(layers.parameters(), lr=0.01)
 
         def step():

@@ -21,6 +21,7 @@ On CUDA ``ntp`` and ``copy`` are the same: the Triton kernel's dropped copy, the
 element: on a CPU the C kernel dropping one of the blocks ``ntp`` drops at a time (in cache) over and over, on CUDA
 the Triton kernel dropping the whole input (``kernel_GBps``: the bytes it reads and writes a second).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,17 +50,20 @@ def layer_runs(kind: str, rows: int, width_in: int, width_out: int, rate: float,
         ctx.step, lin.weight.grad, lin.bias.grad = next(step), None, None
         leaf = x.detach().requires_grad_(hidden)
         saved: dict[int, int] = {}  # storage -> bytes: a tensor saved twice is kept once
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.update({_storage(t): _nbytes(t)}) or t,
-                                                      lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.update({_storage(t): _nbytes(t)}) or t, lambda t: t
+        ):
             y = forward(leaf)
         y.backward(grad)
         return sum(n for at, n in saved.items() if at not in (_storage(x), _storage(lin.weight)))
 
     none, drop = RowDropout(0.0, 0), RowDropout(rate, 0)
-    ways = {"none": lambda leaf: lin(none(leaf, ctx, hidden)),
-            "ntp": lambda leaf: drop.linear(leaf, ctx, lin.weight, lin.bias, relu=hidden),
-            "copy": lambda leaf: lin(drop(leaf, ctx, hidden)),
-            "torch": lambda leaf: lin(F.dropout(F.relu(leaf) if hidden else leaf, rate))}
+    ways = {
+        "none": lambda leaf: lin(none(leaf, ctx, hidden)),
+        "ntp": lambda leaf: drop.linear(leaf, ctx, lin.weight, lin.bias, relu=hidden),
+        "copy": lambda leaf: lin(drop(leaf, ctx, hidden)),
+        "torch": lambda leaf: lin(F.dropout(F.relu(leaf) if hidden else leaf, rate)),
+    }
     ways["torch_ops"] = ways["ntp"]  # run inside torch_ops_dropout()
     return {name: (lambda f=f: run(f)) for name, f in ways.items()}
 
@@ -72,8 +76,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-def measure(kind: str, rows: int, width_in: int, width_out: int, rate: float, repeats: int,
-            device: torch.device) -> dict:
+def measure(
+    kind: str, rows: int, width_in: int, width_out: int, rate: float, repeats: int, device: torch.device
+) -> dict:
     runs = layer_runs(kind, rows, width_in, width_out, rate, device)
     times: dict[str, list[float]] = {name: [] for name in runs}
     saved = {}
@@ -88,8 +93,13 @@ def measure(kind: str, rows: int, width_in: int, width_out: int, rate: float, re
             if turn:
                 times[name].append(elapsed)
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
-    row = {"layer": f"{kind} {width_in}->{width_out}", "rows": rows, "p": rate, "device": device.type,
-           "threads": torch.get_num_threads()}
+    row = {
+        "layer": f"{kind} {width_in}->{width_out}",
+        "rows": rows,
+        "p": rate,
+        "device": device.type,
+        "threads": torch.get_num_threads(),
+    }
     row.update({f"{name}_ms": v for name, v in ms.items()})
     row["cost"] = ms["ntp"] / ms["none"] - 1
     row.update({f"{name}_saved_MB": saved[name] / 2**20 for name in ("none", "ntp", "copy")})
@@ -127,12 +137,25 @@ def kernel_ns(rows: int, width: int, rate: float, relu: bool, device: torch.devi
 def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--layers", nargs="+", default=["input:128:64", "hidden:64:16", "hidden:64:64"],
-                   help="kind:in:out, kind input (features, no gradient) or hidden (after ReLU)")
-    p.add_argument("--rate", type=float, nargs="+", default=[0.5],
-                   help="dropout rates (0.5, the default, draws 1 random bit an element; 8 or 16 bits for others)")
-    p.add_argument("--allocator", choices=list(ALLOCATORS), default="hugepages",
-                   help="large blocks in transparent huge pages, as ntp's ranks get them (default)")
+    p.add_argument(
+        "--layers",
+        nargs="+",
+        default=["input:128:64", "hidden:64:16", "hidden:64:64"],
+        help="kind:in:out, kind input (features, no gradient) or hidden (after ReLU)",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        nargs="+",
+        default=[0.5],
+        help="dropout rates (0.5, the default, draws 1 random bit an element; 8 or 16 bits for others)",
+    )
+    p.add_argument(
+        "--allocator",
+        choices=list(ALLOCATORS),
+        default="hugepages",
+        help="large blocks in transparent huge pages, as ntp's ranks get them (default)",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: the Triton kernel and torch's dropout")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -152,8 +175,18 @@ def main() -> None:
             if ns is not None and device.type == "cuda":  # 4 bytes read and written an element, and the mask's
                 rows[-1]["kernel_GBps"] = (8 + (kind == "hidden")) / ns
             print(rows[-1], flush=True)
-    report("dropout", rows, {"rows": args.rows, "repeats": repeats, "threads": torch.get_num_threads(),
-                             "allocator": args.allocator, "rates": args.rate, "device": device.type})
+    report(
+        "dropout",
+        rows,
+        {
+            "rows": args.rows,
+            "repeats": repeats,
+            "threads": torch.get_num_threads(),
+            "allocator": args.allocator,
+            "rates": args.rate,
+            "device": device.type,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ rate (``--dropout``, 0.5 by default), threads; features of the store (synthetic:
 runs with NTP_NATIVE=0 (CPU dropout in torch's ops, without its C kernel) and with its dropouts at rate 0, in turns
 with the default: the differences are dropout's share of the epoch with the kernel and with torch's ops.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,15 +43,26 @@ def ntp_job(store: Path, model: str, arch: str, hidden: int, heads: int, threads
     from ntp.engine.train.loop import train_step
     from ntp.engine.train.setup import setup
 
-    cfg = TrainConfig(store=str(store), model=model, arch=arch, hidden=hidden, heads=heads, nn_layers=2, prop_steps=2,
-                      dropout=dropout, threads=threads, mode="single")
+    cfg = TrainConfig(
+        store=str(store),
+        model=model,
+        arch=arch,
+        hidden=hidden,
+        heads=heads,
+        nn_layers=2,
+        prop_steps=2,
+        dropout=dropout,
+        threads=threads,
+        mode="single",
+    )
     job = setup(cfg, init_distributed(60))
     epoch = iter(range(10**6))
     return job, lambda: train_step(job, next(epoch))
 
 
-def ntp_epoch(store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int,
-              dropout: float) -> float:
+def ntp_epoch(
+    store: Path, model: str, arch: str, hidden: int, heads: int, threads: int, repeats: int, dropout: float
+) -> float:
     return time_median(ntp_job(store, model, arch, hidden, heads, threads, dropout)[1], repeats)[0]
 
 
@@ -70,8 +82,9 @@ def no_dropout(model):
             m.p = rate
 
 
-def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int,
-                   dropout: float) -> dict:
+def dropout_shares(
+    store: Path, model: str, hidden: int, heads: int, threads: int, repeats: int, dropout: float
+) -> dict:
     """The coupled epoch with dropout by the C kernel (inside the products after it), by torch's ops
     (NTP_NATIVE=0) and without dropout, and dropout's share of the first two: one job, in turns of 5 epochs after
     one to settle, ``repeats`` turns each; a share is the median over turns of the turn's difference from the turn
@@ -90,10 +103,13 @@ def dropout_shares(store: Path, model: str, hidden: int, heads: int, threads: in
         extra = statistics.median(t - none for t, none in zip(turns[name], turns["none"]))
         return extra / statistics.median(turns[name])
 
-    return {"ntp_coupled_s": statistics.median(turns["kernel"]), "ntp_coupled_dropout_share": share("kernel"),
-            "ntp_coupled_no_dropout_s": statistics.median(turns["none"]),
-            "ntp_coupled_torch_ops_s": statistics.median(turns["torch_ops"]),
-            "ntp_coupled_torch_ops_dropout_share": share("torch_ops")}
+    return {
+        "ntp_coupled_s": statistics.median(turns["kernel"]),
+        "ntp_coupled_dropout_share": share("kernel"),
+        "ntp_coupled_no_dropout_s": statistics.median(turns["none"]),
+        "ntp_coupled_torch_ops_s": statistics.median(turns["torch_ops"]),
+        "ntp_coupled_torch_ops_dropout_share": share("torch_ops"),
+    }
 
 
 def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int, dropout: float) -> float:
@@ -106,10 +122,14 @@ def pyg_epoch(a: dict, model: str, hidden: int, heads: int, repeats: int, dropou
     train = train[y[train] >= 0]
     torch.manual_seed(0)
     if model == "gcn":
-        layers = torch.nn.ModuleList([GCNConv(x.shape[1], hidden, cached=True), GCNConv(hidden, a["classes"], cached=True)])
+        layers = torch.nn.ModuleList(
+            [GCNConv(x.shape[1], hidden, cached=True), GCNConv(hidden, a["classes"], cached=True)]
+        )
         act = F.relu
     else:
-        layers = torch.nn.ModuleList([GATConv(x.shape[1], hidden // heads, heads), GATConv(hidden // heads * heads, a["classes"], 1)])
+        layers = torch.nn.ModuleList(
+            [GATConv(x.shape[1], hidden // heads, heads), GATConv(hidden // heads * heads, a["classes"], 1)]
+        )
         act = F.elu
     opt = torch.optim.Adam(layers.parameters(), lr=0.01)
 
@@ -129,9 +149,13 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["gcn", "gat"])
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--dropout", type=float, default=0.5,
-                   help="every framework's dropout rate (ntp's CPU masks read 1 random bit an element at 0.5, 8 where "
-                        "rate * 256 is whole, else 16)")
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=0.5,
+        help="every framework's dropout rate (ntp's CPU masks read 1 random bit an element at 0.5, 8 where "
+        "rate * 256 is whole, else 16)",
+    )
     add_single_process_arguments(p)
     args = p.parse_args()
     size, graphs = graph_selection(args, full_size="big")
@@ -140,30 +164,65 @@ def main() -> None:
     for gname, store in graph_stores(graphs, size).items():
         a = load_arrays(store)
         for model in args.models:
-            row = {"graph": gname, "model": model, "nodes": len(a["indptr"]) - 1, "edges": len(a["indices"]),
-                   "hidden": args.hidden, "threads": threads}
+            row = {
+                "graph": gname,
+                "model": model,
+                "nodes": len(a["indptr"]) - 1,
+                "edges": len(a["indices"]),
+                "hidden": args.hidden,
+                "threads": threads,
+            }
             row.update(dropout_shares(store, model, args.hidden, args.heads, threads, repeats, args.dropout))
-            row["ntp_decoupled_s"] = ntp_epoch(store, model, "decoupled", args.hidden, args.heads, threads, repeats,
-                                               args.dropout)
+            row["ntp_decoupled_s"] = ntp_epoch(
+                store, model, "decoupled", args.hidden, args.heads, threads, repeats, args.dropout
+            )
             row["pyg_s"] = pyg_epoch(a, model, args.hidden, args.heads, repeats, args.dropout)
             if dgl_py is not None:
                 with tempfile.TemporaryDirectory() as tmp:
                     npz = Path(tmp) / "g.npz"
-                    np.savez(npz, indptr=a["indptr"], indices=a["indices"], x=a["x"], y=np.maximum(a["y"], 0),
-                             train=a["train"][a["y"][a["train"]] >= 0])
-                    res = run_dgl(dgl_py, "dgl_worker.py", {"task": "epoch", "npz": str(npz), "model": model,
-                                                            "hidden": args.hidden, "heads": args.heads,
-                                                            "dropout": args.dropout,
-                                                            "classes": a["classes"], "threads": threads,
-                                                            "repeats": repeats})
+                    np.savez(
+                        npz,
+                        indptr=a["indptr"],
+                        indices=a["indices"],
+                        x=a["x"],
+                        y=np.maximum(a["y"], 0),
+                        train=a["train"][a["y"][a["train"]] >= 0],
+                    )
+                    res = run_dgl(
+                        dgl_py,
+                        "dgl_worker.py",
+                        {
+                            "task": "epoch",
+                            "npz": str(npz),
+                            "model": model,
+                            "hidden": args.hidden,
+                            "heads": args.heads,
+                            "dropout": args.dropout,
+                            "classes": a["classes"],
+                            "threads": threads,
+                            "repeats": repeats,
+                        },
+                    )
                 row["dgl_s"] = res["seconds"] if res else None
             row["pyg/ntp_coupled"] = row["pyg_s"] / row["ntp_coupled_s"]
             if row.get("dgl_s"):
                 row["dgl/ntp_coupled"] = row["dgl_s"] / row["ntp_coupled_s"]
             rows.append(row)
             print(row, flush=True)
-    report("epoch", rows, {"size": size, "hidden": args.hidden, "heads": args.heads, "dropout": args.dropout,
-                           "repeats": repeats, "threads": threads, "dgl": dgl_note, "allocator": args.allocator})
+    report(
+        "epoch",
+        rows,
+        {
+            "size": size,
+            "hidden": args.hidden,
+            "heads": args.heads,
+            "dropout": args.dropout,
+            "repeats": repeats,
+            "threads": threads,
+            "dgl": dgl_note,
+            "allocator": args.allocator,
+        },
+    )
 
 
 if __name__ == "__main__":

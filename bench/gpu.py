@@ -14,6 +14,7 @@ rank, host memory of the whole node (PSS summed over its ranks: pages the ranks 
 topology's bytes per edge (host, and device-resident), and start-up (reading and preparing the topology) against
 PyG's loader on the same store. Printed, saved under bench/out/ and logged to MLflow (experiment "benchmarks").
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ from runs import run_job
 
 #: (nodes, average in-degree, features) per size; "products" is ogbn-products' scale, "papers-slice" is sized for
 #: an 80 GB GPU with one rank
-SIZES = {"tiny": (20_000, 10, 32), "small-sparse": (200_000, 25, 100), "small": (200_000, 100, 100),
-         "products": (2_400_000, 50, 100), "large": (6_000_000, 50, 128)}
+SIZES = {
+    "tiny": (20_000, 10, 32),
+    "small-sparse": (200_000, 25, 100),
+    "small": (200_000, 100, 100),
+    "products": (2_400_000, 50, 100),
+    "large": (6_000_000, 50, 128),
+}
 VARIANTS = {
     "gcn coupled": dict(model="gcn", arch="coupled"),
     "gcn decoupled": dict(model="gcn", arch="decoupled", nn_layers=2, prop_steps=2),
@@ -41,17 +47,20 @@ VARIANTS = {
     "gcn --offload all": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all"),
     # the NN stage on the host: one rank's column slice is then not its rows, and --offload all streams it
     "gcn --nn-device cpu": dict(model="gcn", arch="coupled", nn_device="cpu"),
-    "gcn --offload all --nn-device cpu": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all",
-                                              nn_device="cpu"),
+    "gcn --offload all --nn-device cpu": dict(
+        model="gcn", arch="coupled", memory_budget="BUDGET", offload="all", nn_device="cpu"
+    ),
     # the NN stage streamed through the GPU in row blocks, its rows in host memory (ntp.engine.parallel.row_stream)
     "gcn --nn-device stream": dict(model="gcn", arch="coupled", nn_device="stream"),
-    "gcn --offload topology --nn-device stream": dict(model="gcn", arch="coupled", memory_budget="BUDGET",
-                                                      offload="topology", nn_device="stream"),
-    "gcn --offload all --nn-device stream": dict(model="gcn", arch="coupled", memory_budget="BUDGET", offload="all",
-                                                 nn_device="stream"),
-    "gcn --offload all --nn-device stream --precision bf16": dict(model="gcn", arch="coupled", memory_budget="BUDGET",
-                                                                  offload="all", nn_device="stream",
-                                                                  precision="bf16"),
+    "gcn --offload topology --nn-device stream": dict(
+        model="gcn", arch="coupled", memory_budget="BUDGET", offload="topology", nn_device="stream"
+    ),
+    "gcn --offload all --nn-device stream": dict(
+        model="gcn", arch="coupled", memory_budget="BUDGET", offload="all", nn_device="stream"
+    ),
+    "gcn --offload all --nn-device stream --precision bf16": dict(
+        model="gcn", arch="coupled", memory_budget="BUDGET", offload="all", nn_device="stream", precision="bf16"
+    ),
 }
 
 
@@ -60,17 +69,27 @@ def ntp_row(store: Path, name: str, fields: dict, args) -> dict:
     from ntp.errors import MemoryPlanError
 
     try:
-        res = run_job(store, args.nproc, args.epochs, **{"hidden": args.hidden, "dropout": 0.5, "mode": "tp",
-                                                         "device": args.device, **fields})
+        res = run_job(
+            store,
+            args.nproc,
+            args.epochs,
+            **{"hidden": args.hidden, "dropout": 0.5, "mode": "tp", "device": args.device, **fields},
+        )
     except MemoryPlanError as exc:
         return {"variant": f"ntp {name}", "note": f"refused before training: {exc}"}
     edges = res["edges"]
     beyond = res["host_pss_node"] - _feature_bytes(store) - args.nproc * args.baseline
-    return {"variant": f"ntp {name}", "epoch_s": res["epoch_s"], "peak_GB_per_rank": res["peak_mem_max"] / 1e9,
-            "host_B_per_edge": res["host_pss_node"] / edges, "host_net_B_per_edge": beyond / edges,
-            "topology_B_per_edge": res["topology_bytes"] / edges,
-            "device_topology_B_per_edge": res["device_topology_bytes"] / edges, "chunks": res["chunks"],
-            "nn_device": res["nn_device"]}
+    return {
+        "variant": f"ntp {name}",
+        "epoch_s": res["epoch_s"],
+        "peak_GB_per_rank": res["peak_mem_max"] / 1e9,
+        "host_B_per_edge": res["host_pss_node"] / edges,
+        "host_net_B_per_edge": beyond / edges,
+        "topology_B_per_edge": res["topology_bytes"] / edges,
+        "device_topology_B_per_edge": res["device_topology_bytes"] / edges,
+        "chunks": res["chunks"],
+        "nn_device": res["nn_device"],
+    }
 
 
 def expand_budgets(variants: list[str], budgets: list[str]) -> list[tuple[str, dict]]:
@@ -98,10 +117,15 @@ def baseline_pss() -> int:
     import subprocess
     import sys
 
-    code = ("import torch, ntp.engine.train.loop, ntp.engine.train.setup; from ntp.engine.distributed.traffic import host_pss_bytes; "
-            "print(host_pss_bytes())")
-    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              timeout=120).stdout.split()[-1])
+    code = (
+        "import torch, ntp.engine.train.loop, ntp.engine.train.setup; from ntp.engine.distributed.traffic import host_pss_bytes; "
+        "print(host_pss_bytes())"
+    )
+    return int(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+        ).stdout.split()[-1]
+    )
 
 
 # -- PyG, in its own process (its memory is its own) ------------------------------------------------------------------
@@ -124,8 +148,9 @@ def _pyg_worker(store: str, device: str, hidden: int, epochs: int, queue) -> Non
     dev = torch.device(device)
     x, y, adj_t, train = x.to(dev), y.to(dev), adj_t.to(dev), train.to(dev)
     train = train[y[train] >= 0]
-    layers = torch.nn.ModuleList([GCNConv(x.shape[1], hidden, cached=True),
-                                  GCNConv(hidden, int(y.max()) + 1, cached=True)]).to(dev)
+    layers = torch.nn.ModuleList(
+        [GCNConv(x.shape[1], hidden, cached=True), GCNConv(hidden, int(y.max()) + 1, cached=True)]
+    ).to(dev)
     opt = torch.optim.Adam(layers.parameters(), lr=0.01)
     times = []
     for _ in range(epochs):
@@ -138,8 +163,9 @@ def _pyg_worker(store: str, device: str, hidden: int, epochs: int, queue) -> Non
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else _vm_hwm()
-    queue.put({"epoch_s": float(np.median(times[1:] or times)), "peak": int(peak), "startup_s": startup,
-               "host": _vm_hwm()})
+    queue.put(
+        {"epoch_s": float(np.median(times[1:] or times)), "peak": int(peak), "startup_s": startup, "host": _vm_hwm()}
+    )
 
 
 def pyg_row(store: Path, args) -> dict:
@@ -154,8 +180,13 @@ def pyg_row(store: Path, args) -> dict:
     finally:
         proc.join(60)
     edges = _edges(store)
-    return {"variant": "PyG GCNConv adj_t", "epoch_s": res["epoch_s"], "peak_GB_per_rank": res["peak"] / 1e9,
-            "host_B_per_edge": res["host"] / edges, "startup_s": res["startup_s"]}
+    return {
+        "variant": "PyG GCNConv adj_t",
+        "epoch_s": res["epoch_s"],
+        "peak_GB_per_rank": res["peak"] / 1e9,
+        "host_B_per_edge": res["host"] / edges,
+        "startup_s": res["startup_s"],
+    }
 
 
 # -- start-up: reading and preparing the topology -----------------------------------------------------------------------
@@ -177,15 +208,24 @@ def _edges(store: Path) -> int:
 def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda where there is one")
-    p.add_argument("--size", nargs="+", default=None, choices=list(SIZES),
-                   help="graphs (default: products and large on CUDA, small on CPU; --quick: tiny)")
+    p.add_argument(
+        "--size",
+        nargs="+",
+        default=None,
+        choices=list(SIZES),
+        help="graphs (default: products and large on CUDA, small on CPU; --quick: tiny)",
+    )
     p.add_argument("--nproc", type=int, default=None, help="ranks (default: the GPUs, or 2 on CPU)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--budget", nargs="+", default=["2GB"],
-                   help="--memory-budget of the budget and offload variants; each runs once per budget (a budget "
-                        "the plan refuses is reported as a row with the plan's message)")
+    p.add_argument(
+        "--budget",
+        nargs="+",
+        default=["2GB"],
+        help="--memory-budget of the budget and offload variants; each runs once per budget (a budget "
+        "the plan refuses is reported as a row with the plan's message)",
+    )
     p.add_argument("--no-pyg", action="store_true")
     p.add_argument("--plan", action="store_true", help="print the largest graphs' plan (bench/plan.py) and stop")
     args = p.parse_args()
@@ -196,8 +236,9 @@ def main() -> None:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.nproc = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
     args.baseline = baseline_pss()
-    sizes = args.size or (["tiny"] if args.quick else ["products", "large"] if args.device == "cuda"
-                          else ["small-sparse", "small"])
+    sizes = args.size or (
+        ["tiny"] if args.quick else ["products", "large"] if args.device == "cuda" else ["small-sparse", "small"]
+    )
     if args.quick:
         args.epochs, args.variants = 3, ["gcn coupled", "gcn --memory-budget", "gcn --offload all"]
         args.budget = ["64MB"]
@@ -208,8 +249,12 @@ def main() -> None:
         edges = _edges(store)
         startup = ntp_startup(store)
         for i, (name, fields) in enumerate(expand_budgets(args.variants, args.budget)):
-            row = {"graph": f"{size} ({nodes / 1e6:g}M nodes, {edges / 1e6:.0f}M edges)", "nodes": nodes, "edges": edges,
-                   **ntp_row(store, name, fields, args)}
+            row = {
+                "graph": f"{size} ({nodes / 1e6:g}M nodes, {edges / 1e6:.0f}M edges)",
+                "nodes": nodes,
+                "edges": edges,
+                **ntp_row(store, name, fields, args),
+            }
             if i == 0:
                 row["startup_s"] = startup
             rows.append(row)
@@ -217,13 +262,29 @@ def main() -> None:
         if not args.no_pyg:
             rows.append({"graph": rows[-1]["graph"], "edges": edges, **pyg_row(store, args)})
             print(rows[-1], flush=True)
-        base = next((r for r in rows if r["graph"] == rows[-1]["graph"] and r["variant"].startswith("ntp ")
-                     and r.get("epoch_s")), None)
+        base = next(
+            (
+                r
+                for r in rows
+                if r["graph"] == rows[-1]["graph"] and r["variant"].startswith("ntp ") and r.get("epoch_s")
+            ),
+            None,
+        )
         for r in rows:
             if base and r["graph"] == base["graph"] and r.get("epoch_s"):
                 r["x_first_variant"] = r["epoch_s"] / base["epoch_s"]
-    report(f"gpu-{args.device}", rows, {"device": args.device, "nproc": args.nproc, "epochs": args.epochs,
-                                        "hidden": args.hidden, "budget": args.budget, "sizes": sizes})
+    report(
+        f"gpu-{args.device}",
+        rows,
+        {
+            "device": args.device,
+            "nproc": args.nproc,
+            "epochs": args.epochs,
+            "hidden": args.hidden,
+            "budget": args.budget,
+            "sizes": sizes,
+        },
+    )
     keep_measured(_measured(rows))
     print_plan()
 
@@ -248,12 +309,18 @@ def _measured(rows: list[dict]) -> dict | None:
     if not ours:
         return None
     big = max(ours, key=lambda r: r["edges"])
-    measured = {"host_B_per_edge": big["host_net_B_per_edge"], "topology_B_per_edge": big["topology_B_per_edge"],
-                "graph": big["graph"], "edges": big["edges"]}
+    measured = {
+        "host_B_per_edge": big["host_net_B_per_edge"],
+        "topology_B_per_edge": big["topology_B_per_edge"],
+        "graph": big["graph"],
+        "edges": big["edges"],
+    }
     pair = [r for r in ours if r["nodes"] == big["nodes"] and r["edges"] != big["edges"]]
     if pair:
         low = min(pair, key=lambda r: r["edges"])
-        slope = (big["host_B_per_edge"] * big["edges"] - low["host_B_per_edge"] * low["edges"]) / (big["edges"] - low["edges"])
+        slope = (big["host_B_per_edge"] * big["edges"] - low["host_B_per_edge"] * low["edges"]) / (
+            big["edges"] - low["edges"]
+        )
         measured.update(host_B_per_edge=slope, graph=f"slope between {low['graph']} and {big['graph']}")
     return measured
 

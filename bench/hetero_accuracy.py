@@ -16,6 +16,7 @@ Macro-F1 59.35-61.44, Micro-F1 59.60-61.53 for MAGNN; the same table's R-GCN row
 
 One process per run (``--mode single``; tensor-parallel runs compute the same function: tests/ntp/test_rgcn_exactness.py).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -32,8 +33,9 @@ IMDB = dict(arch="coupled", hidden=64, nn_layers=2, dropout=0.5, lr=0.005, weigh
 def store(name: str):
     from storage import prepare
 
-    return prepare(name, from_dir=DATASETS / "ogb-hetero" / name, add_reverse=name == "aifb",
-                   progress=lambda line: None)
+    return prepare(
+        name, from_dir=DATASETS / "ogb-hetero" / name, add_reverse=name == "aifb", progress=lambda line: None
+    )
 
 
 def run(path, cfg: dict, seed: int, merge_valid: bool, eval_every: int = 1) -> dict:
@@ -69,9 +71,16 @@ def run(path, cfg: dict, seed: int, merge_valid: bool, eval_every: int = 1) -> d
             if metrics["valid"] > best[0]:
                 best = (metrics["valid"], scores)
         seconds = (time.perf_counter() - t0) / config.epochs
-    return {"seed": seed, "best_valid": best[0], "test_at_best_valid": best[1][0], "macro_f1_at_best_valid": best[1][1],
-            "micro_f1_at_best_valid": best[1][2], "test_last": scores[0], "macro_f1_last": scores[1],
-            "s_per_epoch": seconds}
+    return {
+        "seed": seed,
+        "best_valid": best[0],
+        "test_at_best_valid": best[1][0],
+        "macro_f1_at_best_valid": best[1][1],
+        "micro_f1_at_best_valid": best[1][2],
+        "test_last": scores[0],
+        "macro_f1_last": scores[1],
+        "s_per_epoch": seconds,
+    }
 
 
 def summary(rows: list[dict], key: str) -> str:
@@ -85,8 +94,13 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--imdb-seeds", type=int, default=3, help="how many of --seeds IMDB runs (its epochs are slower)")
     p.add_argument("--datasets", nargs="+", default=["aifb", "imdb"], choices=["aifb", "imdb"])
-    p.add_argument("--protocols", nargs="+", default=["paper", "valid"], choices=["paper", "valid"],
-                   help="AIFB's protocols (IMDB: valid)")
+    p.add_argument(
+        "--protocols",
+        nargs="+",
+        default=["paper", "valid"],
+        choices=["paper", "valid"],
+        help="AIFB's protocols (IMDB: valid)",
+    )
     p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (paper: the last epoch only)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = p.parse_args()
@@ -98,20 +112,39 @@ def main() -> None:
         cfg = dict(cfg, precision=args.precision, **({"epochs": 5} if args.quick else {}))
         path = store(name)
         runs = []
-        for seed in seeds[:args.imdb_seeds] if name == "imdb" else seeds:
+        for seed in seeds[: args.imdb_seeds] if name == "imdb" else seeds:
             runs.append(run(path, cfg, seed, merge, cfg["epochs"] if protocol == "paper" else args.eval_every))
             print(name, protocol, runs[-1], flush=True)
         for r in runs:
             rows.append({"dataset": name, "protocol": protocol, "precision": args.precision, **r})
-        rows.append({"dataset": name, "protocol": protocol + " (mean +- std)", "precision": args.precision,
-                     "seed": len(runs),
-                     "test_last": summary(runs, "test_last"), "test_at_best_valid": summary(runs, "test_at_best_valid"),
-                     "macro_f1_at_best_valid": summary(runs, "macro_f1_at_best_valid"),
-                     "micro_f1_at_best_valid": summary(runs, "micro_f1_at_best_valid")})
-    report("hetero_accuracy_" + "_".join(args.datasets), rows,
-           {"seeds": seeds, "aifb": AIFB, "imdb": IMDB, "quick": args.quick, "precision": args.precision},
-           ["dataset", "protocol", "precision", "seed", "test_last", "test_at_best_valid", "macro_f1_at_best_valid",
-            "micro_f1_at_best_valid", "s_per_epoch"])
+        rows.append(
+            {
+                "dataset": name,
+                "protocol": protocol + " (mean +- std)",
+                "precision": args.precision,
+                "seed": len(runs),
+                "test_last": summary(runs, "test_last"),
+                "test_at_best_valid": summary(runs, "test_at_best_valid"),
+                "macro_f1_at_best_valid": summary(runs, "macro_f1_at_best_valid"),
+                "micro_f1_at_best_valid": summary(runs, "micro_f1_at_best_valid"),
+            }
+        )
+    report(
+        "hetero_accuracy_" + "_".join(args.datasets),
+        rows,
+        {"seeds": seeds, "aifb": AIFB, "imdb": IMDB, "quick": args.quick, "precision": args.precision},
+        [
+            "dataset",
+            "protocol",
+            "precision",
+            "seed",
+            "test_last",
+            "test_at_best_valid",
+            "macro_f1_at_best_valid",
+            "micro_f1_at_best_valid",
+            "s_per_epoch",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ it has no row for AIFB's one-hot first layer.
   python bench/hetero_speed.py                         AIFB, IMDB, mag-shaped at 1 %
   python bench/hetero_speed.py --mag-scale 1.0         ogbn-mag scale (several GB per process)
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,12 @@ import torch
 from common import DATASETS, base_parser, report, time_median
 
 MAG = {"paper": 736_389, "author": 1_134_649, "institution": 8_740, "field_of_study": 59_965}
-MAG_EDGES = {("author", "affiliated_with", "institution"): 1_043_998, ("author", "writes", "paper"): 7_145_660,
-             ("paper", "cites", "paper"): 5_416_271, ("paper", "has_topic", "field_of_study"): 7_505_078}
+MAG_EDGES = {
+    ("author", "affiliated_with", "institution"): 1_043_998,
+    ("author", "writes", "paper"): 7_145_660,
+    ("paper", "cites", "paper"): 5_416_271,
+    ("paper", "has_topic", "field_of_study"): 7_505_078,
+}
 
 
 def mag_like(scale: float, seed: int = 0) -> dict:
@@ -48,7 +53,7 @@ def mag_like(scale: float, seed: int = 0) -> dict:
     n = counts["paper"]
     labels = rng.integers(0, 349, n)
     perm = rng.permutation(n)
-    splits = {"train": perm[: n // 2], "valid": perm[n // 2: 3 * n // 4], "test": perm[3 * n // 4:]}
+    splits = {"train": perm[: n // 2], "valid": perm[n // 2 : 3 * n // 4], "test": perm[3 * n // 4 :]}
     features = {"paper": rng.standard_normal((n, 128), dtype=np.float32)}
     return dict(counts=counts, edges=edges, features=features, target="paper", labels=labels, splits=splits)
 
@@ -79,10 +84,18 @@ def ntp_epoch(g: dict, hidden: int, layers: int):
     from ntp.engine.train.setup import setup
 
     classes = int(np.max(g["labels"])) + 1
-    data = hetero_from_arrays(g["counts"], g["edges"], g["features"], g["target"], g["labels"], g["splits"],
-                              num_classes=classes)
-    cfg = TrainConfig(model="rgcn", arch="coupled", mode="single", hidden=hidden, nn_layers=layers, dropout=0.0,
-                      threads=torch.get_num_threads())
+    data = hetero_from_arrays(
+        g["counts"], g["edges"], g["features"], g["target"], g["labels"], g["splits"], num_classes=classes
+    )
+    cfg = TrainConfig(
+        model="rgcn",
+        arch="coupled",
+        mode="single",
+        hidden=hidden,
+        nn_layers=layers,
+        dropout=0.0,
+        threads=torch.get_num_threads(),
+    )
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), None), lambda c, w, r: data)
     step = iter(range(10**9))
     return lambda: train_step(job, next(step))
@@ -99,8 +112,16 @@ def pyg_epoch(g: dict, hidden: int, layers: int, fast: bool):
     n, classes = sum(g["counts"].values()), int(np.max(g["labels"])) + 1
     conv = FastRGCNConv if fast else RGCNConv
     one_hot = not g["features"]
-    inputs = torch.nn.ModuleDict({t: (torch.nn.Linear(g["features"][t].shape[1], hidden) if t in g["features"]
-                                      else torch.nn.Embedding(g["counts"][t], hidden)) for t in types})
+    inputs = torch.nn.ModuleDict(
+        {
+            t: (
+                torch.nn.Linear(g["features"][t].shape[1], hidden)
+                if t in g["features"]
+                else torch.nn.Embedding(g["counts"][t], hidden)
+            )
+            for t in types
+        }
+    )
     dims = [n if one_hot else hidden] + [hidden] * (layers - (1 if one_hot else 0)) + [classes]
     convs = torch.nn.ModuleList(conv(a, b, len(keys), aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
     params = list(convs.parameters()) + ([] if one_hot else list(inputs.parameters()))
@@ -116,7 +137,7 @@ def pyg_epoch(g: dict, hidden: int, layers: int, fast: bool):
         for i, c in enumerate(convs):
             h = c(h, ei, et)
             h = torch.relu(h) if i < len(convs) - 1 else h
-        loss = torch.nn.functional.cross_entropy(h[off:off + cnt][train], y)
+        loss = torch.nn.functional.cross_entropy(h[off : off + cnt][train], y)
         loss.backward()
         opt.step()
 
@@ -138,15 +159,32 @@ def dgl_row(g: dict, hidden: int, layers: int, repeats: int, threads: int) -> di
     offsets = dict(zip(types, np.cumsum([0] + [g["counts"][t] for t in types]).tolist()))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "graph.npz"
-        np.savez(path, types=np.array(types), counts=np.array([g["counts"][t] for t in types]),
-                 src=np.concatenate([g["edges"][k][0] + offsets[k[0]] for k in keys]),
-                 dst=np.concatenate([g["edges"][k][1] + offsets[k[2]] for k in keys]),
-                 etype=np.concatenate([np.full(g["edges"][k].shape[1], i) for i, k in enumerate(keys)]),
-                 num_rels=len(keys), classes=int(np.max(g["labels"])) + 1, target=g["target"],
-                 labels=np.asarray(g["labels"]), train=np.asarray(g["splits"]["train"]),
-                 **{f"x_{t}": x for t, x in g["features"].items()})
-        out = run_dgl(py, "dgl_rgcn_worker.py", {"npz": str(path), "hidden": hidden, "layers": layers,
-                                                 "repeats": repeats, "threads": threads, "errors_to_note": True})
+        np.savez(
+            path,
+            types=np.array(types),
+            counts=np.array([g["counts"][t] for t in types]),
+            src=np.concatenate([g["edges"][k][0] + offsets[k[0]] for k in keys]),
+            dst=np.concatenate([g["edges"][k][1] + offsets[k[2]] for k in keys]),
+            etype=np.concatenate([np.full(g["edges"][k].shape[1], i) for i, k in enumerate(keys)]),
+            num_rels=len(keys),
+            classes=int(np.max(g["labels"])) + 1,
+            target=g["target"],
+            labels=np.asarray(g["labels"]),
+            train=np.asarray(g["splits"]["train"]),
+            **{f"x_{t}": x for t, x in g["features"].items()},
+        )
+        out = run_dgl(
+            py,
+            "dgl_rgcn_worker.py",
+            {
+                "npz": str(path),
+                "hidden": hidden,
+                "layers": layers,
+                "repeats": repeats,
+                "threads": threads,
+                "errors_to_note": True,
+            },
+        )
     failed = re.search(r"allocate (\d+) bytes", out.get("note", ""))
     if failed:
         return {"note": f"out of memory: an allocation of {int(failed[1]) / 2**30:.1f} GiB (per-edge messages) failed"}
@@ -158,8 +196,13 @@ def measure(system: str, name: str, scale: float, hidden: int, layers: int, repe
     t0 = time.perf_counter()
     g = graph(name, scale)
     edges = sum(e.shape[1] for e in g["edges"].values())
-    row = {"graph": name, "system": system, "nodes": sum(g["counts"].values()), "edges": edges,
-           "relations": len(g["edges"])}
+    row = {
+        "graph": name,
+        "system": system,
+        "nodes": sum(g["counts"].values()),
+        "edges": edges,
+        "relations": len(g["edges"]),
+    }
     if system == "dgl":
         return {**row, **dgl_row(g, hidden, layers, repeats, threads)}
     fn = ntp_epoch(g, hidden, layers) if system == "ntp" else pyg_epoch(g, hidden, layers, system == "pyg-fast")
@@ -180,8 +223,12 @@ def cap_memory() -> int:
     return cap
 
 
-SYSTEMS = {"ntp": "ntp R-GCN (typed CSR)", "pyg": "PyG RGCNConv", "pyg-fast": "PyG FastRGCNConv",
-           "dgl": "DGL RelGraphConv"}
+SYSTEMS = {
+    "ntp": "ntp R-GCN (typed CSR)",
+    "pyg": "PyG RGCNConv",
+    "pyg-fast": "PyG FastRGCNConv",
+    "dgl": "DGL RelGraphConv",
+}
 
 
 def main() -> None:
@@ -213,21 +260,51 @@ def main() -> None:
     rows = []
     for name in args.graphs:
         for system in args.systems:
-            cmd = [sys.executable, str(Path(__file__)), "--one", system, name, "--mag-scale", str(args.mag_scale),
-                   "--hidden", str(args.hidden), "--layers", str(args.layers), "--repeats", str(repeats),
-                   "--threads", str(threads)]
+            cmd = [
+                sys.executable,
+                str(Path(__file__)),
+                "--one",
+                system,
+                name,
+                "--mag-scale",
+                str(args.mag_scale),
+                "--hidden",
+                str(args.hidden),
+                "--layers",
+                str(args.layers),
+                "--repeats",
+                str(repeats),
+                "--threads",
+                str(threads),
+            ]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                row = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
-                    "graph": name, "system": system, "note": (out.stderr.strip().splitlines() or ["failed"])[-1][:120]}
+                row = (
+                    json.loads(out.stdout.strip().splitlines()[-1])
+                    if out.returncode == 0
+                    else {
+                        "graph": name,
+                        "system": system,
+                        "note": (out.stderr.strip().splitlines() or ["failed"])[-1][:120],
+                    }
+                )
             except subprocess.TimeoutExpired:
                 row = {"graph": name, "system": system, "note": f"no epoch within {args.timeout:.0f} s"}
             row["system"] = SYSTEMS[system]
             rows.append(row)
             print(row, flush=True)
-    report("hetero_speed", rows, {"hidden": args.hidden, "layers": args.layers, "mag_scale": args.mag_scale,
-                                  "threads": threads, "repeats": repeats},
-           ["graph", "system", "nodes", "edges", "relations", "epoch_s", "peak_rss_mb", "setup_s", "note"])
+    report(
+        "hetero_speed",
+        rows,
+        {
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "mag_scale": args.mag_scale,
+            "threads": threads,
+            "repeats": repeats,
+        },
+        ["graph", "system", "nodes", "edges", "relations", "epoch_s", "peak_rss_mb", "setup_s", "note"],
+    )
 
 
 def argparse_hide() -> str:

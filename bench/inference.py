@@ -11,6 +11,7 @@ per second, the export's size, and beside it the wall time of a
 export is compared with the 1-rank one (same classes; probabilities within 1e-5). The machine may be shared:
 compare ratios.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,9 @@ def predict(model: str, store: Path, out: Path, nproc: int, chunk_rows: int | No
     lines: list[str] = []
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()) as here:  # one process reports here, torchrun's ranks by line
-        spec = inference_spec(model, store, nproc=nproc, launch={"device": "cpu", "job_timeout_s": 1800},
-                              chunk_rows=chunk_rows)
+        spec = inference_spec(
+            model, store, nproc=nproc, launch={"device": "cpu", "job_timeout_s": 1800}, chunk_rows=chunk_rows
+        )
         run_inference(spec, Request(model=model, out=str(out)), overwrite=True, on_line=lines.append)
     wall = time.perf_counter() - t0
     phases = dict(re.findall(r"(load|forward|write) ([0-9.]+) s", here.getvalue() + "\n".join(lines)))
@@ -90,13 +92,22 @@ def main() -> None:
                 probs = np.stack(frame["prob"].to_numpy())
                 if reference is None:
                     reference = (frame["pred"].to_numpy(), probs)
-                same = bool((frame["pred"].to_numpy() == reference[0]).all() and np.allclose(probs, reference[1],
-                                                                                             atol=1e-5))
+                same = bool(
+                    (frame["pred"].to_numpy() == reference[0]).all() and np.allclose(probs, reference[1], atol=1e-5)
+                )
                 size = sum(f.stat().st_size for f in out.glob("*.parquet"))
-                rows.append({"ranks": nproc, "chunks": 8 if chunk_rows else 1, "wall_s": round(wall, 2), **phases,
-                             "train_1_epoch_wall_s": train_s,
-                             "nodes_per_s": int(nodes / wall), "export_MiB": round(size / 2**20, 1),
-                             "equal_to_1_rank": same})
+                rows.append(
+                    {
+                        "ranks": nproc,
+                        "chunks": 8 if chunk_rows else 1,
+                        "wall_s": round(wall, 2),
+                        **phases,
+                        "train_1_epoch_wall_s": train_s,
+                        "nodes_per_s": int(nodes / wall),
+                        "export_MiB": round(size / 2**20, 1),
+                        "equal_to_1_rank": same,
+                    }
+                )
                 shutil.rmtree(out)
     report("inference", rows, {"nodes": nodes, "avg_degree": degree, "features": 128, "classes": 16, "hidden": 64})
 

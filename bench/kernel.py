@@ -7,6 +7,7 @@ Compared: ntp.engine.graph.aggregate.SparseOperator (CSR forward, precomputed CS
 run it (a MessagePassing propagate over edge_index with edge weights, the path of GCNConv on edge_index input; and
 PyG's torch.sparse CSR path, torch_geometric.utils.spmm on adj_t); DGL update_all(u_mul_e, sum) in its own environment.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -61,8 +62,14 @@ def main() -> None:
             op(h).backward(grad)
 
         t_ntp, _ = time_median(ntp_step, repeats)
-        row = {"graph": gname, "nodes": n, "edges_with_self_loops": nnz, "width": args.width, "threads": threads,
-               "ntp_s": t_ntp}
+        row = {
+            "graph": gname,
+            "nodes": n,
+            "edges_with_self_loops": nnz,
+            "width": args.width,
+            "threads": threads,
+            "ntp_s": t_ntp,
+        }
 
         from torch_geometric.nn import MessagePassing
         from torch_geometric.utils import spmm
@@ -77,6 +84,7 @@ def main() -> None:
 
         row["pyg_spmm_s"], _ = time_median(pyg_sparse_step, repeats)
         if not args.no_pyg_scatter:
+
             class Agg(MessagePassing):
                 def __init__(self):
                     super().__init__(aggr="add")
@@ -98,8 +106,11 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 npz = Path(tmp) / "g.npz"
                 np.savez(npz, indptr=a["indptr"], indices=a["indices"])
-                res = run_dgl(dgl_py, "dgl_worker.py", {"task": "kernel", "npz": str(npz), "width": args.width,
-                                                        "threads": threads, "repeats": repeats})
+                res = run_dgl(
+                    dgl_py,
+                    "dgl_worker.py",
+                    {"task": "kernel", "npz": str(npz), "width": args.width, "threads": threads, "repeats": repeats},
+                )
             row["dgl_s"] = res["seconds"] if res else None
         row["pyg_spmm/ntp"] = row["pyg_spmm_s"] / t_ntp
         if "pyg_mp_s" in row:
@@ -108,8 +119,18 @@ def main() -> None:
             row["dgl/ntp"] = row["dgl_s"] / t_ntp
         rows.append(row)
         op = h = grad = adj_t = None  # the graph's tensors go before the next graph's (the closures above hold names)
-    report("kernel", rows, {"size": size, "width": args.width, "repeats": repeats, "threads": threads,
-                            "dgl": dgl_note, "allocator": args.allocator})
+    report(
+        "kernel",
+        rows,
+        {
+            "size": size,
+            "width": args.width,
+            "repeats": repeats,
+            "threads": threads,
+            "dgl": dgl_note,
+            "allocator": args.allocator,
+        },
+    )
 
 
 if __name__ == "__main__":

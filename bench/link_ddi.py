@@ -12,6 +12,7 @@ epoch. Leaderboard: GCN 37.07 +- 5.07, GraphSAGE 53.90 +- 4.74 (10 seeds each).
 Prints a table (one row per model and seed, then mean and spread per model), saves it under bench/out/ and logs it to
 MLflow's 'benchmarks' experiment. Each run is one `ntp train` job (torchrun, ``--nproc`` ranks).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,20 @@ from pathlib import Path
 from common import DATASETS, base_parser, report
 
 OGB_LEADERBOARD = {"gcn": (37.07, 5.07), "sage": (53.90, 4.74)}  # test Hits@20 (%), mean +- std over 10 seeds
-OGB_EXAMPLE = dict(arch="coupled", hidden=256, nn_layers=2, dropout=0.5, input_dropout=0.0, lr=0.005,
-                   weight_decay=0.0, link_batch=64 * 1024, decoder="mlp", decoder_layers=2, clip_grad=1.0,
-                   optimizer="adam")
+OGB_EXAMPLE = dict(
+    arch="coupled",
+    hidden=256,
+    nn_layers=2,
+    dropout=0.5,
+    input_dropout=0.0,
+    lr=0.005,
+    weight_decay=0.0,
+    link_batch=64 * 1024,
+    decoder="mlp",
+    decoder_layers=2,
+    clip_grad=1.0,
+    optimizer="adam",
+)
 
 
 def ddi_store() -> Path:
@@ -33,8 +45,16 @@ def ddi_store() -> Path:
     return prepare("ogbl-ddi", from_dir=DATASETS / "ogb-link" / "ogbl-ddi", progress=lambda line: None)
 
 
-def run_one(store: Path, model: str, seed: int, epochs: int, eval_every: int, nproc: int,
-            out: Path | None = None, precision: str = "fp32") -> dict:
+def run_one(
+    store: Path,
+    model: str,
+    seed: int,
+    epochs: int,
+    eval_every: int,
+    nproc: int,
+    out: Path | None = None,
+    precision: str = "fp32",
+) -> dict:
     """One run; with ``out``, its results file and checkpoints stay there (``--resume`` continues it) and its
     epochs are printed as they end."""
     from ntp.config import TrainConfig
@@ -45,20 +65,39 @@ def run_one(store: Path, model: str, seed: int, epochs: int, eval_every: int, np
         name = f"{model}-seed{seed}" + ("" if precision == "fp32" else f"-{precision}")
         folder = out / name if out else Path(tmp)
         results = folder / "results.jsonl"
-        cfg = TrainConfig(store=str(store), model=model, seed=seed, epochs=epochs, eval_every=eval_every,
-                          results=str(results), mode="single" if nproc == 1 else "tp", precision=precision,
-                          **OGB_EXAMPLE,
-                          checkpoint_dir=str(folder / "ckpt") if out else None, checkpoint_every=1, resume=bool(out))
+        cfg = TrainConfig(
+            store=str(store),
+            model=model,
+            seed=seed,
+            epochs=epochs,
+            eval_every=eval_every,
+            results=str(results),
+            mode="single" if nproc == 1 else "tp",
+            precision=precision,
+            **OGB_EXAMPLE,
+            checkpoint_dir=str(folder / "ckpt") if out else None,
+            checkpoint_every=1,
+            resume=bool(out),
+        )
         show = (lambda line: print(line, flush=True)) if out else (lambda line: None)
         launch_training(resolve(cfg, nproc=nproc, job_timeout_s=24 * 3600), on_line=show)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
     epochs_recs = [r for r in recs if "epoch" in r]
     final = next(r for r in recs if r.get("final"))
     curve = {r["epoch"] + 1: round(100 * r["valid_metric"], 2) for r in epochs_recs if r["valid_metric"] is not None}
-    return {"model": model, "precision": precision, "seed": seed, "epochs": len(epochs_recs), "ranks": nproc,
-            "best_epoch": final["best_epoch"] + 1, "valid_hits@20": 100 * final["best_valid_metric"],
-            "test_hits@20": 100 * final["test_metric"], "epoch_s": statistics.median(r["epoch_s"] for r in epochs_recs),
-            "final_loss": epochs_recs[-1]["loss"], "valid_curve": json.dumps(curve)}
+    return {
+        "model": model,
+        "precision": precision,
+        "seed": seed,
+        "epochs": len(epochs_recs),
+        "ranks": nproc,
+        "best_epoch": final["best_epoch"] + 1,
+        "valid_hits@20": 100 * final["best_valid_metric"],
+        "test_hits@20": 100 * final["test_metric"],
+        "epoch_s": statistics.median(r["epoch_s"] for r in epochs_recs),
+        "final_loss": epochs_recs[-1]["loss"],
+        "valid_curve": json.dumps(curve),
+    }
 
 
 def main() -> None:
@@ -68,10 +107,18 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=200, help="OGB's example: 200")
     p.add_argument("--eval-every", type=int, default=5, help="OGB's example: 5")
     p.add_argument("--nproc", type=int, default=1, help="ranks per run (tensor parallel when > 1)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="bf16: the encoder in bfloat16 (the embeddings and the decoder stay float32)")
-    p.add_argument("--out", type=Path, help="keep each run's results and checkpoints in OUT/<model>-seed<seed>/ (with "
-                   "-bf16 under bf16) and print its epochs; a run found there is resumed from its last checkpoint")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: the encoder in bfloat16 (the embeddings and the decoder stay float32)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="keep each run's results and checkpoints in OUT/<model>-seed<seed>/ (with "
+        "-bf16 under bf16) and print its epochs; a run found there is resumed from its last checkpoint",
+    )
     args = p.parse_args()
     if args.quick:
         args.models, args.seeds, args.epochs, args.eval_every = ["gcn"], [0], 2, 1
@@ -85,14 +132,36 @@ def main() -> None:
             runs.append(row)
         tests = [r["test_hits@20"] for r in runs]
         ref = OGB_LEADERBOARD[model]
-        rows += runs + [{"model": f"{model} (mean of {len(runs)})", "precision": args.precision, "epochs": args.epochs,
-                         "test_hits@20": statistics.mean(tests),
-                         "test_std": statistics.stdev(tests) if len(tests) > 1 else None,
-                         "ogb_200_epochs": f"{ref[0]} +- {ref[1]}"}]
-    report("link_ddi", rows, {"epochs": args.epochs, "seeds": args.seeds, "nproc": args.nproc,
-                              "precision": args.precision, **OGB_EXAMPLE},
-           columns=["model", "precision", "seed", "epochs", "ranks", "best_epoch", "valid_hits@20", "test_hits@20",
-                    "test_std", "ogb_200_epochs", "epoch_s", "final_loss", "valid_curve"])
+        rows += runs + [
+            {
+                "model": f"{model} (mean of {len(runs)})",
+                "precision": args.precision,
+                "epochs": args.epochs,
+                "test_hits@20": statistics.mean(tests),
+                "test_std": statistics.stdev(tests) if len(tests) > 1 else None,
+                "ogb_200_epochs": f"{ref[0]} +- {ref[1]}",
+            }
+        ]
+    report(
+        "link_ddi",
+        rows,
+        {"epochs": args.epochs, "seeds": args.seeds, "nproc": args.nproc, "precision": args.precision, **OGB_EXAMPLE},
+        columns=[
+            "model",
+            "precision",
+            "seed",
+            "epochs",
+            "ranks",
+            "best_epoch",
+            "valid_hits@20",
+            "test_hits@20",
+            "test_std",
+            "ogb_200_epochs",
+            "epoch_s",
+            "final_loss",
+            "valid_curve",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ GPU's allocator, or the process's resident set on a CPU, and ntp's memory plan f
 and one chunk of propagation; PyG / ntp), saves it under bench/out/ and logs it to MLflow's 'benchmarks' experiment.
 CPU seconds count every thread of the process: on a shared machine they move less than wall seconds.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -45,12 +46,17 @@ def _pyg_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     s = open_store(store)
-    indptr, indices = torch.from_numpy(np.asarray(s.indptr(), np.int64)), torch.from_numpy(np.asarray(s.indices(), np.int64))
+    indptr, indices = (
+        torch.from_numpy(np.asarray(s.indptr(), np.int64)),
+        torch.from_numpy(np.asarray(s.indices(), np.int64)),
+    )
     n = len(indptr) - 1
     adj_t = torch.sparse_csr_tensor(indptr, indices, torch.ones(len(indices)), size=(n, n)).to(device)
     edge_index = torch.stack([indices, torch.repeat_interleave(torch.arange(n), indptr.diff())]).to(device)
-    splits = {name: [None if a is None else torch.from_numpy(np.asarray(a, np.int64)).to(device)
-                     for a in s.link_split(name)] for name in ("train", "valid", "test")}
+    splits = {
+        name: [None if a is None else torch.from_numpy(np.asarray(a, np.int64)).to(device) for a in s.link_split(name)]
+        for name in ("train", "valid", "test")
+    }
     train = splits["train"][0][: steps * BATCH or None]
     conv = (lambda: GCNConv(WIDTH, WIDTH, cached=True)) if model == "gcn" else (lambda: SAGEConv(WIDTH, WIDTH))
     convs = torch.nn.ModuleList([conv(), conv()])
@@ -105,8 +111,20 @@ def _ntp_run(store: str, model: str, epochs: int, steps: int, threads: int, devi
     job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None))
     job.task.pos["train"] = job.task.pos["train"][: steps * BATCH or None]
     epoch = iter(range(10**6))
-    queue.put({**_timed(lambda: None, lambda: train_step(job, next(epoch)), lambda: None, lambda: evaluate_splits(job),
-                        epochs, device, job.ctx.memory.snapshot), "plan_gb": _plan_bytes(job, device) / 1e9})
+    queue.put(
+        {
+            **_timed(
+                lambda: None,
+                lambda: train_step(job, next(epoch)),
+                lambda: None,
+                lambda: evaluate_splits(job),
+                epochs,
+                device,
+                job.ctx.memory.snapshot,
+            ),
+            "plan_gb": _plan_bytes(job, device) / 1e9,
+        }
+    )
 
 
 def _plan_bytes(job, device: str) -> int:
@@ -138,8 +156,13 @@ def _timed(train_mode, train_epoch, eval_mode, evaluate, epochs: int, device: st
     peak = max([peak, *phase_peaks().values()])
     eval_mode()
     pick = lambda i: statistics.median(t[i] for t in times[1:] or times)  # noqa: E731
-    return {"epoch_s": pick(0), "epoch_cpu_s": pick(1), "epochs_s": [t[0] for t in times],
-            "eval_s": _clocked(evaluate, device)[0], "peak_gb": peak / 1e9}
+    return {
+        "epoch_s": pick(0),
+        "epoch_cpu_s": pick(1),
+        "epochs_s": [t[0] for t in times],
+        "eval_s": _clocked(evaluate, device)[0],
+        "peak_gb": peak / 1e9,
+    }
 
 
 def _clocked(fn, device: str) -> tuple[float, float]:
@@ -157,8 +180,9 @@ def run(target, store: Path, model: str, args) -> dict:
     """``target`` in its own process (its memory and threads are its own)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(str(store), model, args.epochs, args.steps, args.threads, args.device,
-                                                 queue))
+    proc = ctx.Process(
+        target=target, args=(str(store), model, args.epochs, args.steps, args.threads, args.device, queue)
+    )
     proc.start()
     try:
         return queue.get(timeout=4 * 3600)
@@ -173,8 +197,13 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["gcn", "sage"], choices=["gcn", "sage"])
     p.add_argument("--epochs", type=int, default=2, help="training epochs per system (the median after the first)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--steps", type=int, default=0, help="batches per epoch (0: all, 17 on ogbl-ddi); fewer when the "
-                   "machine is busy: the training edges are cut to STEPS batches for both systems")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="batches per epoch (0: all, 17 on ogbl-ddi); fewer when the "
+        "machine is busy: the training edges are cut to STEPS batches for both systems",
+    )
     args = p.parse_args()
     args.threads = args.threads or os.cpu_count() or 1
     if args.quick:
@@ -187,11 +216,19 @@ def main() -> None:
         for key in ("epoch_s", "epoch_cpu_s", "eval_s", "peak_gb"):
             row.update({f"ntp_{key}": ntp[key], f"pyg_{key}": pyg[key], f"pyg/ntp_{key}": pyg[key] / ntp[key]})
         row["ntp_plan_gb"] = ntp["plan_gb"]
-        rows.append({**row, "ntp_epochs_s": [round(t, 3) for t in ntp["epochs_s"]],
-                     "pyg_epochs_s": [round(t, 3) for t in pyg["epochs_s"]]})
+        rows.append(
+            {
+                **row,
+                "ntp_epochs_s": [round(t, 3) for t in ntp["epochs_s"]],
+                "pyg_epochs_s": [round(t, 3) for t in pyg["epochs_s"]],
+            }
+        )
         print(rows[-1], flush=True)
-    report("link_pyg", rows, {"epochs": args.epochs, "steps": args.steps, "threads": args.threads,
-                              "device": args.device, **OGB_EXAMPLE})
+    report(
+        "link_pyg",
+        rows,
+        {"epochs": args.epochs, "steps": args.steps, "threads": args.threads, "device": args.device, **OGB_EXAMPLE},
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ host, from the bytes per edge ``bench/gpu.py`` measured last (bench/out/bytes_pe
 any run). A GPU fits when its resident parts leave room for chunks; "chunks" is how many propagation needs then
 (each chunk a range of destination rows with all their edges: more chunks, more kernel launches, same bytes).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,16 +49,32 @@ MEASURED_AT_LEAST_EDGES = 50_000_000
 PROCESS_BYTES = 1 << 30
 
 
-def plan_row(graph: dict, mode_name: str, mode: dict, gpus: int, gpu_bytes: int, per_machine: int, host_b_per_edge: float,
-             hidden: int) -> dict:
+def plan_row(
+    graph: dict,
+    mode_name: str,
+    mode: dict,
+    gpus: int,
+    gpu_bytes: int,
+    per_machine: int,
+    host_b_per_edge: float,
+    hidden: int,
+) -> dict:
     """One configuration: what a GPU holds and how many chunks propagation needs in what is left, and what a
     machine's host memory holds."""
     n, e, f, classes = graph["nodes"], graph["edges"], graph["features"], graph["classes"]
     cfg = TrainConfig(model="gcn", arch="coupled", hidden=hidden, dropout=0.5, **mode)
     params = sum(p.numel() for p in build_model(cfg, f, classes).parameters())
     budget = int(gpu_bytes * DEVICE_MARGIN)
-    shape = dict(num_nodes=n, num_edges=e, feature_dim=f, out_dim=classes, world=gpus, params=params,
-                 device_type="cuda", symmetric=False)
+    shape = dict(
+        num_nodes=n,
+        num_edges=e,
+        feature_dim=f,
+        out_dim=classes,
+        world=gpus,
+        params=params,
+        device_type="cuda",
+        symmetric=False,
+    )
     if cfg.nn_device == "stream":
         block, parts = stream_parts(cfg, room=budget, **shape)
     else:
@@ -71,16 +88,27 @@ def plan_row(graph: dict, mode_name: str, mode: dict, gpus: int, gpu_bytes: int,
     rows = ceil_div(n, gpus)
     host_rank = eb * rows * f + PROCESS_BYTES  # each rank's row block of the features
     if cfg.nn_device == "stream":  # its activations stay in host memory, the parameters on the GPU
-        host_rank += nn_stage_bytes(rows, f, hidden, classes, cfg.nn_layers, 0, cfg.precision, "cuda",
-                                    cfg.first_dropout) - eb * rows * f
+        host_rank += (
+            nn_stage_bytes(rows, f, hidden, classes, cfg.nn_layers, 0, cfg.precision, "cuda", cfg.first_dropout)
+            - eb * rows * f
+        )
     if cfg.offload == "all":  # the column slice's embeddings, in pinned host memory
         host_rank += 4 * n * slice_width * eb
     host = e * host_b_per_edge + local * host_rank  # the topology once per machine, its ranks' shares
-    return {"graph": graph["name"], "gpu_GB": gpu_bytes / 1e9, "gpus": gpus, "machines": ceil_div(gpus, per_machine),
-            "mode": mode_name, "resident_GB": resident / 1e9, "fits": room > 0,
-            "chunks": ceil_div(work, room) if room > 0 else None, "nn_block_rows": block or None,
-            "params_GB": 4 * params * PARAMETER_COPIES / 1e9, "host_GB_per_machine": host / 1e9,
-            "host_fits_256GB": host <= 256e9}
+    return {
+        "graph": graph["name"],
+        "gpu_GB": gpu_bytes / 1e9,
+        "gpus": gpus,
+        "machines": ceil_div(gpus, per_machine),
+        "mode": mode_name,
+        "resident_GB": resident / 1e9,
+        "fits": room > 0,
+        "chunks": ceil_div(work, room) if room > 0 else None,
+        "nn_block_rows": block or None,
+        "params_GB": 4 * params * PARAMETER_COPIES / 1e9,
+        "host_GB_per_machine": host / 1e9,
+        "host_fits_256GB": host <= 256e9,
+    }
 
 
 def plan(gpu_gbs, per_machine: int, host_b_per_edge: float, hidden: int, gpus=GPUS) -> list[dict]:
@@ -89,8 +117,18 @@ def plan(gpu_gbs, per_machine: int, host_b_per_edge: float, hidden: int, gpus=GP
         for gb in gpu_gbs:
             for mode_name, mode in MODES.items():
                 for g in gpus:
-                    rows.append(plan_row({**graph, "name": name}, mode_name, mode, g, int(gb * 1e9),
-                                         per_machine, host_b_per_edge, hidden))
+                    rows.append(
+                        plan_row(
+                            {**graph, "name": name},
+                            mode_name,
+                            mode,
+                            g,
+                            int(gb * 1e9),
+                            per_machine,
+                            host_b_per_edge,
+                            hidden,
+                        )
+                    )
     return rows
 
 
@@ -112,9 +150,18 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     measured = measured_bytes_per_edge()
     rows = plan(args.gpu_gb, args.gpus_per_machine, measured["host_B_per_edge"], args.hidden)
-    report("large-graph-plan", rows, {"host_from": measured["graph"], **measured, "hidden": args.hidden,
-                                      "gpus_per_machine": args.gpus_per_machine, "margin": DEVICE_MARGIN,
-                                      "model": "gcn coupled, 2 layers, dropout 0.5"})
+    report(
+        "large-graph-plan",
+        rows,
+        {
+            "host_from": measured["graph"],
+            **measured,
+            "hidden": args.hidden,
+            "gpus_per_machine": args.gpus_per_machine,
+            "margin": DEVICE_MARGIN,
+            "model": "gcn coupled, 2 layers, dropout 0.5",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Plots for docs/benchmarks.md from the JSON tables under bench/out/ (run after the benchmarks)."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ Graphs: Cora, CiteSeer and Amazon Photo in OGB's node layout (../shared/datasets
 (graph, model, precision) trains every seed for ``--epochs`` with evaluation every epoch; the test accuracy is the
 one at the best validation epoch (the final record). The issue's goal: bf16 within 0.5 points of fp32.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -14,24 +15,38 @@ from common import DATASETS, base_parser, data_dir, report
 from runs import run_job
 
 GRAPHS = ("cora", "citeseer", "amazon-photo")
-MODELS = {"gcn decoupled": dict(model="gcn", arch="decoupled"), "gcn coupled": dict(model="gcn", arch="coupled"),
-          "sage coupled": dict(model="sage", arch="coupled")}
+MODELS = {
+    "gcn decoupled": dict(model="gcn", arch="decoupled"),
+    "gcn coupled": dict(model="gcn", arch="coupled"),
+    "sage coupled": dict(model="sage", arch="coupled"),
+}
 
 
 def store_for(name: str) -> Path:
     from storage import prepare
 
-    return prepare(name, from_dir=DATASETS / "ogb-layout" / name, symmetrize=True, progress=lambda line: None,
-                   out=data_dir() / "bench-inputs" / f"{name}-sym")
+    return prepare(
+        name,
+        from_dir=DATASETS / "ogb-layout" / name,
+        symmetrize=True,
+        progress=lambda line: None,
+        out=data_dir() / "bench-inputs" / f"{name}-sym",
+    )
 
 
 def row(graph: str, model: str, precision: str, runs: list[dict]) -> dict:
     acc = [100 * r["test_metric"] for r in runs]
-    return {"graph": graph, "model": model, "precision": precision, "test_acc_mean": statistics.mean(acc),
-            "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0, "seeds": len(acc),
-            "epoch_ms": 1e3 * statistics.median(r["epoch_s"] for r in runs),
-            "peak_MB": max(r["peak_mem_max"] for r in runs) / 1e6,
-            "MB_sent_per_rank": statistics.median(r["MB_per_rank"] for r in runs)}
+    return {
+        "graph": graph,
+        "model": model,
+        "precision": precision,
+        "test_acc_mean": statistics.mean(acc),
+        "test_acc_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+        "seeds": len(acc),
+        "epoch_ms": 1e3 * statistics.median(r["epoch_s"] for r in runs),
+        "peak_MB": max(r["peak_mem_max"] for r in runs) / 1e6,
+        "MB_sent_per_rank": statistics.median(r["MB_per_rank"] for r in runs),
+    }
 
 
 def main() -> None:
@@ -51,12 +66,27 @@ def main() -> None:
         for model in args.models:
             pair = []
             for precision in ("fp32", "bf16"):
-                runs = [run_job(store, args.nproc, args.epochs, mode="tp", device=args.device, seed=seed,
-                                precision=precision, eval_every=1, threads=args.threads or 0, **MODELS[model])
-                        for seed in range(args.seeds)]
+                runs = [
+                    run_job(
+                        store,
+                        args.nproc,
+                        args.epochs,
+                        mode="tp",
+                        device=args.device,
+                        seed=seed,
+                        precision=precision,
+                        eval_every=1,
+                        threads=args.threads or 0,
+                        **MODELS[model],
+                    )
+                    for seed in range(args.seeds)
+                ]
                 pair.append(row(graph, model, precision, runs))
-                print(f"{graph} {model} {precision}: {pair[-1]['test_acc_mean']:.2f} +- {pair[-1]['test_acc_std']:.2f}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{graph} {model} {precision}: {pair[-1]['test_acc_mean']:.2f} +- {pair[-1]['test_acc_std']:.2f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             pair[1]["bf16_minus_fp32"] = pair[1]["test_acc_mean"] - pair[0]["test_acc_mean"]
             rows += pair
     report("precision", rows, vars(args))

@@ -9,6 +9,7 @@ device time (CUDA) or CPU time (``--trace`` saves the profiled epochs' Chrome tr
 follows: the device's time an epoch in copies up, copies down and kernels, their sum, the time the device was busy
 with any of them, and the difference: how much of them overlapped (``--offload``'s copies and products).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -46,8 +47,14 @@ def main() -> None:
     nodes, degree, features = SIZES[args.size]
     store = synthetic_store(nodes, degree, features)
     fields = dict(option.split("=", 1) for option in args.options)
-    cfg = TrainConfig(store=str(store), model="gcn", arch="coupled", hidden=64, mode="single",
-                      **{k: _value(v) for k, v in fields.items()})
+    cfg = TrainConfig(
+        store=str(store),
+        model="gcn",
+        arch="coupled",
+        hidden=64,
+        mode="single",
+        **{k: _value(v) for k, v in fields.items()},
+    )
     cuda = args.device == "cuda"
     job = setup(cfg, init_distributed(120, device=args.device))
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -60,8 +67,10 @@ def main() -> None:
         train_step(job, next(epoch))
         sync()
         times.append(time.perf_counter() - start)
-    print(f"epoch {statistics.median(times):.4f} s (median of {args.epochs}), {cfg.offload=}, {cfg.memory_budget=}",
-          flush=True)
+    print(
+        f"epoch {statistics.median(times):.4f} s (median of {args.epochs}), {cfg.offload=}, {cfg.memory_budget=}",
+        flush=True,
+    )
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(args.epochs):
@@ -88,8 +97,10 @@ def device_overlap(events, epochs: int) -> str:
     per = {kind: sum(b - a for a, b in s) / 1e3 / epochs for kind, s in spans.items()}
     busy = _union(sorted(x for s in spans.values() for x in s)) / 1e3 / epochs
     total = sum(per.values())
-    return (f"device ms an epoch: up {per['up']:.1f}, down {per['down']:.1f}, kernels {per['kernels']:.1f}; "
-            f"sum {total:.1f}, busy {busy:.1f}, overlapped {total - busy:.1f}")
+    return (
+        f"device ms an epoch: up {per['up']:.1f}, down {per['down']:.1f}, kernels {per['kernels']:.1f}; "
+        f"sum {total:.1f}, busy {busy:.1f}, overlapped {total - busy:.1f}"
+    )
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

@@ -1,4 +1,5 @@
 """One real torchrun training job (ntp.run.launch.launch_training) and the per-rank figures of its results file."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
         mode = cfg_fields.pop("mode")
         device = cfg_fields.pop("device", "auto")
         cfg_fields.setdefault("eval_every", 10**6)  # timings: evaluate once, at the end
-        cfg = TrainConfig(store=str(store), epochs=epochs, results=str(results),
-                          mode=mode if nproc > 1 or mode == "data" else "single", **cfg_fields)
+        cfg = TrainConfig(
+            store=str(store),
+            epochs=epochs,
+            results=str(results),
+            mode=mode if nproc > 1 or mode == "data" else "single",
+            **cfg_fields,
+        )
         launch_training(resolve(cfg, nproc=nproc, device=device, job_timeout_s=1800), on_line=lambda line: None)
         recs = [json.loads(line) for line in results.read_text().splitlines()]
     epochs_recs = [r for r in recs if "epoch" in r][1:] or [r for r in recs if "epoch" in r]
@@ -34,11 +40,19 @@ def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
     compute = med(lambda w: w["compute_s"])
     comm = med(lambda w: sum(w["comm_s"].values()))
     ratio = lambda v: max(v) / min(v) if min(v) > 0 else (1.0 if max(v) == 0 else float("inf"))  # noqa: E731
-    return {"epoch_s": statistics.median(e["epoch_s"] for e in epochs_recs), "MB_per_rank": statistics.mean(sent) / 1e6,
-            "graph_MB_per_rank": statistics.mean(graph_sent) / 1e6, "bytes_max/min": ratio(sent),
-            "compute_max/min": ratio(compute), "comm_max/min": ratio(comm), "compute_max_s": max(compute),
-            "comm_max_s": max(comm), "graph_bytes_per_rank": graph_sent, "test_metric": recs[-1].get("test_metric"),
-            **_memory(epochs_recs, recs)}
+    return {
+        "epoch_s": statistics.median(e["epoch_s"] for e in epochs_recs),
+        "MB_per_rank": statistics.mean(sent) / 1e6,
+        "graph_MB_per_rank": statistics.mean(graph_sent) / 1e6,
+        "bytes_max/min": ratio(sent),
+        "compute_max/min": ratio(compute),
+        "comm_max/min": ratio(comm),
+        "compute_max_s": max(compute),
+        "comm_max_s": max(comm),
+        "graph_bytes_per_rank": graph_sent,
+        "test_metric": recs[-1].get("test_metric"),
+        **_memory(epochs_recs, recs),
+    }
 
 
 def _memory(epoch_recs: list[dict], recs: list[dict]) -> dict:
@@ -48,9 +62,12 @@ def _memory(epoch_recs: list[dict], recs: list[dict]) -> dict:
 
     last = epoch_recs[-1]["workers"]
     final = recs[-1]
-    return {"peak_mem_max": max(w.get("peak_mem_bytes", 0) for w in last),
-            "host_pss_node": sum(w.get("host_pss_bytes", 0) for w in last),
-            "topology_bytes": last[0].get("topology_bytes", 0),
-            "device_topology_bytes": max(w.get("device_topology_bytes", 0) for w in last),
-            "chunks": last[0].get("chunks"), "nn_device": last[0].get("nn_device"),
-            "edges": open_store(final["config"]["store"]).meta.num_edges}
+    return {
+        "peak_mem_max": max(w.get("peak_mem_bytes", 0) for w in last),
+        "host_pss_node": sum(w.get("host_pss_bytes", 0) for w in last),
+        "topology_bytes": last[0].get("topology_bytes", 0),
+        "device_topology_bytes": max(w.get("device_topology_bytes", 0) for w in last),
+        "chunks": last[0].get("chunks"),
+        "nn_device": last[0].get("nn_device"),
+        "edges": open_store(final["config"]["store"]).meta.num_edges,
+    }

@@ -4,6 +4,7 @@ bench/store_read.py (unchanged) and collecting their tables into one report logg
     python bench/store.py --quick       # 200k-vertex build, 100k-vertex reads
     python bench/store.py               # 5M vertices x degree 10 (50M edges) build, 500k-vertex reads
 """
+
 from __future__ import annotations
 
 import subprocess

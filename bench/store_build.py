@@ -28,8 +28,16 @@ def child(args: argparse.Namespace) -> None:
     from storage import open_store, prepare
 
     start = time.perf_counter()
-    path = prepare("synthetic", nodes=args.nodes[0], avg_degree=args.avg_degree, features=args.features,
-                   classes=args.classes, out=args.out, force=True, progress=lambda line: None)
+    path = prepare(
+        "synthetic",
+        nodes=args.nodes[0],
+        avg_degree=args.avg_degree,
+        features=args.features,
+        classes=args.classes,
+        out=args.out,
+        force=True,
+        progress=lambda line: None,
+    )
     seconds = time.perf_counter() - start
     m = open_store(path).meta
     csr_bytes = 8 * (m.num_nodes + 1) + (4 if m.index_dtype == "int32" else 8) * m.num_edges
@@ -38,8 +46,21 @@ def child(args: argparse.Namespace) -> None:
 
 def run_one(nodes: int, args: argparse.Namespace, workdir: Path) -> dict:
     out = workdir / f"synthetic-{nodes}"
-    cmd = [sys.executable, __file__, "--child", "--nodes", str(nodes), "--avg-degree", str(args.avg_degree),
-           "--features", str(args.features), "--classes", str(args.classes), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--nodes",
+        str(nodes),
+        "--avg-degree",
+        str(args.avg_degree),
+        "--features",
+        str(args.features),
+        "--classes",
+        str(args.classes),
+        "--out",
+        str(out),
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
@@ -71,17 +92,22 @@ def main() -> int:
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="store-build-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"{'nodes':>12} {'edges':>13} {'seconds':>8} {'edges/s':>12} {'peak RSS MiB':>13} "
-          f"{'CSR MiB':>8} {'bound MiB':>10}  ok")
+    print(
+        f"{'nodes':>12} {'edges':>13} {'seconds':>8} {'edges/s':>12} {'peak RSS MiB':>13} "
+        f"{'CSR MiB':>8} {'bound MiB':>10}  ok"
+    )
     ok = True
     # Ascending sizes so that ru_maxrss (a max over all children) reflects the current build.
     for nodes in sorted(args.nodes):
         r = run_one(nodes, args, workdir)
         good = r["peak_rss"] < r["bound"]
         ok &= good
-        print(f"{r['nodes']:>12,} {r['edges']:>13,} {r['seconds']:>8.1f} {r['edges'] / r['seconds']:>12,.0f} "
-              f"{r['peak_rss'] / MIB:>13,.0f} {r['csr_bytes'] / MIB:>8,.0f} {r['bound'] / MIB:>10,.0f}  "
-              f"{'yes' if good else 'NO'}", flush=True)
+        print(
+            f"{r['nodes']:>12,} {r['edges']:>13,} {r['seconds']:>8.1f} {r['edges'] / r['seconds']:>12,.0f} "
+            f"{r['peak_rss'] / MIB:>13,.0f} {r['csr_bytes'] / MIB:>8,.0f} {r['bound'] / MIB:>10,.0f}  "
+            f"{'yes' if good else 'NO'}",
+            flush=True,
+        )
     if not args.workdir and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1

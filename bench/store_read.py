@@ -45,10 +45,15 @@ def main() -> int:
     p.add_argument("--row-chunk", type=int, default=0, help="feature chunk rows (0: about 1 MiB chunks)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="store-read-"))
-    path = args.store or prepare("synthetic", nodes=args.nodes, avg_degree=10, features=args.features,
-                                 out=tmp / "store", progress=lambda line: None,
-                                 layout=Layout(feature_col_chunk=args.col_chunk,
-                                               feature_row_chunk=args.row_chunk))
+    path = args.store or prepare(
+        "synthetic",
+        nodes=args.nodes,
+        avg_degree=10,
+        features=args.features,
+        out=tmp / "store",
+        progress=lambda line: None,
+        layout=Layout(feature_col_chunk=args.col_chunk, feature_row_chunk=args.row_chunk),
+    )
     store = open_store(path)
     n, f = store.meta.num_nodes, store.meta.feature_dim
     np.save(tmp / "x.npy", store.features())
@@ -63,24 +68,38 @@ def main() -> int:
 
     def topo_npy() -> None:
         a, b = int(ptr[r0]), int(ptr[r1])
-        np.array(ptr[r0:r1 + 1]), np.array(idx[a:b])
+        np.array(ptr[r0 : r1 + 1]), np.array(idx[a:b])
 
     cases = [
-        ("features: row block, all columns", (r1 - r0) * f * itemsize,
-         lambda: store.features(rows=slice(r0, r1)), lambda: np.array(x[r0:r1])),
-        (f"features: column slice {c0}:{c1}, all rows", n * (c1 - c0) * itemsize,
-         lambda: store.features(cols=slice(c0, c1)), lambda: np.ascontiguousarray(x[:, c0:c1])),
+        (
+            "features: row block, all columns",
+            (r1 - r0) * f * itemsize,
+            lambda: store.features(rows=slice(r0, r1)),
+            lambda: np.array(x[r0:r1]),
+        ),
+        (
+            f"features: column slice {c0}:{c1}, all rows",
+            n * (c1 - c0) * itemsize,
+            lambda: store.features(cols=slice(c0, c1)),
+            lambda: np.ascontiguousarray(x[:, c0:c1]),
+        ),
         ("features: everything", n * f * itemsize, lambda: store.features(), lambda: np.array(x)),
-        ("topology: row block", (r1 - r0) * 8 + int(ptr[r1] - ptr[r0]) * idx.itemsize,
-         lambda: store.topology(r0, r1), topo_npy),
+        (
+            "topology: row block",
+            (r1 - r0) * 8 + int(ptr[r1] - ptr[r0]) * idx.itemsize,
+            lambda: store.topology(r0, r1),
+            topo_npy,
+        ),
     ]
     chunks = store._array("features").chunks
     print(f"store {path}: {n:,} nodes, {store.meta.num_edges:,} edges, {f} features, feature chunks {chunks}")
     print(f"{'access':45} {'MiB':>8} {'store ms':>9} {'npy ms':>8} {'store MB/s':>11} {'npy MB/s':>9}")
     for name, nbytes, via_store, via_npy in cases:
         ts, tn = best_of(via_store, args.repeat), best_of(via_npy, args.repeat)
-        print(f"{name:45} {nbytes / 2**20:>8.1f} {ts * 1e3:>9.1f} {tn * 1e3:>8.1f} "
-              f"{nbytes / ts / 1e6:>11,.0f} {nbytes / tn / 1e6:>9,.0f}")
+        print(
+            f"{name:45} {nbytes / 2**20:>8.1f} {ts * 1e3:>9.1f} {tn * 1e3:>8.1f} "
+            f"{nbytes / ts / 1e6:>11,.0f} {nbytes / tn / 1e6:>9,.0f}"
+        )
     return 0
 
 

@@ -20,6 +20,7 @@ writes the profile), NTP_DATA_DIR, NTP_CACHE_DIR and MLFLOW_TRACKING_URI (sqlite
 
 `docs/screenshots.py` and `tests/pipeline/test_readme_prefect.py` use :func:`readme_session`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,12 +103,14 @@ def free_port() -> int:
 
 def private_env(root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "NTP_"))}
-    env.update({
-        "PREFECT_HOME": str(root / "prefect-home"),
-        "NTP_DATA_DIR": str(root / "data"),
-        "NTP_CACHE_DIR": str(root / "cache"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'data' / 'mlflow.db'}",
-    })
+    env.update(
+        {
+            "PREFECT_HOME": str(root / "prefect-home"),
+            "NTP_DATA_DIR": str(root / "data"),
+            "NTP_CACHE_DIR": str(root / "cache"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'data' / 'mlflow.db'}",
+        }
+    )
     return env
 
 
@@ -121,8 +124,16 @@ def run_in_terminal(script: str, env: dict[str, str], timeout: float) -> tuple[i
 
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(["bash", "-c", script], cwd=PROJECT, env={**env, "TERM": "xterm-256color"},
-                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=PROJECT,
+        env={**env, "TERM": "xterm-256color"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        close_fds=True,
+    )
     os.close(slave)
     out = bytearray()
     deadline = time.monotonic() + timeout
@@ -230,9 +241,15 @@ class Session:
         self.log(f"$ {step.command}      (left running)")
         log = self.root / f"{'server' if ' server ' in step.command else 'worker'}.log"
         with log.open("ab") as out:
-            proc = subprocess.Popen(["bash", "-c", self.shell(step.command)], cwd=PROJECT, env=self.env,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["bash", "-c", self.shell(step.command)],
+                cwd=PROJECT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.background.append((step, proc, log))
         if " server " in step.command:
             self.wait_healthy(proc, log)
@@ -265,8 +282,9 @@ class Session:
 
 
 @contextmanager
-def readme_session(port: int | None = None, root: Path | None = None, log: Callable[[str], None] = print,
-                   run_timeout: float = 600) -> Iterator[Session]:
+def readme_session(
+    port: int | None = None, root: Path | None = None, log: Callable[[str], None] = print, run_timeout: float = 600
+) -> Iterator[Session]:
     """Run every command of the Prefect block; yield while the server and the worker still run (more
     commands: ``session.run``); then stop them and remove the temporary directory (not a given ``root``)."""
     own_root = root is None
@@ -291,8 +309,12 @@ def readme_session(port: int | None = None, root: Path | None = None, log: Calla
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, help="the Prefect server's port (default: a free one)")
-    parser.add_argument("--keep", type=Path, metavar="DIR", help="work in DIR and keep it (default: a temporary "
-                                                                 "directory, removed at the end)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="work in DIR and keep it (default: a temporary directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     try:

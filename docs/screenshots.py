@@ -9,6 +9,7 @@ same job in data-parallel mode (something to compare), starts `mlflow ui` on the
 Chromium over the DevTools protocol (so it can wait for each page's data and close MLflow's assistant panel), saves
 1400x900 screenshots and stops everything it started.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,20 @@ DOCS = Path(__file__).resolve().parent
 WIDTH, HEIGHT = 1400, 900
 MAX_BYTES = 300_000
 #: The same job in data-parallel mode: something to compare with the quickstart's tensor-parallel run.
-SECOND_RUN = "prefect deployment run pipeline/pipeline --watch --flow-run-name synthetic-data-parallel --params " + shlex.quote(
-    json.dumps({"params": {"dataset": {"name": "synthetic"},
-                           "training": {"epochs": 20, "mode": "data"}, "launch": {"nproc": 2, "device": "cpu"}}}))
+SECOND_RUN = (
+    "prefect deployment run pipeline/pipeline --watch --flow-run-name synthetic-data-parallel --params "
+    + shlex.quote(
+        json.dumps(
+            {
+                "params": {
+                    "dataset": {"name": "synthetic"},
+                    "training": {"epochs": 20, "mode": "data"},
+                    "launch": {"nproc": 2, "device": "cpu"},
+                }
+            }
+        )
+    )
+)
 
 
 def _quickstart():
@@ -54,10 +66,24 @@ class Browser:
         port_file = self.profile / "DevToolsActivePort"
         with (root / "chromium.log").open("wb") as log:
             self.proc = subprocess.Popen(
-                [executable, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-                 "--mute-audio", f"--window-size={WIDTH},{HEIGHT}", f"--user-data-dir={self.profile}",
-                 "--remote-debugging-port=0", "about:blank"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+                [
+                    executable,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--hide-scrollbars",
+                    "--no-first-run",
+                    "--mute-audio",
+                    f"--window-size={WIDTH},{HEIGHT}",
+                    f"--user-data-dir={self.profile}",
+                    "--remote-debugging-port=0",
+                    "about:blank",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + 60
             while not (port_file.exists() and port_file.read_text().strip()):
@@ -70,8 +96,10 @@ class Browser:
             self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
             self.next_id = 0
             self.send("Page.enable")
-            self.send("Emulation.setDeviceMetricsOverride",
-                      {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+            self.send(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+            )
         except BaseException:
             _quickstart().stop_group(self.proc)
             raise
@@ -88,8 +116,7 @@ class Browser:
                 return msg.get("result", {})
 
     def js(self, expression: str) -> object:
-        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True})
+        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
         return result.get("result", {}).get("value")
 
     def goto(self, url: str) -> None:
@@ -111,8 +138,10 @@ class Browser:
 
     def type_into(self, selector: str, text: str, settle: float = 3.0) -> None:
         """Focus the element and type ``text`` as a user would (React sees real input events)."""
-        if not self.js(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
-                       "if (e) { e.focus(); return true; } return false; })()"):
+        if not self.js(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
+            "if (e) { e.focus(); return true; } return false; })()"
+        ):
             raise RuntimeError(f"no element {selector!r} to type into")
         self.send("Input.insertText", {"text": text})
         time.sleep(settle)
@@ -183,22 +212,47 @@ def take_screenshots(out: Path, root: Path) -> list[Path]:
         mlflow_log = root / "mlflow.log"
         with mlflow_log.open("wb") as log:
             mlflow_ui = subprocess.Popen(
-                ["bash", "-c", session.shell(f"mlflow ui --backend-store-uri {session.mlflow_uri} "
-                                             f"--host 127.0.0.1 --port {mlflow_port}")],
-                cwd=qs.PROJECT, env=session.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [
+                    "bash",
+                    "-c",
+                    session.shell(
+                        f"mlflow ui --backend-store-uri {session.mlflow_uri} --host 127.0.0.1 --port {mlflow_port}"
+                    ),
+                ],
+                cwd=qs.PROJECT,
+                env=session.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             mlflow_url = f"http://127.0.0.1:{mlflow_port}"
             _wait_http(f"{mlflow_url}/health", mlflow_ui, mlflow_log)
-            shots = shoot(out, root, prefect_url=session.url, mlflow_url=mlflow_url, flow_runs=(tp_run, dp_run),
-                          mlflow_runs=(mlflow_runs[tp_run], mlflow_runs[dp_run]), experiment_id=exp.experiment_id)
+            shots = shoot(
+                out,
+                root,
+                prefect_url=session.url,
+                mlflow_url=mlflow_url,
+                flow_runs=(tp_run, dp_run),
+                mlflow_runs=(mlflow_runs[tp_run], mlflow_runs[dp_run]),
+                experiment_id=exp.experiment_id,
+            )
         finally:
             qs.stop_group(mlflow_ui)
     return shots
 
 
-def shoot(out: Path, root: Path, *, prefect_url: str, mlflow_url: str, flow_runs: tuple[str, str],
-          mlflow_runs: tuple[str, str], experiment_id: str) -> list[Path]:
+def shoot(
+    out: Path,
+    root: Path,
+    *,
+    prefect_url: str,
+    mlflow_url: str,
+    flow_runs: tuple[str, str],
+    mlflow_runs: tuple[str, str],
+    experiment_id: str,
+) -> list[Path]:
     """The screenshots, from running servers: the flow runs and MLflow runs are (tensor parallel, data parallel)."""
     qs = _quickstart()
     api = f"{prefect_url}/api"
@@ -210,8 +264,10 @@ def shoot(out: Path, root: Path, *, prefect_url: str, mlflow_url: str, flow_runs
         browser.wait_for("document.querySelector('canvas')", "the flow run's graph")
         browser.wait_text("Completed", "Logs", "submitting flow run")
         shots.append(browser.screenshot(out / "prefect-flow-run.png"))
-        artifacts = qs.get_json(f"{api}/artifacts/filter",
-                                {"artifacts": {"flow_run_id": {"any_": [flow_runs[0]]}, "key": {"exists_": True}}})
+        artifacts = qs.get_json(
+            f"{api}/artifacts/filter",
+            {"artifacts": {"flow_run_id": {"any_": [flow_runs[0]]}, "key": {"exists_": True}}},
+        )
         browser.goto(f"{prefect_url}/artifacts/artifact/{artifacts[0]['id']}")
         browser.wait_text("MLflow")
         shots.append(browser.screenshot(out / "prefect-artifact.png"))
@@ -233,8 +289,9 @@ def shoot(out: Path, root: Path, *, prefect_url: str, mlflow_url: str, flow_runs
         browser.type_into('input[placeholder="Search metric charts"]', "^(loss|train_metric|valid_metric|test_metric)$")
         shots.append(browser.screenshot(out / "mlflow-run-metrics.png"))
         train_runs = urllib.parse.quote("tags.`ntp.kind` = 'train'")
-        browser.goto(f"{mlflow_url}/#/experiments/{experiment_id}/runs?compareRunsMode=CHART&searchFilter={train_runs}"
-                     f"&{view}")
+        browser.goto(
+            f"{mlflow_url}/#/experiments/{experiment_id}/runs?compareRunsMode=CHART&searchFilter={train_runs}&{view}"
+        )
         browser.wait_for("document.querySelector('svg.main-svg')", "the comparison charts")
         browser.wait_text("2 matching runs")
         browser.close_mlflow_assistant()

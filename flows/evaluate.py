@@ -1,4 +1,5 @@
 """The `evaluate` flow: evaluate a trained model on a store's splits and log the metrics."""
+
 from __future__ import annotations
 
 import tempfile
@@ -11,8 +12,9 @@ from tasks.evaluate import evaluate_model, fetch_model
 
 
 @flow(name="evaluate")
-def evaluate(run_id: str | None = None, model_path: str | None = None, store: str | None = None,
-             experiment: str | None = None) -> dict[str, Any]:
+def evaluate(
+    run_id: str | None = None, model_path: str | None = None, store: str | None = None, experiment: str | None = None
+) -> dict[str, Any]:
     """Model from an MLflow training run (``run_id``) or a model/checkpoint file (``model_path`` + ``store``).
 
     With a run id the metrics go into that run; otherwise into a new evaluate run.

@@ -4,6 +4,7 @@ Prefect's own ephemeral server shares the terminal's process group, so a Ctrl-C 
 (which then retried against a dead API for minutes), and a SIGTERM left it running. This one runs in a session of
 its own, dies with this process (ntp.run.processes) and is stopped when the block ends, whatever ends it.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,10 @@ def prefect_api(on_line=print) -> Iterator[str]:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not _healthy(api):
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the temporary Prefect server did not start ({' '.join(cmd)}); set "
-                                   "PREFECT_API_URL to a running server instead")
+                raise RuntimeError(
+                    f"the temporary Prefect server did not start ({' '.join(cmd)}); set "
+                    "PREFECT_API_URL to a running server instead"
+                )
             time.sleep(0.2)
         on_line(f"temporary Prefect server on {api} (set PREFECT_API_URL to use your own)")
         with temporary_settings(updates={PREFECT_API_URL: api}), _everywhere():
@@ -84,8 +87,10 @@ def _drain() -> None:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    for drain in (lambda: APILogWorker.drain_all(timeout=10, at_exit=False),
-                  lambda: EventsWorker.drain_all(timeout=10, at_exit=False)):
+    for drain in (
+        lambda: APILogWorker.drain_all(timeout=10, at_exit=False),
+        lambda: EventsWorker.drain_all(timeout=10, at_exit=False),
+    ):
         try:
             drain()
         except RuntimeError:  # a worker that never started

@@ -7,6 +7,7 @@ and tracks the job in MLflow (one parent run, a child run per rank). The parent 
 crashes or is cancelled, or the job's time is up, it cancels the others (their workers stop the torchrun jobs) and
 fails with that node's error, which carries the failing rank's traceback.
 """
+
 from __future__ import annotations
 
 import time
@@ -56,14 +57,27 @@ def train_multinode(
         raise ValueError(f"hosts {hosts}: name two or more different hosts (one work queue each)")
     node_launch = launch.model_copy(update={"nnodes": len(hosts), "rdzv_endpoint": rdzv_endpoint, "retries": 0})
     # named here, not resolved: this (control) host may have no GPU while the nodes train on theirs
-    job_id = launch.job_id or derived_job_id(TrainConfig.from_dict({**training.model_dump(), "store": store}),
-                                             rdzv_endpoint)
+    job_id = launch.job_id or derived_job_id(
+        TrainConfig.from_dict({**training.model_dump(), "store": store}), rdzv_endpoint
+    )
     runs = []
     for rank, host in enumerate(hosts):
-        params = {"store": store, "training": training.model_dump(), "experiment": experiment,
-                  "launch": node_launch.model_copy(update={"node_rank": rank, "job_id": job_id}).model_dump()}
-        runs.append(run_deployment(node_deployment, parameters=params, work_queue_name=host, timeout=0,
-                                   flow_run_name=f"{job_id}-node-{rank}", tags=["ntp", f"node-{rank}"]))
+        params = {
+            "store": store,
+            "training": training.model_dump(),
+            "experiment": experiment,
+            "launch": node_launch.model_copy(update={"node_rank": rank, "job_id": job_id}).model_dump(),
+        }
+        runs.append(
+            run_deployment(
+                node_deployment,
+                parameters=params,
+                work_queue_name=host,
+                timeout=0,
+                flow_run_name=f"{job_id}-node-{rank}",
+                tags=["ntp", f"node-{rank}"],
+            )
+        )
         logger.info("node %d: flow run %s on work queue %s", rank, runs[-1].id, host)
     deadline = time.monotonic() + (launch.job_timeout_s or 24 * 3600.0) + START_SLACK_S
     watch_node_jobs(runs, hosts, deadline, poll_s)
@@ -94,16 +108,20 @@ def watch_node_jobs(runs: list[FlowRun], hosts: list[str], deadline: float, poll
                 bad = _blame(current)
                 _cancel(client, current)
                 state = current[bad].state
-                raise NodeJobFailed(f"node {bad} (work queue {hosts[bad]}, flow run {current[bad].id}) ended "
-                                    f"{state.type.value}: {state.message}; every other node job still running "
-                                    "was cancelled")
+                raise NodeJobFailed(
+                    f"node {bad} (work queue {hosts[bad]}, flow run {current[bad].id}) ended "
+                    f"{state.type.value}: {state.message}; every other node job still running "
+                    "was cancelled"
+                )
             if all(run.state and run.state.type == StateType.COMPLETED for run in current):
                 return current
             if time.monotonic() > deadline:
                 _cancel(client, current)
                 late = [i for i, run in enumerate(current) if not (run.state and run.state.is_final())]
-                raise NodeJobFailed(f"node(s) {late} did not finish in time (are the workers of work queues "
-                                    f"{[hosts[i] for i in late]} running?); every node job was cancelled")
+                raise NodeJobFailed(
+                    f"node(s) {late} did not finish in time (are the workers of work queues "
+                    f"{[hosts[i] for i in late]} running?); every node job was cancelled"
+                )
             time.sleep(poll_s)
 
 

@@ -3,6 +3,7 @@
 `TrainingOptions` is generated from :class:`ntp.config.TrainConfig` (same names, types, defaults and help),
 so the form never drifts from the engine's configuration.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,11 +41,17 @@ class DatasetOptions(BaseModel):
     labels: str | None = Field(None, description="Your own graph: labels file.")
     splits: str | None = Field(None, description="Your own graph: folder or file with train/valid/test indices.")
     force: bool = Field(False, description="Rebuild even when the store exists.")
-    link_split: str | None = Field(None, description="Link prediction for any homogeneous graph: 'VAL,TEST' fractions "
-                                   "of a seeded random edge split with negatives (e.g. '0.05,0.1').")
+    link_split: str | None = Field(
+        None,
+        description="Link prediction for any homogeneous graph: 'VAL,TEST' fractions "
+        "of a seeded random edge split with negatives (e.g. '0.05,0.1').",
+    )
     link_metric: str = Field("hits@20", description="Metric of a link_split store: hits@K or rocauc.")
-    add_reverse: bool = Field(False, description="Heterogeneous graphs (OGB's ogbn-mag layout): add the reverse "
-                              "rev_REL of every relation, as R-GCN uses.")
+    add_reverse: bool = Field(
+        False,
+        description="Heterogeneous graphs (OGB's ogbn-mag layout): add the reverse "
+        "rev_REL of every relation, as R-GCN uses.",
+    )
 
     def prepare_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``storage.prepare`` (everything but the name)."""
@@ -73,8 +80,12 @@ def _training_options() -> type[BaseModel]:
         if f.name == "store":
             continue  # the store comes from the prepare step (or the train flow's own parameter)
         fields[f.name] = (hints[f.name], Field(f.default, description=f.metadata["help"]))
-    return create_model("TrainingOptions", __config__=ConfigDict(extra="forbid", json_schema_extra=_hide_from_form),
-                        __doc__="Training options: the fields of ntp.config.TrainConfig.", **fields)
+    return create_model(
+        "TrainingOptions",
+        __config__=ConfigDict(extra="forbid", json_schema_extra=_hide_from_form),
+        __doc__="Training options: the fields of ntp.config.TrainConfig.",
+        **fields,
+    )
 
 
 TrainingOptions = _training_options()
@@ -92,20 +103,31 @@ class LaunchOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nproc: int | None = Field(None, ge=1, description="Processes per node. Empty: one per visible GPU, "
-                                                       "else 2 on CPU (1 with mode single), as ntp train.")
+    nproc: int | None = Field(
+        None,
+        ge=1,
+        description="Processes per node. Empty: one per visible GPU, else 2 on CPU (1 with mode single), as ntp train.",
+    )
     nnodes: int = Field(1, ge=1, description="Number of nodes (multi-node: run the flow on every node).")
-    node_rank: int | None = Field(None, ge=0, description="This node's rank (node 0 hosts the rendezvous and tracks "
-                                                          "the run). Empty: assigned by the rendezvous.")
+    node_rank: int | None = Field(
+        None,
+        ge=0,
+        description="This node's rank (node 0 hosts the rendezvous and tracks "
+        "the run). Empty: assigned by the rendezvous.",
+    )
     rdzv_endpoint: str | None = Field(None, description="Rendezvous HOST:PORT for multi-node jobs.")
-    interface: str | None = Field(None, description="Network interface the ranks talk over. Empty: the one that "
-                                                    "routes to the rendezvous host.")
-    job_id: str | None = Field(None, description="The job's id on every node. Empty: derived from the endpoint and "
-                                                 "the options.")
-    device: Device = Field("auto", description="Where ranks compute: cuda (one GPU per "
-                                                   "rank), cpu, or auto (cuda where a GPU is visible).")
-    job_timeout_s: float | None = Field(None, gt=0,
-                                        description="Stop the whole job after this many seconds (empty: no limit).")
+    interface: str | None = Field(
+        None, description="Network interface the ranks talk over. Empty: the one that routes to the rendezvous host."
+    )
+    job_id: str | None = Field(
+        None, description="The job's id on every node. Empty: derived from the endpoint and the options."
+    )
+    device: Device = Field(
+        "auto", description="Where ranks compute: cuda (one GPU per rank), cpu, or auto (cuda where a GPU is visible)."
+    )
+    job_timeout_s: float | None = Field(
+        None, gt=0, description="Stop the whole job after this many seconds (empty: no limit)."
+    )
     retries: int = Field(0, ge=0, description="Retry a failed training job this many times.")
     retry_delay_s: float = Field(10.0, ge=0, description="Seconds between retries.")
 
@@ -113,9 +135,17 @@ class LaunchOptions(BaseModel):
 def launch_spec(training: BaseModel, launch: LaunchOptions, *, store: str) -> LaunchSpec:
     """The resolved launch of the form's training and launch options on ``store`` (ntp.spec.resolve)."""
     cfg = TrainConfig.from_dict({**training.model_dump(), "store": store})
-    return resolve(cfg, nproc=launch.nproc, nnodes=launch.nnodes, node_rank=launch.node_rank,
-                   rdzv_endpoint=launch.rdzv_endpoint, device=launch.device, job_timeout_s=launch.job_timeout_s,
-                   interface=launch.interface, job_id=launch.job_id)
+    return resolve(
+        cfg,
+        nproc=launch.nproc,
+        nnodes=launch.nnodes,
+        node_rank=launch.node_rank,
+        rdzv_endpoint=launch.rdzv_endpoint,
+        device=launch.device,
+        job_timeout_s=launch.job_timeout_s,
+        interface=launch.interface,
+        job_id=launch.job_id,
+    )
 
 
 class PipelineParams(BaseModel):
@@ -124,11 +154,17 @@ class PipelineParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: DatasetOptions = Field(description="The graph and its preprocessing (as `ntp data prepare`).")
-    training: TrainingOptions = Field(default_factory=TrainingOptions,  # type: ignore[valid-type]
-                                      description="Model and training options (as `ntp train`).")
+    training: TrainingOptions = Field(
+        default_factory=TrainingOptions,  # type: ignore[valid-type]
+        description="Model and training options (as `ntp train`).",
+    )
     launch: LaunchOptions = Field(default_factory=LaunchOptions, description="Processes, nodes, timeout, retries.")
     experiment: str | None = Field(None, description="MLflow experiment (default: the dataset's name).")
-    registered_model: str | None = Field(None, description="Register the best model as a new version of this name "
-                                                           "in the MLflow model registry.")
-    embeddings_out: str | None = Field(None, description="Publish the best model's node embeddings (last hidden "
-                                                         "layer) there as a Parquet dataset, replaced on every run.")
+    registered_model: str | None = Field(
+        None, description="Register the best model as a new version of this name in the MLflow model registry."
+    )
+    embeddings_out: str | None = Field(
+        None,
+        description="Publish the best model's node embeddings (last hidden "
+        "layer) there as a Parquet dataset, replaced on every run.",
+    )

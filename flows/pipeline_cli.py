@@ -2,6 +2,7 @@
 
 This module imports no Prefect at import time: the console script registers the command cheaply.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,17 +46,25 @@ def add_dataset_arguments(parser: Any) -> None:
         elif get_origin(base) is typing.Literal:
             parser.add_argument(_flag(name), dest=dest, choices=get_args(base), default=f.default, help=help_text)
         else:
-            parser.add_argument(_flag(name), dest=dest, type=base, default=f.default, help=help_text,
-                                metavar=_RENAMED.get(name, name).replace("-", "_").upper())
+            parser.add_argument(
+                _flag(name),
+                dest=dest,
+                type=base,
+                default=f.default,
+                help=help_text,
+                metavar=_RENAMED.get(name, name).replace("-", "_").upper(),
+            )
 
 
 def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
     """Register `pipeline` on an argparse subparsers object (``func`` returns the exit code)."""
     p = subparsers.add_parser(
-        "pipeline", help="prepare -> train -> evaluate as a Prefect flow, tracked in MLflow",
+        "pipeline",
+        help="prepare -> train -> evaluate as a Prefect flow, tracked in MLflow",
         description="Run the pipeline flow locally: build (or reuse) the store, train with torchrun, evaluate the "
-                    "best model; MLflow holds the run (default: sqlite under the data directory, or "
-                    "$MLFLOW_TRACKING_URI). Uses $PREFECT_API_URL when set, else an ephemeral Prefect.")
+        "best model; MLflow holds the run (default: sqlite under the data directory, or "
+        "$MLFLOW_TRACKING_URI). Uses $PREFECT_API_URL when set, else an ephemeral Prefect.",
+    )
     add_dataset_arguments(p.add_argument_group("dataset (as `ntp data prepare`)"))
     add_config_arguments(p, exclude=("store",), title="training (as `ntp train`): ")
     launch = p.add_argument_group("launch (as `ntp train`)")
@@ -63,12 +72,24 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
     launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")
     launch.add_argument("--retry-delay", type=float, default=10.0, help="seconds between retries (default 10)")
     p.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
-    p.add_argument("--register", default=None, metavar="NAME",
-                   help="register the best model as a new version of NAME in the MLflow model registry")
-    p.add_argument("--embeddings-out", default=None, metavar="DIR",
-                   help="publish the best model's node embeddings there (a Parquet dataset, replaced)")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved flow parameters (YAML, as a "
-                   "deployment takes them) and the launch, and exit without running the flow")
+    p.add_argument(
+        "--register",
+        default=None,
+        metavar="NAME",
+        help="register the best model as a new version of NAME in the MLflow model registry",
+    )
+    p.add_argument(
+        "--embeddings-out",
+        default=None,
+        metavar="DIR",
+        help="publish the best model's node embeddings there (a Parquet dataset, replaced)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved flow parameters (YAML, as a "
+        "deployment takes them) and the launch, and exit without running the flow",
+    )
     p.set_defaults(func=run_pipeline_cli)
     return p
 
@@ -83,11 +104,18 @@ def params_from_args(args: argparse.Namespace) -> Any:
     return PipelineParams(
         dataset=DatasetOptions(name=args.name, **dataset),
         training=TrainingOptions(**cfg),
-        launch=LaunchOptions(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, interface=args.interface,
-                             job_id=args.job_id,
-                             rdzv_endpoint=args.rdzv_endpoint, device=args.device, job_timeout_s=args.job_timeout,
-                             retries=args.retries,
-                             retry_delay_s=args.retry_delay),
+        launch=LaunchOptions(
+            nproc=args.nproc,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            interface=args.interface,
+            job_id=args.job_id,
+            rdzv_endpoint=args.rdzv_endpoint,
+            device=args.device,
+            job_timeout_s=args.job_timeout,
+            retries=args.retries,
+            retry_delay_s=args.retry_delay,
+        ),
         experiment=args.experiment,
         registered_model=args.register,
         embeddings_out=args.embeddings_out,
@@ -115,8 +143,7 @@ def run_pipeline_cli(args: argparse.Namespace) -> int:
             out = pipeline(params)
     except (KeyboardInterrupt, Terminated) as exc:
         reason = str(exc) or "interrupted (Ctrl-C)"
-        print(f"stopped: {reason}; the job's processes and the temporary Prefect server are gone",
-              file=sys.stderr)
+        print(f"stopped: {reason}; the job's processes and the temporary Prefect server are gone", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # the flow run is already marked failed; the message holds the rank's traceback
         print(f"error: pipeline failed: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -126,8 +153,11 @@ def run_pipeline_cli(args: argparse.Namespace) -> int:
         from ntp.run.tracking import run_url
 
         ev = out.get("evaluation") or {}
-        print("evaluation: " + ", ".join(f"{k} {ev[k]:.4f}" for k in ("train", "valid", "test") if k in ev)
-              + (f" ({ev['metric']})" if "metric" in ev else ""))
+        print(
+            "evaluation: "
+            + ", ".join(f"{k} {ev[k]:.4f}" for k in ("train", "valid", "test") if k in ev)
+            + (f" ({ev['metric']})" if "metric" in ev else "")
+        )
         print(f"mlflow run: {out['run_id']}")
         print(f"mlflow link: {run_url(out['run_id'])}")
         if out.get("embeddings"):

@@ -1,5 +1,6 @@
 """The `predict` flow: a model (file or MLflow URI) applied to a store -> a Parquet export of predictions, node
 embeddings or link scores; schedulable (prefect.yaml), so a nightly run can publish fresh embeddings."""
+
 from __future__ import annotations
 
 import tempfile
@@ -33,10 +34,16 @@ def predict(
     with tempfile.TemporaryDirectory(prefix="ntp-predict-") as tmp:
         model = fetch_model(model_uri, tmp)
         # resolved in the flow: a model that does not fit the store fails before the job starts
-        spec = inference_spec(model, store, any_store=any_store, nproc=launch.nproc,
-                              launch=launch.model_dump(exclude={"nproc", "retries", "retry_delay_s"}))
+        spec = inference_spec(
+            model,
+            store,
+            any_store=any_store,
+            nproc=launch.nproc,
+            launch=launch.model_dump(exclude={"nproc", "retries", "retry_delay_s"}),
+        )
         request = Request(model=model, export=export, out=out, layer=layer, pairs=pairs)
-        task = run_predict.with_options(retries=launch.retries, retry_delay_seconds=launch.retry_delay_s,
-                                        retry_condition_fn=_retry)  # never a retry of bad input
+        task = run_predict.with_options(
+            retries=launch.retries, retry_delay_seconds=launch.retry_delay_s, retry_condition_fn=_retry
+        )  # never a retry of bad input
         done = task(spec, request, overwrite, source=model_uri)
     return {**done, "model_uri": model_uri, "export": export}

@@ -1,4 +1,5 @@
 """The `prepare_dataset` flow: ingest a graph and build its store."""
+
 from __future__ import annotations
 
 from prefect import flow

@@ -4,6 +4,7 @@ A config comes from command-line flags, a YAML/TOML file (``--config FILE``), or
 merges them (ntp.run.flags). Every check raises :class:`ConfigError` with a message that says how to fix the input.
 How many processes run it, and where, is the launch spec's business (ntp.spec), not the config's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,21 +38,57 @@ WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
 RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
 #: Fields that steer how long a run goes, where it writes and how it spreads the work, not what an epoch computes
 #: (up to rounding): they may change on --resume. The store is compared by fingerprint, not path.
-RESUMABLE_CHANGES = frozenset({
-    "epochs", "results", "checkpoint_dir", "checkpoint_every", "model_out", "resume", "resume_anyway", "eval_every",
-    "patience", "collective_timeout_s", "threads", "fail_at_epoch", "fail_rank", "chunk_rows", "memory_budget",
-    "overlap", "offload", "nn_device", "nn_block_rows", "mode", "store"})
+RESUMABLE_CHANGES = frozenset(
+    {
+        "epochs",
+        "results",
+        "checkpoint_dir",
+        "checkpoint_every",
+        "model_out",
+        "resume",
+        "resume_anyway",
+        "eval_every",
+        "patience",
+        "collective_timeout_s",
+        "threads",
+        "fail_at_epoch",
+        "fail_rank",
+        "chunk_rows",
+        "memory_budget",
+        "overlap",
+        "offload",
+        "nn_device",
+        "nn_block_rows",
+        "mode",
+        "store",
+    }
+)
 
 #: Fields that say how inference runs on this hardware, not what the model computes: `ntp predict` and
 #: `ntp evaluate` take them from their command line, the rest comes from the saved model's config.
-INFERENCE_OPTIONS = ("chunk_rows", "memory_budget", "overlap", "offload", "nn_device", "nn_block_rows",
-                     "collective_timeout_s", "threads")
+INFERENCE_OPTIONS = (
+    "chunk_rows",
+    "memory_budget",
+    "overlap",
+    "offload",
+    "nn_device",
+    "nn_block_rows",
+    "collective_timeout_s",
+    "threads",
+)
 
 
 #: The config's sections, in --help's order: name -> title. A field's section is in its metadata (:func:`opt`).
-SECTIONS = {"data": "data", "gnn": "model", "optim": "optimisation", "parallel": "parallelism and memory",
-            "link": "link prediction (link stores)", "rgcn": "R-GCN (heterogeneous stores)", "run": "run and outputs",
-            "testing": "testing aids (not in --help)"}
+SECTIONS = {
+    "data": "data",
+    "gnn": "model",
+    "optim": "optimisation",
+    "parallel": "parallelism and memory",
+    "link": "link prediction (link stores)",
+    "rgcn": "R-GCN (heterogeneous stores)",
+    "run": "run and outputs",
+    "testing": "testing aids (not in --help)",
+}
 
 
 def opt(section: str, default: Any, help: str) -> Any:
@@ -71,75 +108,156 @@ class TrainConfig:
 
     store: str = opt("data", "", "Path of the graph store (from `ntp data prepare`).")
     model: Model = opt("gnn", "gcn", f"The model ({models_help()})")
-    arch: Arch = opt("gnn", "decoupled", "decoupled: NN stage then propagation (4 all-to-all per epoch); coupled: classic GNN layers.")
-    mode: Mode | None = opt("parallel", None, "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned "
-                                  "data parallel. Empty: single for one process, tp for several.")
+    arch: Arch = opt(
+        "gnn",
+        "decoupled",
+        "decoupled: NN stage then propagation (4 all-to-all per epoch); coupled: classic GNN layers.",
+    )
+    mode: Mode | None = opt(
+        "parallel",
+        None,
+        "single: one process, the reference; tp: tensor parallel; data: vertex-partitioned "
+        "data parallel. Empty: single for one process, tp for several.",
+    )
     epochs: int = opt("optim", 100, "Number of training epochs.")
     hidden: int = opt("gnn", 64, "Hidden width of the NN stage / GNN layers.")
     nn_layers: int = opt("gnn", 2, "Decoupled: Linear layers in the NN stage. Coupled: number of GNN layers.")
     prop_steps: int = opt("gnn", 2, "Decoupled: propagation steps after the NN stage (independent of nn_layers).")
-    dropout: float = opt("gnn", 0.5, "Dropout probability in the NN stage (masks do not depend on the number of workers).")
-    input_dropout: float | None = opt("gnn", None, "Dropout on the first layer's input (the features, or the learned node "
-                                            "embeddings); empty: --dropout, as Kipf's GCN. PyG's GCN/GraphSAGE models "
-                                            "and OGB's link-prediction examples use 0.")
+    dropout: float = opt(
+        "gnn", 0.5, "Dropout probability in the NN stage (masks do not depend on the number of workers)."
+    )
+    input_dropout: float | None = opt(
+        "gnn",
+        None,
+        "Dropout on the first layer's input (the features, or the learned node "
+        "embeddings); empty: --dropout, as Kipf's GCN. PyG's GCN/GraphSAGE models "
+        "and OGB's link-prediction examples use 0.",
+    )
     lr: float = opt("optim", 0.01, "Learning rate.")
-    weight_decay: float | None = opt("optim", None, "L2 weight decay (Adam) or decoupled decay (AdamW); empty: 5e-4 (Kipf's "
-                                           "GCN), and 0 for link prediction (OGB's examples: under Adam, decay "
-                                           "pulls learned node embeddings, whose gradients are small, to zero).")
+    weight_decay: float | None = opt(
+        "optim",
+        None,
+        "L2 weight decay (Adam) or decoupled decay (AdamW); empty: 5e-4 (Kipf's "
+        "GCN), and 0 for link prediction (OGB's examples: under Adam, decay "
+        "pulls learned node embeddings, whose gradients are small, to zero).",
+    )
     optimizer: Optimizer = opt("optim", "adam", "adam or adamw.")
-    norm: Norm = opt("gnn", "none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer.")
+    norm: Norm = opt(
+        "gnn", "none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer."
+    )
     alpha: float = opt("gnn", 0.1, "APPNP teleport probability.")
     heads: int = opt("gnn", 4, "GAT attention heads.")
     seed: int = opt("optim", 0, "Seed for parameters, dropout and anything random.")
     eval_every: int = opt("optim", 1, "Evaluate train/valid/test every N epochs (and at the last epoch).")
-    patience: int = opt("optim", 0, "Early stopping: stop after this many evaluations without a better validation metric (0: off).")
-    results: str | None = opt("run", None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record).")
+    patience: int = opt(
+        "optim", 0, "Early stopping: stop after this many evaluations without a better validation metric (0: off)."
+    )
+    results: str | None = opt(
+        "run", None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record)."
+    )
     checkpoint_dir: str | None = opt("run", None, "Directory for checkpoints (written atomically).")
     checkpoint_every: int = opt("run", 10, "Write a checkpoint every N epochs (needs checkpoint_dir).")
-    model_out: str | None = opt("run", None, "Where rank 0 saves the best model (weights + config) at the end of training.")
+    model_out: str | None = opt(
+        "run", None, "Where rank 0 saves the best model (weights + config) at the end of training."
+    )
     resume: bool = opt("run", False, "Continue from the latest checkpoint in checkpoint_dir.")
-    resume_anyway: bool = opt("run", False, "With --resume: continue even if the checkpoint was written with other options "
-                                     "(lr, model, ...) or on another store; the new options apply from now on.")
-    chunk_rows: int = opt("parallel", 0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk).")
-    memory_budget: str = opt("parallel", "", "Memory of one rank, e.g. 8GB or 512MB: what stays resident (topology, embeddings, NN "
-                                 "stage) plus one aggregation chunk; chunks are the largest that fit in the rest "
-                                 "(default: free GPU memory with a margin; chunks of 256 MiB on CPU).")
-    overlap: bool = opt("parallel", False, "Tensor parallel: split and gather chunk by chunk as asynchronous collectives that "
-                               "overlap aggregation (inter-chunk pipelining); a source row is sent once. Not for gat.")
-    precision: Precision = opt("parallel", "fp32", "fp32, or bf16: features, activations, communication and aggregation in "
-                                       "bfloat16, with float32 sums, parameters and optimiser state (half the "
-                                       "activation memory and traffic; fp32 is the exactness reference). Link "
-                                       "prediction: its encoder (the decoder scores in float32).")
-    offload: Offload = opt("parallel", "none", "What aggregation keeps in host memory: none, topology (streamed to the device "
-                                   "chunk by chunk through pinned staging buffers; about 1.5x the in-device epoch on "
-                                   "an H200), or all (the column-slice embeddings too, in pinned memory, when the "
-                                   "budget cannot hold them on the device: each product copies them through the "
-                                   "device in column blocks; docs/benchmarks.md, section 8).")
-    nn_device: NNDevice = opt("parallel", "auto", "Where the NN stage runs: device (the rank's GPU); stream (its rows in host "
-                                      "memory, computed on the GPU a block of rows at a time and recomputed in the "
-                                      "backward); cpu (on the host); or auto (device when its rows fit beside "
-                                      "aggregation's, else stream). Not gat, rgcn or --norm batch for stream; link "
-                                      "prediction streams its encoder.")
-    nn_block_rows: int = opt("parallel", 0, "Rows of a block of the streamed NN stage (--nn-device stream; 0: from the memory "
-                                "budget or the free device memory).")
-    decoder: Decoder = opt("link", "mlp", "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "
-                                  "LinkPredictor on h_u * h_v) or dot (h_u . h_v).")
+    resume_anyway: bool = opt(
+        "run",
+        False,
+        "With --resume: continue even if the checkpoint was written with other options "
+        "(lr, model, ...) or on another store; the new options apply from now on.",
+    )
+    chunk_rows: int = opt(
+        "parallel", 0, "Destination rows per aggregation chunk (0: from --memory-budget, else one chunk)."
+    )
+    memory_budget: str = opt(
+        "parallel",
+        "",
+        "Memory of one rank, e.g. 8GB or 512MB: what stays resident (topology, embeddings, NN "
+        "stage) plus one aggregation chunk; chunks are the largest that fit in the rest "
+        "(default: free GPU memory with a margin; chunks of 256 MiB on CPU).",
+    )
+    overlap: bool = opt(
+        "parallel",
+        False,
+        "Tensor parallel: split and gather chunk by chunk as asynchronous collectives that "
+        "overlap aggregation (inter-chunk pipelining); a source row is sent once. Not for gat.",
+    )
+    precision: Precision = opt(
+        "parallel",
+        "fp32",
+        "fp32, or bf16: features, activations, communication and aggregation in "
+        "bfloat16, with float32 sums, parameters and optimiser state (half the "
+        "activation memory and traffic; fp32 is the exactness reference). Link "
+        "prediction: its encoder (the decoder scores in float32).",
+    )
+    offload: Offload = opt(
+        "parallel",
+        "none",
+        "What aggregation keeps in host memory: none, topology (streamed to the device "
+        "chunk by chunk through pinned staging buffers; about 1.5x the in-device epoch on "
+        "an H200), or all (the column-slice embeddings too, in pinned memory, when the "
+        "budget cannot hold them on the device: each product copies them through the "
+        "device in column blocks; docs/benchmarks.md, section 8).",
+    )
+    nn_device: NNDevice = opt(
+        "parallel",
+        "auto",
+        "Where the NN stage runs: device (the rank's GPU); stream (its rows in host "
+        "memory, computed on the GPU a block of rows at a time and recomputed in the "
+        "backward); cpu (on the host); or auto (device when its rows fit beside "
+        "aggregation's, else stream). Not gat, rgcn or --norm batch for stream; link "
+        "prediction streams its encoder.",
+    )
+    nn_block_rows: int = opt(
+        "parallel",
+        0,
+        "Rows of a block of the streamed NN stage (--nn-device stream; 0: from the memory "
+        "budget or the free device memory).",
+    )
+    decoder: Decoder = opt(
+        "link",
+        "mlp",
+        "Link prediction: how an edge (u, v) is scored from the node embeddings: mlp (OGB's "
+        "LinkPredictor on h_u * h_v) or dot (h_u . h_v).",
+    )
     decoder_layers: int = opt("link", 2, "Link prediction: Linear layers of the mlp decoder (hidden width: --hidden).")
-    link_batch: int = opt("link", 65536, "Link prediction: positive training edges per step, with as many uniform negative "
-                                 "pairs; every step reruns the encoder on the whole graph (as OGB's full-graph examples).")
-    clip_grad: float = opt("link", 0.0, "Clip the gradient norms of the node embeddings, the encoder and the decoder, each to "
-                                "this value (0: off; OGB's link-prediction examples use 1.0).")
-    rel_norm: RelNorm = opt("rgcn", "mean", "R-GCN: how each relation's messages are normalised: mean (1/|N_r(v)|, PyG's "
-                                    "RGCNConv), total (1/sum over relations of |N_r(v)|) or sum (none).")
-    decomposition: Decomposition = opt("rgcn", "none", "R-GCN (coupled): relation weights as they are (none), a combination "
-                                               "of --num-bases shared bases (basis) or --num-bases diagonal blocks "
-                                               "(block: widths divisible by it).")
-    sparse_embeddings: bool = opt("rgcn", False, "R-GCN: update embedding tables row-wise (lazy Adam: a row without a "
-                                         "gradient keeps its value and moments, as DGL's SparseAdam); no weight decay "
-                                         "on them.")
+    link_batch: int = opt(
+        "link",
+        65536,
+        "Link prediction: positive training edges per step, with as many uniform negative "
+        "pairs; every step reruns the encoder on the whole graph (as OGB's full-graph examples).",
+    )
+    clip_grad: float = opt(
+        "link",
+        0.0,
+        "Clip the gradient norms of the node embeddings, the encoder and the decoder, each to "
+        "this value (0: off; OGB's link-prediction examples use 1.0).",
+    )
+    rel_norm: RelNorm = opt(
+        "rgcn",
+        "mean",
+        "R-GCN: how each relation's messages are normalised: mean (1/|N_r(v)|, PyG's "
+        "RGCNConv), total (1/sum over relations of |N_r(v)|) or sum (none).",
+    )
+    decomposition: Decomposition = opt(
+        "rgcn",
+        "none",
+        "R-GCN (coupled): relation weights as they are (none), a combination "
+        "of --num-bases shared bases (basis) or --num-bases diagonal blocks "
+        "(block: widths divisible by it).",
+    )
+    sparse_embeddings: bool = opt(
+        "rgcn",
+        False,
+        "R-GCN: update embedding tables row-wise (lazy Adam: a row without a "
+        "gradient keeps its value and moments, as DGL's SparseAdam); no weight decay "
+        "on them.",
+    )
     num_bases: int = opt("rgcn", 0, "R-GCN: bases (basis) or blocks (block) of the relation weights (0: none).")
-    collective_timeout_s: float = opt("parallel", 300.0, "Timeout of every collective, in seconds; a rank that waits longer "
-                                             "fails the job.")
+    collective_timeout_s: float = opt(
+        "parallel", 300.0, "Timeout of every collective, in seconds; a rank that waits longer fails the job."
+    )
     threads: int = opt("parallel", 0, "Intra-op threads per rank (0: cores / ranks on this node).")
     fail_at_epoch: int = opt("testing", -1, "Testing aid: this rank fails (raises) at this epoch; see fail_rank.")
     fail_rank: int = opt("testing", -1, "Testing aid: the rank that fails at fail_at_epoch (-1: none).")
@@ -231,9 +349,9 @@ def _flattened(data: dict[str, Any]) -> dict[str, Any]:
             name = RENAMED_KEYS.get(name.replace("-", "_"), name.replace("-", "_"))
             own = next((f.metadata["section"] for f in fields(TrainConfig) if f.name == name), None)
             if own is not None and own != key:
-                raise ConfigError(f"config key {name!r} is in section {key!r}; it belongs to section {own!r}: "
-                                  f"move it there (or write it at the top level)")
+                raise ConfigError(
+                    f"config key {name!r} is in section {key!r}; it belongs to section {own!r}: "
+                    f"move it there (or write it at the top level)"
+                )
             flat[name] = v
     return flat
-
-

@@ -1,6 +1,7 @@
 """The checks of a TrainConfig, in one place: choices, ranges, and options the chosen model, architecture or mode
 would ignore (an error, not a silent no-op); each message names the fix. Options that depend on the store's task
 are the task's own checks (ntp.engine.tasks)."""
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -17,14 +18,17 @@ def validate(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
         value = getattr(cfg, f.name)
         if choices and value not in choices and not (value is None and f.default is None):
             raise ConfigError(f"--{flag(f.name)} {value!r} is not valid; choose one of: {', '.join(choices)}")
-    _positive(cfg, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads", "decoder_layers",
-              "link_batch")
+    _positive(
+        cfg, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads", "decoder_layers", "link_batch"
+    )
     _non_negative(cfg, "prop_steps", "patience", "chunk_rows", "threads", "num_bases", "nn_block_rows")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"--dropout {cfg.dropout} must be in [0, 1); e.g. --dropout 0.5")
     if cfg.input_dropout is not None and not 0.0 <= cfg.input_dropout < 1.0:
-        raise ConfigError(f"--input-dropout {cfg.input_dropout} must be in [0, 1); e.g. --input-dropout 0 "
-                          "(or leave it out: --dropout)")
+        raise ConfigError(
+            f"--input-dropout {cfg.input_dropout} must be in [0, 1); e.g. --input-dropout 0 "
+            "(or leave it out: --dropout)"
+        )
     if not 0.0 <= cfg.alpha <= 1.0:
         raise ConfigError(f"--alpha {cfg.alpha} must be in [0, 1]; APPNP commonly uses 0.1")
     if cfg.lr <= 0:
@@ -38,68 +42,94 @@ def validate(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
     spec = cfg.model_spec
     if cfg.arch not in spec.archs:
         coupled = ", ".join(m.name for m in MODELS.values() if cfg.arch in m.archs and not m.heterogeneous)
-        raise ConfigError(f"--model {cfg.model} is {' or '.join(spec.archs)} by nature; use --arch "
-                          f"{spec.archs[0]} (or a {cfg.arch} model: {coupled})")
+        raise ConfigError(
+            f"--model {cfg.model} is {' or '.join(spec.archs)} by nature; use --arch "
+            f"{spec.archs[0]} (or a {cfg.arch} model: {coupled})"
+        )
     if cfg.arch == "decoupled" and cfg.prop_steps == 0 and spec.attention:
-        raise ConfigError("--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)")
+        raise ConfigError(
+            "--model gat with --arch decoupled needs --prop-steps >= 1 (attention is applied during propagation)"
+        )
     parse_bytes(cfg.memory_budget, "--memory-budget")
     _check_used_options(cfg)
     if cfg.offload != "none" and cfg.mode == "data":
-        raise ConfigError("--offload streams tensor parallelism's chunks; the data-parallel baseline keeps its "
-                          "own block on the device: use --mode tp, or --offload none")
+        raise ConfigError(
+            "--offload streams tensor parallelism's chunks; the data-parallel baseline keeps its "
+            "own block on the device: use --mode tp, or --offload none"
+        )
     if cfg.offload != "none" and cfg.model_spec.attention:
-        raise ConfigError("--offload streams fixed propagation operators; attention (--model gat) computes its "
-                          "edge values on the device every step: use --offload none (--memory-budget still "
-                          "chunks its aggregation)")
+        raise ConfigError(
+            "--offload streams fixed propagation operators; attention (--model gat) computes its "
+            "edge values on the device every step: use --offload none (--memory-budget still "
+            "chunks its aggregation)"
+        )
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
     if cfg.resume_anyway and not cfg.resume:
         raise ConfigError("--resume-anyway only applies to --resume: add --resume, or drop --resume-anyway")
 
+
 def _check_used_options(cfg) -> None:  # noqa: ANN001
     """An option the chosen model, architecture or mode would ignore is an error, not a silent no-op."""
     if cfg.overlap and cfg.mode in ("single", "data"):
-        raise ConfigError(f"--overlap overlaps the split and gather of tensor parallelism; --mode {cfg.mode} "
-                          "has none: use --mode tp (or drop --overlap)")
+        raise ConfigError(
+            f"--overlap overlaps the split and gather of tensor parallelism; --mode {cfg.mode} "
+            "has none: use --mode tp (or drop --overlap)"
+        )
     spec = cfg.model_spec
     if cfg.overlap and spec.attention:
-        raise ConfigError("--overlap pipelines fixed propagation operators; attention (--model gat) computes its "
-                          "edge weights every step and is not overlapped: drop --overlap")
+        raise ConfigError(
+            "--overlap pipelines fixed propagation operators; attention (--model gat) computes its "
+            "edge weights every step and is not overlapped: drop --overlap"
+        )
     if cfg.decomposition != "none" and cfg.num_bases < 1:
         raise ConfigError(f"--decomposition {cfg.decomposition} needs --num-bases N >= 1 (e.g. --num-bases 30)")
     if (cfg.decomposition != "none" or cfg.num_bases) and (not spec.heterogeneous or cfg.arch != "coupled"):
-        raise ConfigError("--decomposition/--num-bases shape the relation weights of coupled R-GCN layers: use "
-                          "--model rgcn --arch coupled, or drop them")
+        raise ConfigError(
+            "--decomposition/--num-bases shape the relation weights of coupled R-GCN layers: use "
+            "--model rgcn --arch coupled, or drop them"
+        )
     if cfg.sparse_embeddings and not spec.heterogeneous:
         raise ConfigError("--sparse-embeddings updates R-GCN's embedding tables: use --model rgcn, or drop it")
     if spec.heterogeneous and cfg.mode == "data":
         raise ConfigError("--model rgcn runs tensor parallel: use --mode tp (or --mode single for one process)")
     if spec.heterogeneous and cfg.input_dropout is not None:
-        raise ConfigError("--input-dropout applies to the homogeneous models; R-GCN's dropout is --dropout: drop "
-                          "--input-dropout")
+        raise ConfigError(
+            "--input-dropout applies to the homogeneous models; R-GCN's dropout is --dropout: drop --input-dropout"
+        )
     if spec.heterogeneous and (cfg.overlap or cfg.offload != "none" or cfg.nn_device == "cpu"):
-        raise ConfigError("--overlap, --offload and --nn-device cpu apply to homogeneous models; R-GCN runs on "
-                          "the rank's device and its relation-wise aggregation is bounded with --memory-budget "
-                          "SIZE (or --chunk-rows N): drop them and use that")
+        raise ConfigError(
+            "--overlap, --offload and --nn-device cpu apply to homogeneous models; R-GCN runs on "
+            "the rank's device and its relation-wise aggregation is bounded with --memory-budget "
+            "SIZE (or --chunk-rows N): drop them and use that"
+        )
     _check_streaming(cfg)
     if cfg.norm != "none" and cfg.arch == "coupled":
-        raise ConfigError(f"--norm {cfg.norm} normalises the hidden layers of the decoupled NN stage; coupled "
-                          "layers have none: use --arch decoupled, or drop --norm")
+        raise ConfigError(
+            f"--norm {cfg.norm} normalises the hidden layers of the decoupled NN stage; coupled "
+            "layers have none: use --arch decoupled, or drop --norm"
+        )
+
 
 def _check_streaming(cfg) -> None:  # noqa: ANN001
     """What ``--nn-device stream`` (ntp.engine.parallel.row_stream) can stream: row-wise segments only."""
     if cfg.nn_block_rows and cfg.nn_device != "stream":
-        raise ConfigError("--nn-block-rows sizes the blocks of --nn-device stream: add --nn-device stream, or "
-                          "drop --nn-block-rows")
+        raise ConfigError(
+            "--nn-block-rows sizes the blocks of --nn-device stream: add --nn-device stream, or drop --nn-block-rows"
+        )
     if cfg.nn_device != "stream" or cfg.nn_streams:
         return
     if not cfg.model_spec.row_wise:
-        raise ConfigError(f"--nn-device stream streams row-wise layers; --model {cfg.model} computes on its "
-                          "edges or relations on the device: use --nn-device cpu (or device) with it, or "
-                          "--model gcn, sage, gin, sgc or appnp")
-    raise ConfigError("--norm batch needs statistics over all rows before any row's output, which a stage "
-                      "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "
-                      "--nn-device device or cpu")
+        raise ConfigError(
+            f"--nn-device stream streams row-wise layers; --model {cfg.model} computes on its "
+            "edges or relations on the device: use --nn-device cpu (or device) with it, or "
+            "--model gcn, sage, gin, sgc or appnp"
+        )
+    raise ConfigError(
+        "--norm batch needs statistics over all rows before any row's output, which a stage "
+        "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "
+        "--nn-device device or cpu"
+    )
 
 
 def _positive(cfg, *names: str) -> None:

@@ -5,6 +5,7 @@
 - A run went wrong (:class:`TrainingError` inside a rank, :class:`WorkerFailed` seen by the launcher): a retry may
   succeed (a lost node, a preempted GPU), so schedulers may retry these.
 """
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ the memory plan read these capabilities instead of comparing model names.
 Adding a model: an entry here, its layer in ntp/engine/nn (coupled) or its propagation operator (decoupled), and
 the exactness and reference tests that prove it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,17 +33,25 @@ class ModelSpec:
         return not self.attention and not self.heterogeneous
 
 
-MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
-    ModelSpec("gcn", "graph convolution (Kipf & Welling)"),
-    ModelSpec("sgc", "simplified graph convolution: linear NN stage, K propagation steps", archs=("decoupled",),
-              mlp_activation=False),
-    ModelSpec("appnp", "personalised PageRank propagation of an MLP's output", archs=("decoupled",), teleport=True),
-    ModelSpec("sage", "GraphSAGE, mean aggregation with a root weight", operator="mean_self", root_term=True),
-    ModelSpec("gin", "graph isomorphism network, sum aggregation and a 2-layer MLP", operator="sum_root",
-              inner_mlp=True),
-    ModelSpec("gat", "graph attention, --heads heads", operator=None, attention=True),
-    ModelSpec("rgcn", "relational GCN, for heterogeneous stores", graph="heterogeneous", operator=None),
-)}
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("gcn", "graph convolution (Kipf & Welling)"),
+        ModelSpec(
+            "sgc",
+            "simplified graph convolution: linear NN stage, K propagation steps",
+            archs=("decoupled",),
+            mlp_activation=False,
+        ),
+        ModelSpec("appnp", "personalised PageRank propagation of an MLP's output", archs=("decoupled",), teleport=True),
+        ModelSpec("sage", "GraphSAGE, mean aggregation with a root weight", operator="mean_self", root_term=True),
+        ModelSpec(
+            "gin", "graph isomorphism network, sum aggregation and a 2-layer MLP", operator="sum_root", inner_mlp=True
+        ),
+        ModelSpec("gat", "graph attention, --heads heads", operator=None, attention=True),
+        ModelSpec("rgcn", "relational GCN, for heterogeneous stores", graph="heterogeneous", operator=None),
+    )
+}
 
 
 def model_spec(name: str) -> ModelSpec:

@@ -1,5 +1,6 @@
 """How options are written: the choices of each one (Literal types), sizes such as ``8GB``, YAML/TOML config files,
 and the command-line flag of a field."""
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,22 @@ RelNorm = Literal["mean", "total", "sum"]
 Decomposition = Literal["none", "basis", "block"]
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def parse_bytes(text: str | int, flag: str = "--memory-budget") -> int:
@@ -37,8 +52,10 @@ def parse_bytes(text: str | int, flag: str = "--memory-budget") -> int:
         if not str(text).strip():
             return 0
         if not match or match.group(2).lower() not in _UNITS:
-            raise ConfigError(f"{flag} {text!r} is not a size; write a number with a unit, e.g. {flag} 8GB "
-                              f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+            raise ConfigError(
+                f"{flag} {text!r} is not a size; write a number with a unit, e.g. {flag} 8GB "
+                f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            )
         value, unit = float(match.group(1)), match.group(2).lower()
     nbytes = int(value * _UNITS[unit])
     if nbytes <= 0:
@@ -61,9 +78,19 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-_LITERALS = {"Model": Model, "Arch": Arch, "Mode": Mode, "Optimizer": Optimizer, "Norm": Norm, "Offload": Offload,
-             "NNDevice": NNDevice, "Decoder": Decoder, "Precision": Precision, "RelNorm": RelNorm,
-             "Decomposition": Decomposition}
+_LITERALS = {
+    "Model": Model,
+    "Arch": Arch,
+    "Mode": Mode,
+    "Optimizer": Optimizer,
+    "Norm": Norm,
+    "Offload": Offload,
+    "NNDevice": NNDevice,
+    "Decoder": Decoder,
+    "Precision": Precision,
+    "RelNorm": RelNorm,
+    "Decomposition": Decomposition,
+}
 
 
 def literal_choices(type_name: str) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ Rank 0 writes one :class:`EpochRecord` per epoch and a :class:`FinalRecord` at t
 results file, the console; the driver follows the file into MLflow). Everything downstream (tracking, compare,
 plots, the Prefect artifact) reads these types, never loose dicts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,7 +32,9 @@ class WorkerStats:
     nn_device: str = "cpu"
     offload: str = "none"
     host_pss_bytes: int = 0  #: resident host memory, shared pages divided among their processes (sum a node's ranks)
-    topology_bytes: int = 0  #: the topology arrays (ntp.engine.graph.topology), one copy per node when its ranks share it
+    topology_bytes: int = (
+        0  #: the topology arrays (ntp.engine.graph.topology), one copy per node when its ranks share it
+    )
     device_topology_bytes: int = 0  #: what the topology keeps resident on the rank's device (0 on CPU, or offloaded)
     host: str = ""  #: the machine the rank ran on
 

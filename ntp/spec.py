@@ -5,6 +5,7 @@ then fixes everything that depends on the machine and the process count, and eve
 workers) reads the frozen result. This is the only place where defaults for processes, mode, backend and device
 are chosen.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,9 +68,19 @@ def default_nproc(device: str, gpus: int) -> int:
     return gpus if device == "cuda" else min(2, os.cpu_count() or 1)
 
 
-def resolve(config: TrainConfig, *, nproc: int | None = None, nnodes: int = 1, node_rank: int | None = None,
-            rdzv_endpoint: str | None = None, device: str = "auto", job_timeout_s: float | None = None,
-            interface: str | None = None, job_id: str | None = None, gpus: int | None = None) -> LaunchSpec:
+def resolve(
+    config: TrainConfig,
+    *,
+    nproc: int | None = None,
+    nnodes: int = 1,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
+    device: str = "auto",
+    job_timeout_s: float | None = None,
+    interface: str | None = None,
+    job_id: str | None = None,
+    gpus: int | None = None,
+) -> LaunchSpec:
     """The launch of ``config``: processes per node default to the GPUs (else 2 on CPU; 1 for ``--mode single``),
     the mode to ``single`` for one process and ``tp`` for several. Contradictions raise :class:`ConfigError`."""
     gpus = visible_gpus() if gpus is None else gpus
@@ -80,17 +91,29 @@ def resolve(config: TrainConfig, *, nproc: int | None = None, nnodes: int = 1, n
     world = nproc * nnodes
     mode = mode_for(config.mode, world)
     if mode == "single" and world > 1:
-        raise ConfigError(f"--mode single runs one process, but --nproc {nproc} x --nnodes {nnodes} asks for {world}: "
-                          "use --mode tp (or data), or drop --nproc")
+        raise ConfigError(
+            f"--mode single runs one process, but --nproc {nproc} x --nnodes {nnodes} asks for {world}: "
+            "use --mode tp (or data), or drop --nproc"
+        )
     if device == "cuda" and nproc > gpus:
-        raise ConfigError(f"{nproc} processes per node on {gpus} GPU(s): NCCL cannot run two ranks on one GPU "
-                          f"('Duplicate GPU detected'); use --nproc {gpus} or fewer, or --device cpu")
+        raise ConfigError(
+            f"{nproc} processes per node on {gpus} GPU(s): NCCL cannot run two ranks on one GPU "
+            f"('Duplicate GPU detected'); use --nproc {gpus} or fewer, or --device cpu"
+        )
     config = config.replace(mode=mode)
     if nnodes > 1 and not job_id:
         job_id = derived_job_id(config, rdzv_endpoint or "")
-    return LaunchSpec(config=config, nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank,
-                      rdzv_endpoint=rdzv_endpoint, device=device, job_timeout_s=job_timeout_s, interface=interface,
-                      job_id=job_id)
+    return LaunchSpec(
+        config=config,
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        device=device,
+        job_timeout_s=job_timeout_s,
+        interface=interface,
+        job_id=job_id,
+    )
 
 
 def derived_job_id(config: TrainConfig, rdzv_endpoint: str) -> str:
@@ -103,8 +126,14 @@ def resolve_in_worker(config: TrainConfig, device: str = "auto") -> LaunchSpec:
     """The spec of a process that torchrun started (its environment says how many there are), or of a lone one."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return resolve(config, nproc=local, nnodes=max(1, world // max(local, 1)), node_rank=None, device=device,
-                   rdzv_endpoint=_torchrun_endpoint())
+    return resolve(
+        config,
+        nproc=local,
+        nnodes=max(1, world // max(local, 1)),
+        node_rank=None,
+        device=device,
+        rdzv_endpoint=_torchrun_endpoint(),
+    )
 
 
 def _torchrun_endpoint() -> str | None:
@@ -122,8 +151,9 @@ def _resolve_device(device: str, gpus: int) -> Literal["cpu", "cuda"]:
     return device  # type: ignore[return-value]
 
 
-def _check_counts(nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
-                  job_timeout_s: float | None) -> None:
+def _check_counts(
+    nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None, job_timeout_s: float | None
+) -> None:
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc} must be at least 1 (processes per node)")
     if nnodes < 1:
@@ -135,9 +165,11 @@ def _check_counts(nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint:
     if rdzv_endpoint and not rdzv_endpoint.rpartition(":")[2].isdigit():
         raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r} is not HOST:PORT, e.g. --rdzv-endpoint 10.0.0.1:29500")
     if rdzv_endpoint and rdzv_endpoint.rpartition(":")[0].strip("[]") in ("0.0.0.0", "::", "*", ""):
-        raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r} names every interface: the rendezvous store would "
-                          "accept anyone who reaches the port; give the address of the interface the other nodes reach "
-                          "the rendezvous host at, e.g. --rdzv-endpoint 10.0.0.1:29500")
+        raise ConfigError(
+            f"--rdzv-endpoint {rdzv_endpoint!r} names every interface: the rendezvous store would "
+            "accept anyone who reaches the port; give the address of the interface the other nodes reach "
+            "the rendezvous host at, e.g. --rdzv-endpoint 10.0.0.1:29500"
+        )
     if job_timeout_s is not None and job_timeout_s <= 0:
         raise ConfigError(f"--job-timeout {job_timeout_s} must be positive (seconds), or left out for no limit")
 

@@ -5,5 +5,13 @@ from storage.prepare import prepare
 from storage.reader import CSRBlock, GraphStore, open_store
 from storage.schema import SCHEMA_VERSION, StoreError, StoreMeta
 
-__all__ = ["CSRBlock", "GraphStore", "SCHEMA_VERSION", "StoreError", "StoreMeta", "default_data_dir",
-           "open_store", "prepare"]
+__all__ = [
+    "CSRBlock",
+    "GraphStore",
+    "SCHEMA_VERSION",
+    "StoreError",
+    "StoreMeta",
+    "default_data_dir",
+    "open_store",
+    "prepare",
+]

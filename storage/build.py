@@ -25,8 +25,7 @@ from storage.sweep import sweep_abandoned
 from storage.writer import write_store
 
 
-def existing_store(target: Path, build_key: str, force: bool,
-                   progress: Callable[[str], None]) -> Path | None:
+def existing_store(target: Path, build_key: str, force: bool, progress: Callable[[str], None]) -> Path | None:
     """The target if it is a valid store built from the same inputs and options, else None.
 
     Raises StoreError if the target is not one of our stores (with or without force), or is a valid
@@ -35,9 +34,11 @@ def existing_store(target: Path, build_key: str, force: bool,
     if not target.exists() and not target.is_symlink():
         return None
     if not _replaceable(target):
-        raise StoreError(f"{target} exists and is not a graph store (no graph-store metadata in its "
-                         "zarr.json); it is never replaced, not even with --force. Fix: choose another "
-                         "--out, or remove that path yourself")
+        raise StoreError(
+            f"{target} exists and is not a graph store (no graph-store metadata in its "
+            "zarr.json); it is never replaced, not even with --force. Fix: choose another "
+            "--out, or remove that path yourself"
+        )
     if force:
         return None
     try:
@@ -47,25 +48,54 @@ def existing_store(target: Path, build_key: str, force: bool,
         return None
     if store.meta.build_key == build_key:
         return target
-    raise StoreError(f"graph store {target} already exists with other inputs or options "
-                     f"(built by `{store.meta.rebuild_command}`). Fix: choose another --out, "
-                     "or pass --force to replace it")
+    raise StoreError(
+        f"graph store {target} already exists with other inputs or options "
+        f"(built by `{store.meta.rebuild_command}`). Fix: choose another --out, "
+        "or pass --force to replace it"
+    )
 
 
-def build(make_source: Callable[[], GraphSource], target: Path, *, prep: Preprocessing,
-          feature_dtype: str, build_key: str, rebuild_command: str,
-          progress: Callable[[str], None], force: bool = False, layout: Layout | None = None) -> Path:
+def build(
+    make_source: Callable[[], GraphSource],
+    target: Path,
+    *,
+    prep: Preprocessing,
+    feature_dtype: str,
+    build_key: str,
+    rebuild_command: str,
+    progress: Callable[[str], None],
+    force: bool = False,
+    layout: Layout | None = None,
+) -> Path:
     """Build the store at `target` unless an identical one exists; safe against crashes and races."""
     try:
-        return _build(make_source, target, prep=prep, feature_dtype=feature_dtype, build_key=build_key,
-                      rebuild_command=rebuild_command, progress=progress, force=force, layout=layout)
+        return _build(
+            make_source,
+            target,
+            prep=prep,
+            feature_dtype=feature_dtype,
+            build_key=build_key,
+            rebuild_command=rebuild_command,
+            progress=progress,
+            force=force,
+            layout=layout,
+        )
     except OSError as e:  # inputs raise their own StoreError: this is the target's side
         raise _os_problem(e, target) from None
 
 
-def _build(make_source: Callable[[], GraphSource], target: Path, *, prep: Preprocessing,
-           feature_dtype: str, build_key: str, rebuild_command: str,
-           progress: Callable[[str], None], force: bool, layout: Layout | None) -> Path:
+def _build(
+    make_source: Callable[[], GraphSource],
+    target: Path,
+    *,
+    prep: Preprocessing,
+    feature_dtype: str,
+    build_key: str,
+    rebuild_command: str,
+    progress: Callable[[str], None],
+    force: bool,
+    layout: Layout | None,
+) -> Path:
     if target.parent.is_dir():
         sweep_abandoned(target.parent, progress)
     found = existing_store(target, build_key, force, progress)
@@ -83,9 +113,16 @@ def _build(make_source: Callable[[], GraphSource], target: Path, *, prep: Prepro
         check_fits(source, prep, feature_dtype, target.parent)
         tmp = target.parent / f"{temp_prefix(target)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            write_store(source, tmp, prep=prep, feature_dtype=feature_dtype,
-                        layout=layout or Layout(), build_key=build_key,
-                        rebuild_command=rebuild_command, progress=progress)
+            write_store(
+                source,
+                tmp,
+                prep=prep,
+                feature_dtype=feature_dtype,
+                layout=layout or Layout(),
+                build_key=build_key,
+                rebuild_command=rebuild_command,
+                progress=progress,
+            )
             open_store(tmp).check_structure()
             _publish(tmp, target)
         finally:
@@ -106,8 +143,10 @@ def _publish(tmp: Path, target: Path) -> None:
     _fsync_dir(tmp)
     if target.exists() and any(target.iterdir()):
         if not is_graph_store(target):  # checked again: it may have changed while we built
-            raise StoreError(f"{target} changed while the store was built and is no longer a graph "
-                             "store; it was left alone. Fix: choose another --out")
+            raise StoreError(
+                f"{target} changed while the store was built and is no longer a graph "
+                "store; it was left alone. Fix: choose another --out"
+            )
         old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(target, old)
         os.rename(tmp, target)

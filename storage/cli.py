@@ -27,30 +27,45 @@ path is printed as the last line of standard output; progress goes to standard e
 
 
 def _prepare_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="build a graph store (or find the existing one)",
-                       description="Build a graph store from an OGB dataset, an OGB-layout folder, "
-                       "an edge list or the synthetic generator.", epilog=PREPARE_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", help="OGB dataset name (e.g. ogbn-arxiv), 'synthetic', 'edgelist', or any "
-                   "name together with --from-dir or --edges")
+    p = sub.add_parser(
+        "prepare",
+        help="build a graph store (or find the existing one)",
+        description="Build a graph store from an OGB dataset, an OGB-layout folder, "
+        "an edge list or the synthetic generator.",
+        epilog=PREPARE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "name",
+        help="OGB dataset name (e.g. ogbn-arxiv), 'synthetic', 'edgelist', or any "
+        "name together with --from-dir or --edges",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--from-dir", metavar="DIR", help="an unzipped OGB-layout folder (raw/, split/); offline")
     src.add_argument("--mirror", metavar="URL", help="base URL serving the OGB zip under its official name")
-    p.add_argument("--data-dir", metavar="DIR", help="where downloads and stores go "
-                   "(default: $NTP_DATA_DIR or ./data)")
+    p.add_argument("--data-dir", metavar="DIR", help="where downloads and stores go (default: $NTP_DATA_DIR or ./data)")
     p.add_argument("--out", metavar="STORE", help="store path (default: DATA_DIR/stores/NAME-HASH)")
     g = p.add_argument_group("preprocessing")
     g.add_argument("--symmetrize", action="store_true", help="add reverse edges (implies --dedup)")
     g.add_argument("--self-loops", action="store_true", help="give every vertex exactly one self-loop")
     g.add_argument("--dedup", action="store_true", help="remove repeated edges")
     g.add_argument("--drop-self-loops", action="store_true", help="remove all self-loops")
-    g.add_argument("--add-reverse", action="store_true", help="heterogeneous graphs: add the reverse rev_REL (dst "
-                   "-> src) of every relation, as R-GCN and the ogbn-mag baselines use (PyG's ToUndirected)")
-    g.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="float32",
-                   help="storage type of node features (read back as float32; default float32)")
+    g.add_argument(
+        "--add-reverse",
+        action="store_true",
+        help="heterogeneous graphs: add the reverse rev_REL (dst "
+        "-> src) of every relation, as R-GCN and the ogbn-mag baselines use (PyG's ToUndirected)",
+    )
+    g.add_argument(
+        "--feature-dtype",
+        choices=FEATURE_DTYPES,
+        default="float32",
+        help="storage type of node features (read back as float32; default float32)",
+    )
     s = p.add_argument_group("synthetic graphs")
-    s.add_argument("--nodes", type=int, help="number of vertices (default 10000; for edgelist: "
-                   "overrides the inferred count)")
+    s.add_argument(
+        "--nodes", type=int, help="number of vertices (default 10000; for edgelist: overrides the inferred count)"
+    )
     s.add_argument("--avg-degree", type=float, help="average degree (default 10)")
     s.add_argument("--features", type=int, help="feature width (default 32)")
     s.add_argument("--classes", type=int, help="number of classes (default 8)")
@@ -61,13 +76,23 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--labels", metavar="FILE", help=".npy or Parquet (int, -1 = unlabeled)")
     e.add_argument("--splits", metavar="DIR", help="folder with train/valid/test .npy or .csv id files")
     k = p.add_argument_group("link prediction")
-    k.add_argument("--link-split", metavar="VAL,TEST", help="make a link-prediction store: a seeded (--seed) random "
-                   "split of the edges into train/valid/test with as many negatives as positives (e.g. 0.05,0.1); "
-                   "the message-passing graph keeps the training edges only")
-    k.add_argument("--link-metric", default="hits@20", help="metric of a --link-split store: hits@K or rocauc "
-                   "(default hits@20); OGB link datasets use OGB's")
-    p.add_argument("--force", action="store_true", help="rebuild even if the store exists (only ever replaces "
-                   "a graph store, never another directory)")
+    k.add_argument(
+        "--link-split",
+        metavar="VAL,TEST",
+        help="make a link-prediction store: a seeded (--seed) random "
+        "split of the edges into train/valid/test with as many negatives as positives (e.g. 0.05,0.1); "
+        "the message-passing graph keeps the training edges only",
+    )
+    k.add_argument(
+        "--link-metric",
+        default="hits@20",
+        help="metric of a --link-split store: hits@K or rocauc (default hits@20); OGB link datasets use OGB's",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even if the store exists (only ever replaces a graph store, never another directory)",
+    )
     p.set_defaults(func=_run_prepare)
 
 
@@ -75,22 +100,43 @@ def _run_prepare(args: argparse.Namespace) -> int:
     from storage.prepare import prepare
 
     path = prepare(
-        args.name, from_dir=args.from_dir, mirror=args.mirror, data_dir=args.data_dir, out=args.out,
-        symmetrize=args.symmetrize, self_loops=args.self_loops, dedup=args.dedup,
-        drop_self_loops=args.drop_self_loops, feature_dtype=args.feature_dtype, nodes=args.nodes,
-        avg_degree=args.avg_degree, features=args.features, classes=args.classes, seed=args.seed,
-        edges=args.edges, node_features=args.node_features, labels=args.labels, splits=args.splits,
-        force=args.force, link_split=args.link_split, link_metric=args.link_metric, add_reverse=args.add_reverse,
+        args.name,
+        from_dir=args.from_dir,
+        mirror=args.mirror,
+        data_dir=args.data_dir,
+        out=args.out,
+        symmetrize=args.symmetrize,
+        self_loops=args.self_loops,
+        dedup=args.dedup,
+        drop_self_loops=args.drop_self_loops,
+        feature_dtype=args.feature_dtype,
+        nodes=args.nodes,
+        avg_degree=args.avg_degree,
+        features=args.features,
+        classes=args.classes,
+        seed=args.seed,
+        edges=args.edges,
+        node_features=args.node_features,
+        labels=args.labels,
+        splits=args.splits,
+        force=args.force,
+        link_split=args.link_split,
+        link_metric=args.link_metric,
+        add_reverse=args.add_reverse,
     )
     print(path, flush=True)
     return 0
 
 
 def _info_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="show a store's metadata",
-                       description="Validate a graph store and show its metadata.")
-    p.add_argument("store", help="path of a store built by `ntp data prepare`, or its URL on object storage "
-                                 "(s3://bucket/store, with the s3 extra)")
+    p = sub.add_parser(
+        "info", help="show a store's metadata", description="Validate a graph store and show its metadata."
+    )
+    p.add_argument(
+        "store",
+        help="path of a store built by `ntp data prepare`, or its URL on object storage "
+        "(s3://bucket/store, with the s3 extra)",
+    )
     p.add_argument("--json", action="store_true", help="print the metadata as JSON")
     p.add_argument("--verify", action="store_true", help="also read every array and check its checksum")
     p.set_defaults(func=_run_info)
@@ -106,15 +152,34 @@ def _run_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(meta, indent=2))
         return 0
-    for key in ("path", "name", "num_nodes", "num_edges", "feature_dim", "feature_dtype", "num_classes",
-                "task_type", "metric", "num_tasks", "directed", "has_edge_weights", "split_names",
-                "preprocessing", "source", "fingerprint", "schema_version", "rebuild_command"):
+    for key in (
+        "path",
+        "name",
+        "num_nodes",
+        "num_edges",
+        "feature_dim",
+        "feature_dtype",
+        "num_classes",
+        "task_type",
+        "metric",
+        "num_tasks",
+        "directed",
+        "has_edge_weights",
+        "split_names",
+        "preprocessing",
+        "source",
+        "fingerprint",
+        "schema_version",
+        "rebuild_command",
+    ):
         print(f"{key:17} {meta[key]}")
     if store.meta.task_type == "link":
         for name in store.meta.split_names:
             pos, neg = store.link_split(name)
-            print(f"{'link ' + name:17} {len(pos)} positive edges, " +
-                  (f"{len(neg)} negatives {list(neg.shape)}" if neg is not None else "negatives sampled in training"))
+            print(
+                f"{'link ' + name:17} {len(pos)} positive edges, "
+                + (f"{len(neg)} negatives {list(neg.shape)}" if neg is not None else "negatives sampled in training")
+            )
     if store.meta.hetero:
         _print_hetero(store.meta.hetero)
     return 0
@@ -133,8 +198,9 @@ def _print_hetero(hetero: dict) -> None:
 
 def add_data_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `data prepare` and `data info` on an argparse subparsers object."""
-    data = subparsers.add_parser("data", help="build and inspect graph stores",
-                                 description="Build and inspect graph stores.")
+    data = subparsers.add_parser(
+        "data", help="build and inspect graph stores", description="Build and inspect graph stores."
+    )
     sub = data.add_subparsers(dest="data_command", metavar="{prepare,info}", required=True)
     _prepare_parser(sub)
     _info_parser(sub)

@@ -41,13 +41,16 @@ class Preprocessing:
 
     def effective(self) -> "Preprocessing":
         """The options as actually applied (symmetrize implies dedup)."""
-        return Preprocessing(self.symmetrize, self.self_loops, self.dedup or self.symmetrize,
-                             self.drop_self_loops)
+        return Preprocessing(self.symmetrize, self.self_loops, self.dedup or self.symmetrize, self.drop_self_loops)
 
     def to_dict(self) -> dict[str, bool]:
         e = self.effective()
-        return {"symmetrized": e.symmetrize, "self_loops": e.self_loops,
-                "deduplicated": e.dedup, "dropped_self_loops": e.drop_self_loops}
+        return {
+            "symmetrized": e.symmetrize,
+            "self_loops": e.self_loops,
+            "deduplicated": e.dedup,
+            "dropped_self_loops": e.drop_self_loops,
+        }
 
 
 @dataclass
@@ -95,8 +98,15 @@ class _Spill:
 class CsrBuilder:
     """Build a CSR from streamed (src, dst[, weight]) blocks; see the module docstring."""
 
-    def __init__(self, num_nodes: int, index_dtype: str, workdir: Path, weighted: bool,
-                 prep: Preprocessing, progress: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        index_dtype: str,
+        workdir: Path,
+        weighted: bool,
+        prep: Preprocessing,
+        progress: Callable[[str], None],
+    ) -> None:
         self.n = num_nodes
         self.dtype = np.dtype(index_dtype)
         self.weighted = weighted
@@ -133,8 +143,9 @@ class CsrBuilder:
     def _check_range(self, ids: np.ndarray, what: str) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.n):
             bad = ids[(ids < 0) | (ids >= self.n)][0]
-            raise StoreError(f"edge {what} id {int(bad)} is outside [0, {self.n}); "
-                             "check the edge list against the number of nodes")
+            raise StoreError(
+                f"edge {what} id {int(bad)} is outside [0, {self.n}); check the edge list against the number of nodes"
+            )
 
     def finish(self) -> CsrArrays:
         """Pass 2: scatter, sort rows, deduplicate. Returns the final CSR.
@@ -168,8 +179,7 @@ class CsrBuilder:
         return _sort_rows(indptr, indices, weights, self.prep.dedup)
 
 
-def _scatter(block: dict[str, np.ndarray], cursor: np.ndarray, indices: np.ndarray,
-             weights: np.ndarray | None) -> None:
+def _scatter(block: dict[str, np.ndarray], cursor: np.ndarray, indices: np.ndarray, weights: np.ndarray | None) -> None:
     dst = block["dst"]
     if not len(dst):
         return
@@ -196,8 +206,7 @@ def _row_blocks(indptr: np.ndarray, size: int) -> Iterator[tuple[int, int]]:
         r0 = r1
 
 
-def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray | None,
-               dedup: bool) -> CsrArrays:
+def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray | None, dedup: bool) -> CsrArrays:
     n = len(indptr) - 1
     new_counts = np.diff(indptr) if not dedup else np.zeros(n, dtype=np.int64)
     write = 0
@@ -205,7 +214,7 @@ def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray | No
         a, b = int(indptr[r0]), int(indptr[r1])
         if a == b:
             continue
-        rows = np.repeat(np.arange(r1 - r0, dtype=np.int64), np.diff(indptr[r0:r1 + 1]))
+        rows = np.repeat(np.arange(r1 - r0, dtype=np.int64), np.diff(indptr[r0 : r1 + 1]))
         seg = indices[a:b]
         if n < 3 * 10**9:
             key = rows * n + seg
@@ -218,16 +227,15 @@ def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weights: np.ndarray | No
             seg_sorted = seg[order]
         w = weights[a:b][order] if weights is not None else None
         if dedup:
-            same = (seg_sorted[1:] == seg_sorted[:-1]) & (rows[1:] == rows[:-1]) if key is None \
-                else key[1:] == key[:-1]
+            same = (seg_sorted[1:] == seg_sorted[:-1]) & (rows[1:] == rows[:-1]) if key is None else key[1:] == key[:-1]
             keep = np.r_[True, ~same]
             seg_sorted, rows_kept = seg_sorted[keep], rows[keep]
             w = w[keep] if w is not None else None
             new_counts[r0:r1] = np.bincount(rows_kept, minlength=r1 - r0)
         k = len(seg_sorted)
-        indices[write:write + k] = seg_sorted
+        indices[write : write + k] = seg_sorted
         if weights is not None:
-            weights[write:write + k] = w
+            weights[write : write + k] = w
         write += k
     out_indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(new_counts, out=out_indptr[1:])

@@ -7,6 +7,7 @@ the source type, rows local to the destination type, each row's sources sorted),
 column slice). The metadata's ``hetero`` entry lists the types (count, global offset, feature width), the target type
 and the relations (with the relation each added reverse reverses).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -40,17 +41,34 @@ def relation_csr(src: np.ndarray, dst: np.ndarray, num_dst: int) -> tuple[np.nda
 def hetero_meta(parts: HeteroParts) -> dict[str, Any]:
     offsets = np.cumsum([0] + [parts.counts[t] for t in parts.node_types]).tolist()
     return {
-        "node_types": [{"name": t, "count": parts.counts[t], "offset": int(o), "feature_dim": parts.feature_dims[t]}
-                       for t, o in zip(parts.node_types, offsets)],
+        "node_types": [
+            {"name": t, "count": parts.counts[t], "offset": int(o), "feature_dim": parts.feature_dims[t]}
+            for t, o in zip(parts.node_types, offsets)
+        ],
         "target": parts.target,
-        "relations": [{"key": r.key, "src": r.src, "name": r.name, "dst": r.dst, "num_edges": int(len(r.src_ids)),
-                       "reverse_of": r.reverse_of} for r in parts.relations],
+        "relations": [
+            {
+                "key": r.key,
+                "src": r.src,
+                "name": r.name,
+                "dst": r.dst,
+                "num_edges": int(len(r.src_ids)),
+                "reverse_of": r.reverse_of,
+            }
+            for r in parts.relations
+        ],
     }
 
 
-def write_hetero(group: zarr.Group, parts: HeteroParts, layout: Layout, index_dtype: str,
-                 write_array: Callable[..., str], feature_writer: Callable[..., str],
-                 progress: Callable[[str], None]) -> dict[str, str]:
+def write_hetero(
+    group: zarr.Group,
+    parts: HeteroParts,
+    layout: Layout,
+    index_dtype: str,
+    write_array: Callable[..., str],
+    feature_writer: Callable[..., str],
+    progress: Callable[[str], None],
+) -> dict[str, str]:
     """Write the relations' CSRs and the per-type features; returns their content hashes."""
     sums: dict[str, str] = {}
     progress(f"writing {len(parts.relations)} relation CSRs")
@@ -61,13 +79,13 @@ def write_hetero(group: zarr.Group, parts: HeteroParts, layout: Layout, index_dt
         sums[idx_name] = write_array(group, idx_name, indices.astype(index_dtype), (layout.edge_chunk,))
     for t, blocks in parts.feature_blocks.items():
         progress(f"writing features of {t} ({parts.counts[t]:,} x {parts.feature_dims[t]})")
-        sums[feature_array(t)] = feature_writer(group, feature_array(t), parts.counts[t], parts.feature_dims[t],
-                                                blocks)
+        sums[feature_array(t)] = feature_writer(group, feature_array(t), parts.counts[t], parts.feature_dims[t], blocks)
     return sums
 
 
-def expected_arrays(hetero: dict[str, Any], index_dtype: str,
-                    feature_dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
+def expected_arrays(
+    hetero: dict[str, Any], index_dtype: str, feature_dtype: str
+) -> dict[str, tuple[tuple[int, ...], str]]:
     """Shapes and dtypes of the hetero arrays the metadata promises (storage.reader checks them)."""
     counts = {t["name"]: t["count"] for t in hetero["node_types"]}
     out: dict[str, tuple[tuple[int, ...], str]] = {}

@@ -95,6 +95,10 @@ def file_identity(path: Path, digests: Digests) -> list:
 
 def tree_identity(root: Path, subdirs: tuple[str, ...], digests: Digests) -> dict[str, str]:
     """Relative path -> digest of every file under root/<subdir> for each subdir."""
-    return {str(p.relative_to(root)): digests.of(p)
-            for sub in subdirs if (root / sub).is_dir()
-            for p in sorted((root / sub).rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): digests.of(p)
+        for sub in subdirs
+        if (root / sub).is_dir()
+        for p in sorted((root / sub).rglob("*"))
+        if p.is_file()
+    }

@@ -11,19 +11,24 @@ import numpy as np
 
 from storage.schema import StoreError
 
-FIX = ("labels must be integer class ids in [0, C) with -1 (or NaN) for 'no label': correct the label "
-       "file, or pass --classes C with the true number of classes")
+FIX = (
+    "labels must be integer class ids in [0, C) with -1 (or NaN) for 'no label': correct the label "
+    "file, or pass --classes C with the true number of classes"
+)
 
 
-def checked_labels(name: str, task_type: str, labels: np.ndarray, num_nodes: int, num_classes: int,
-                   num_tasks: int) -> tuple[np.ndarray, int]:
+def checked_labels(
+    name: str, task_type: str, labels: np.ndarray, num_nodes: int, num_classes: int, num_tasks: int
+) -> tuple[np.ndarray, int]:
     """(labels as stored, number of classes); num_classes 0 means 'infer it from the labels'."""
     y = np.asarray(labels)
     if task_type == "multiclass":
         return _multiclass(name, y, num_nodes, num_classes)
     if y.shape != (num_nodes, num_tasks) or y.dtype != np.float32:
-        raise StoreError(f"{name}: {task_type} labels must be float32 [{num_nodes}, {num_tasks}], got "
-                         f"{y.dtype} {y.shape}. Fix: give one row of {num_tasks} values per vertex")
+        raise StoreError(
+            f"{name}: {task_type} labels must be float32 [{num_nodes}, {num_tasks}], got "
+            f"{y.dtype} {y.shape}. Fix: give one row of {num_tasks} values per vertex"
+        )
     return y, num_classes or 2
 
 
@@ -52,8 +57,9 @@ def _integral(name: str, y: np.ndarray) -> np.ndarray:
     bad = ~unlabelled & (~np.isfinite(y) | (y != np.trunc(y)))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise _problem(name, f"vertex {row} has label {float(y[row])!r}, not an integer class id "
-                       f"({int(bad.sum())} such labels)")
+        raise _problem(
+            name, f"vertex {row} has label {float(y[row])!r}, not an integer class id ({int(bad.sum())} such labels)"
+        )
     return np.where(unlabelled, -1.0, y)  # still float: the range check runs before the cast
 
 
@@ -64,14 +70,16 @@ def _in_range(name: str, y: np.ndarray, n: int, num_classes: int) -> tuple[np.nd
     below = y < -1
     if below.any():
         row = int(np.flatnonzero(below)[0])
-        raise _problem(name, f"vertex {row} has label {int(y[row])}; below -1 is not a class (use -1 for "
-                       "'no label')")
+        raise _problem(name, f"vertex {row} has label {int(y[row])}; below -1 is not a class (use -1 for 'no label')")
     top = int(np.argmax(y))
     found = int(y[top]) + 1
     if num_classes and found > num_classes:
-        raise _problem(name, f"vertex {top} has label {found - 1} but the dataset has {num_classes} classes "
-                       f"(ids 0..{num_classes - 1})")
+        raise _problem(
+            name,
+            f"vertex {top} has label {found - 1} but the dataset has {num_classes} classes (ids 0..{num_classes - 1})",
+        )
     if not num_classes and found > n:
-        raise _problem(name, f"vertex {top} has label {found - 1}, which would make {found:,} classes for "
-                       f"only {n:,} vertices")
+        raise _problem(
+            name, f"vertex {top} has label {found - 1}, which would make {found:,} classes for only {n:,} vertices"
+        )
     return y.astype(np.int64, copy=False), num_classes or found

@@ -48,18 +48,26 @@ class Layout:
         return asdict(self)
 
 
-def create_array(group: zarr.Group, name: str, shape: tuple[int, ...], dtype: str,
-                 chunks: tuple[int, ...]) -> zarr.Array:
+def create_array(
+    group: zarr.Group, name: str, shape: tuple[int, ...], dtype: str, chunks: tuple[int, ...]
+) -> zarr.Array:
     """An uncompressed, checksummed array that writes every chunk (even all-zero ones)."""
     chunks = tuple(max(1, min(c, s)) if s else max(1, c) for c, s in zip(chunks, shape))
     return group.create_array(
-        name, shape=shape, dtype=dtype, chunks=chunks, serializer=BytesCodec(),
-        compressors=[Crc32cCodec()], fill_value=0, config=_CONFIG,
+        name,
+        shape=shape,
+        dtype=dtype,
+        chunks=chunks,
+        serializer=BytesCodec(),
+        compressors=[Crc32cCodec()],
+        fill_value=0,
+        config=_CONFIG,
     )
 
 
-def expected_chunk_files(shape: tuple[int, ...], chunks: tuple[int, ...],
-                         itemsize: int) -> tuple[list[tuple[int, ...]], int]:
+def expected_chunk_files(
+    shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int
+) -> tuple[list[tuple[int, ...]], int]:
     """Chunk grid coordinates and the byte size every chunk file must have."""
     grid = [math.ceil(s / c) for s, c in zip(shape, chunks)]
     coords = [tuple(int(i) for i in ix) for ix in np.ndindex(*grid)] if all(grid) else []

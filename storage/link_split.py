@@ -21,15 +21,18 @@ from storage.sources.base import GraphSource
 
 
 def parse_ratios(text: str) -> tuple[float, float]:
-    """"0.05,0.1" -> (0.05, 0.1); both in [0, 1) with a sum below 1, validation and test each > 0."""
+    """ "0.05,0.1" -> (0.05, 0.1); both in [0, 1) with a sum below 1, validation and test each > 0."""
     try:
         val, test = (float(p) for p in text.split(","))
     except ValueError:
-        raise StoreError(f"--link-split {text!r} is not two fractions. Fix: pass VAL,TEST, e.g. --link-split "
-                         "0.05,0.1") from None
+        raise StoreError(
+            f"--link-split {text!r} is not two fractions. Fix: pass VAL,TEST, e.g. --link-split 0.05,0.1"
+        ) from None
     if not (0 < val < 1 and 0 < test < 1 and val + test < 1):
-        raise StoreError(f"--link-split {text!r}: validation and test fractions must be > 0 with a sum below 1. "
-                         "Fix: e.g. --link-split 0.05,0.1")
+        raise StoreError(
+            f"--link-split {text!r}: validation and test fractions must be > 0 with a sum below 1. "
+            "Fix: e.g. --link-split 0.05,0.1"
+        )
     return val, test
 
 
@@ -44,8 +47,10 @@ def _all_edges(source: GraphSource) -> tuple[np.ndarray, np.ndarray]:
     bad = (src < 0) | (src >= n) | (dst < 0) | (dst >= n)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise StoreError(f"{source.name}: edge {i} ({src[i]}, {dst[i]}) refers to a node outside [0, {n}). "
-                         "Fix: node ids must be below the node count (or pass --nodes)")
+        raise StoreError(
+            f"{source.name}: edge {i} ({src[i]}, {dst[i]}) refers to a node outside [0, {n}). "
+            "Fix: node ids must be below the node count (or pass --nodes)"
+        )
     return src, dst
 
 
@@ -56,8 +61,9 @@ def _is_symmetric(keys: np.ndarray, rev: np.ndarray) -> bool:
 def _negatives(rng: np.random.Generator, n: int, count: int, taken: np.ndarray, undirected: bool) -> np.ndarray:
     """``count`` distinct pairs u != v, none in ``taken`` (sorted keys u * n + v)."""
     if count > n * (n - 1) // (2 if undirected else 1) - len(taken):
-        raise StoreError(f"graph of {n} nodes is too dense to draw {count} negative pairs. Fix: use smaller "
-                         "--link-split fractions")
+        raise StoreError(
+            f"graph of {n} nodes is too dense to draw {count} negative pairs. Fix: use smaller --link-split fractions"
+        )
     found = np.zeros(0, np.int64)
     while len(found) < count:
         u, v = rng.integers(0, n, 2 * (count - len(found)) + 16), rng.integers(0, n, 2 * (count - len(found)) + 16)
@@ -74,15 +80,20 @@ def _negatives(rng: np.random.Generator, n: int, count: int, taken: np.ndarray, 
     return np.stack([found // n, found % n], axis=1)
 
 
-def with_link_split(source: GraphSource, ratios: tuple[float, float], seed: int, metric: str,
-                    symmetrize: bool) -> GraphSource:
+def with_link_split(
+    source: GraphSource, ratios: tuple[float, float], seed: int, metric: str, symmetrize: bool
+) -> GraphSource:
     """``source`` as a link-prediction source (see the module docstring)."""
     if source.weighted:
-        raise StoreError(f"{source.name}: --link-split of a weighted graph is not supported. Fix: drop the weight "
-                         "column of the edge file")
+        raise StoreError(
+            f"{source.name}: --link-split of a weighted graph is not supported. Fix: drop the weight "
+            "column of the edge file"
+        )
     if not is_metric(metric) or metric in ("acc", "mrr"):
-        raise StoreError(f"--link-metric {metric!r}: a random split has one negative per positive pair, which "
-                         "Hits@K and ROC-AUC rank. Fix: --link-metric hits@K (e.g. hits@20) or rocauc")
+        raise StoreError(
+            f"--link-metric {metric!r}: a random split has one negative per positive pair, which "
+            "Hits@K and ROC-AUC rank. Fix: --link-metric hits@K (e.g. hits@20) or rocauc"
+        )
     n = source.num_nodes
     src, dst = _all_edges(source)
     undirected = symmetrize or _is_symmetric(src * n + dst, dst * n + src)
@@ -90,22 +101,31 @@ def with_link_split(source: GraphSource, ratios: tuple[float, float], seed: int,
         src, dst = np.minimum(src, dst), np.maximum(src, dst)
     keys = np.unique(src * n + dst)
     if len(keys) < 3:
-        raise StoreError(f"{source.name}: {len(keys)} distinct edges cannot be split three ways. Fix: use a larger "
-                         "graph")
+        raise StoreError(
+            f"{source.name}: {len(keys)} distinct edges cannot be split three ways. Fix: use a larger graph"
+        )
     rng = np.random.default_rng(seed)
     keys_shuffled = keys[rng.permutation(len(keys))]
     n_val = max(1, round(ratios[0] * len(keys)))
     n_test = max(1, round(ratios[1] * len(keys)))
     if n_val + n_test >= len(keys):
-        raise StoreError(f"{source.name}: {len(keys)} edges leave none for training with --link-split "
-                         f"{ratios[0]},{ratios[1]}. Fix: smaller fractions")
-    parts = {"valid": keys_shuffled[:n_val], "test": keys_shuffled[n_val:n_val + n_test],
-             "train": np.sort(keys_shuffled[n_val + n_test:])}
+        raise StoreError(
+            f"{source.name}: {len(keys)} edges leave none for training with --link-split "
+            f"{ratios[0]},{ratios[1]}. Fix: smaller fractions"
+        )
+    parts = {
+        "valid": keys_shuffled[:n_val],
+        "test": keys_shuffled[n_val : n_val + n_test],
+        "train": np.sort(keys_shuffled[n_val + n_test :]),
+    }
     pairs = {k: np.stack([v // n, v % n], axis=1) for k, v in parts.items()}
     taken = keys if not undirected else np.unique(np.concatenate([keys, (keys % n) * n + keys // n]))
     neg_all = _negatives(rng, n, n_val + n_test, taken, undirected)
-    splits = {"train": (pairs["train"], None), "valid": (pairs["valid"], neg_all[:n_val]),
-              "test": (pairs["test"], neg_all[n_val:])}
+    splits = {
+        "train": (pairs["train"], None),
+        "valid": (pairs["valid"], neg_all[:n_val]),
+        "test": (pairs["test"], neg_all[n_val:]),
+    }
     train = pairs["train"]
     if undirected:  # both ways into the message-passing graph (a self-loop once)
         loops = train[:, 0] == train[:, 1]
@@ -116,9 +136,30 @@ def with_link_split(source: GraphSource, ratios: tuple[float, float], seed: int,
     def edge_blocks():
         yield graph[:, 0], graph[:, 1], None
 
-    info = {**source.info, "link_split": {"valid": ratios[0], "test": ratios[1], "seed": seed,
-                                          "undirected": bool(undirected), "negatives_per_positive": 1}}
-    return GraphSource(name=source.name, num_nodes=n, feature_dim=source.feature_dim, edge_blocks=edge_blocks,
-                       feature_blocks=source.feature_blocks, labels=lambda: np.zeros(0), splits=dict,
-                       link_splits=lambda: splits, task_type="link", metric=metric, num_classes=0, num_tasks=1,
-                       ogb_name=None, expected_edges=len(graph), info=info)
+    info = {
+        **source.info,
+        "link_split": {
+            "valid": ratios[0],
+            "test": ratios[1],
+            "seed": seed,
+            "undirected": bool(undirected),
+            "negatives_per_positive": 1,
+        },
+    }
+    return GraphSource(
+        name=source.name,
+        num_nodes=n,
+        feature_dim=source.feature_dim,
+        edge_blocks=edge_blocks,
+        feature_blocks=source.feature_blocks,
+        labels=lambda: np.zeros(0),
+        splits=dict,
+        link_splits=lambda: splits,
+        task_type="link",
+        metric=metric,
+        num_classes=0,
+        num_tasks=1,
+        ogb_name=None,
+        expected_edges=len(graph),
+        info=info,
+    )

@@ -6,6 +6,7 @@ them; S3 needs the ``s3`` extra (s3fs) and takes its credentials and server the 
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (or a profile), ``AWS_DEFAULT_REGION``, and ``AWS_ENDPOINT_URL``
 for an S3-compatible server other than AWS.
 """
+
 from __future__ import annotations
 
 import os
@@ -114,7 +115,7 @@ class UrlLocation:
     def file_sizes(self, prefix: str) -> dict[str, int]:
         fs, root = self._fs()
         found = fs.find(f"{root}/{prefix}", detail=True)
-        return {path[len(root) + 1:]: int(info["size"]) for path, info in found.items()}
+        return {path[len(root) + 1 :]: int(info["size"]) for path, info in found.items()}
 
     def open_group(self) -> zarr.Group:
         return zarr.open_group(self.url, mode="r", storage_options=self.options)

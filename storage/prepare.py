@@ -41,27 +41,46 @@ def _file_id(p: Path | None, digests: Digests) -> list[Any] | None:
     return file_identity(p, digests)
 
 
-def _check_sizes(nodes: int | None, avg_degree: float | None, features: int | None,
-                 classes: int | None) -> None:
+def _check_sizes(nodes: int | None, avg_degree: float | None, features: int | None, classes: int | None) -> None:
     """A size the user gave must be a size: 0 or less never falls back to a default."""
     for flag, value in (("--nodes", nodes), ("--features", features), ("--classes", classes)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise StoreError(f"{flag} {value} is not a valid size. Fix: pass {flag} N with a whole N >= 1, "
-                             "or leave it out for the default")
+            raise StoreError(
+                f"{flag} {value} is not a valid size. Fix: pass {flag} N with a whole N >= 1, "
+                "or leave it out for the default"
+            )
     if avg_degree is not None and not (math.isfinite(avg_degree) and avg_degree >= 0):
         raise StoreError(f"--avg-degree {avg_degree} is not a valid degree. Fix: pass a number >= 0")
 
 
-def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
-            data_dir: PathLike = None, out: PathLike = None, symmetrize: bool = False,
-            self_loops: bool = False, dedup: bool = False, drop_self_loops: bool = False,
-            feature_dtype: str = "float32", nodes: int | None = None,
-            avg_degree: float | None = None, features: int | None = None,
-            classes: int | None = None, seed: int = 0, edges: PathLike = None,
-            node_features: PathLike = None, labels: PathLike = None, splits: PathLike = None,
-            progress: Callable[[str], None] | None = None, force: bool = False,
-            layout: Layout | None = None, link_split: str | None = None, link_metric: str = "hits@20",
-            add_reverse: bool = False) -> Path:
+def prepare(
+    name: str,
+    *,
+    from_dir: PathLike = None,
+    mirror: str | None = None,
+    data_dir: PathLike = None,
+    out: PathLike = None,
+    symmetrize: bool = False,
+    self_loops: bool = False,
+    dedup: bool = False,
+    drop_self_loops: bool = False,
+    feature_dtype: str = "float32",
+    nodes: int | None = None,
+    avg_degree: float | None = None,
+    features: int | None = None,
+    classes: int | None = None,
+    seed: int = 0,
+    edges: PathLike = None,
+    node_features: PathLike = None,
+    labels: PathLike = None,
+    splits: PathLike = None,
+    progress: Callable[[str], None] | None = None,
+    force: bool = False,
+    layout: Layout | None = None,
+    link_split: str | None = None,
+    link_metric: str = "hits@20",
+    add_reverse: bool = False,
+) -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
     name: an OGB node-property dataset (downloaded, or read from `from_dir`), "synthetic",
@@ -80,9 +99,11 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
         raise StoreError("--self-loops and --drop-self-loops contradict each other. Fix: pass only one")
     _check_sizes(nodes, avg_degree, features, classes)
     if any(is_url(where) for where in (out, data_dir) if where is not None):
-        raise StoreError(f"stores are built in a folder, not at a URL ({out or data_dir}). Fix: build it with --out "
-                         "FOLDER, then upload the folder (e.g. `aws s3 cp --recursive FOLDER s3://bucket/store`) and "
-                         "train with --store s3://bucket/store")
+        raise StoreError(
+            f"stores are built in a folder, not at a URL ({out or data_dir}). Fix: build it with --out "
+            "FOLDER, then upload the folder (e.g. `aws s3 cp --recursive FOLDER s3://bucket/store`) and "
+            "train with --store s3://bucket/store"
+        )
     data_dir = _path(data_dir) or default_data_dir().resolve()
     from_dir, edges = _path(from_dir), _path(edges)
     node_features, labels, splits = _path(node_features), _path(labels), _path(splits)
@@ -91,71 +112,124 @@ def prepare(name: str, *, from_dir: PathLike = None, mirror: str | None = None,
 
     if name == "synthetic":
         try:
-            spec = SyntheticSpec(nodes=10_000 if nodes is None else nodes,
-                                 avg_degree=10.0 if avg_degree is None else avg_degree,
-                                 features=32 if features is None else features,
-                                 classes=8 if classes is None else classes, seed=seed)
+            spec = SyntheticSpec(
+                nodes=10_000 if nodes is None else nodes,
+                avg_degree=10.0 if avg_degree is None else avg_degree,
+                features=32 if features is None else features,
+                classes=8 if classes is None else classes,
+                seed=seed,
+            )
         except ValueError as e:
             raise StoreError(f"synthetic graph: {e}. Fix: adjust --nodes/--avg-degree/--features/--classes") from None
         identity: dict[str, Any] = {"kind": "synthetic", **asdict(spec)}
-        argv += ["--nodes", str(spec.nodes), "--avg-degree", str(spec.avg_degree),
-                 "--features", str(spec.features), "--classes", str(spec.classes), "--seed", str(spec.seed)]
+        argv += [
+            "--nodes",
+            str(spec.nodes),
+            "--avg-degree",
+            str(spec.avg_degree),
+            "--features",
+            str(spec.features),
+            "--classes",
+            str(spec.classes),
+            "--seed",
+            str(spec.seed),
+        ]
         make_source: Callable[[], GraphSource] = lambda: synthetic_source(spec)
     elif edges is not None or name == "edgelist":
         if edges is None:
-            raise StoreError("the edgelist source needs an edge file. Fix: pass --edges FILE (Parquet or CSV "
-                             "with src,dst[,weight] columns)")
+            raise StoreError(
+                "the edgelist source needs an edge file. Fix: pass --edges FILE (Parquet or CSV "
+                "with src,dst[,weight] columns)"
+            )
         digests = Digests(progress)
-        identity = {"kind": "edgelist", "edges": _file_id(edges, digests),
-                    "node_features": _file_id(node_features, digests), "labels": _file_id(labels, digests),
-                    "splits": _file_id(splits, digests), "nodes": nodes, "classes": classes}
+        identity = {
+            "kind": "edgelist",
+            "edges": _file_id(edges, digests),
+            "node_features": _file_id(node_features, digests),
+            "labels": _file_id(labels, digests),
+            "splits": _file_id(splits, digests),
+            "nodes": nodes,
+            "classes": classes,
+        }
         digests.save()
-        for flag, value in (("--edges", edges), ("--node-features", node_features), ("--labels", labels),
-                            ("--splits", splits), ("--nodes", nodes), ("--classes", classes)):
+        for flag, value in (
+            ("--edges", edges),
+            ("--node-features", node_features),
+            ("--labels", labels),
+            ("--splits", splits),
+            ("--nodes", nodes),
+            ("--classes", classes),
+        ):
             argv += [flag, str(value)] if value is not None else []
         make_source = lambda: edgelist_source(name, edges, node_features, labels, splits, nodes, classes)
     elif from_dir is not None:
         if not from_dir.is_dir():
             raise StoreError(f"--from-dir {from_dir} is not a directory. Fix: pass an unzipped OGB dataset folder")
         digests = Digests(progress)
-        identity = {"kind": "ogb-layout", "name": name, "path": str(from_dir),
-                    "files": tree_identity(from_dir, ("raw", "split"), digests)}
+        identity = {
+            "kind": "ogb-layout",
+            "name": name,
+            "path": str(from_dir),
+            "files": tree_identity(from_dir, ("raw", "split"), digests),
+        }
         digests.save()
         argv += ["--from-dir", str(from_dir)]
         make_source = lambda: _folder_source(from_dir, name, info, add_reverse)
     elif info is not None:
         identity = {"kind": "ogb", "name": name, "release": info.version}
         argv += ["--data-dir", str(data_dir)] + (["--mirror", mirror] if mirror else [])
-        make_source = lambda: _folder_source(fetch_ogb(info, raw_dir(data_dir), mirror, progress), name, info,
-                                             add_reverse)
+        make_source = lambda: _folder_source(
+            fetch_ogb(info, raw_dir(data_dir), mirror, progress), name, info, add_reverse
+        )
     else:
         known = ", ".join(sorted(ogb_table()))
-        raise StoreError(f"unknown dataset {name!r} (OGB lists: {known}). Fix: pass --from-dir DIR for an "
-                         "OGB-layout folder, --edges FILE for your own graph, or use 'synthetic'")
+        raise StoreError(
+            f"unknown dataset {name!r} (OGB lists: {known}). Fix: pass --from-dir DIR for an "
+            "OGB-layout folder, --edges FILE for your own graph, or use 'synthetic'"
+        )
 
     hetero = bool(info and info.is_hetero) or (from_dir is not None and is_hetero_folder(from_dir))
     if add_reverse and not hetero:
-        raise StoreError(f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
-                         "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)")
+        raise StoreError(
+            f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
+            "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)"
+        )
     inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic" and not hetero)
-    prep = Preprocessing(symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops)
+    prep = Preprocessing(
+        symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops
+    )
     options = {**prep.to_dict(), "feature_dtype": feature_dtype, **({"add_reverse": True} if add_reverse else {})}
     if link_split is not None:
         ratios, inner = parse_ratios(link_split), make_source
         options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}
-        argv += ["--link-split", link_split, "--link-metric", link_metric] + ([] if "--seed" in argv else
-                                                                              ["--seed", str(seed)])
+        argv += ["--link-split", link_split, "--link-metric", link_metric] + (
+            [] if "--seed" in argv else ["--seed", str(seed)]
+        )
         make_source = lambda: _link_split_of(inner(), ratios, seed, link_metric, prep.symmetrize)
     digest = options_digest(identity, options)
     target = _path(out) or default_store_path(data_dir, name, digest)
-    for flag, on in (("--add-reverse", add_reverse), ("--symmetrize", symmetrize), ("--self-loops", self_loops), ("--dedup", dedup),
-                     ("--drop-self-loops", drop_self_loops)):
+    for flag, on in (
+        ("--add-reverse", add_reverse),
+        ("--symmetrize", symmetrize),
+        ("--self-loops", self_loops),
+        ("--dedup", dedup),
+        ("--drop-self-loops", drop_self_loops),
+    ):
         argv += [flag] if on else []
     if feature_dtype != "float32":
         argv += ["--feature-dtype", feature_dtype]
     argv += ["--out", str(target), "--force"]
-    return build(make_source, target, prep=prep, feature_dtype=feature_dtype, build_key=digest,
-                 rebuild_command=shlex.join(argv), progress=progress, force=force, layout=layout)
+    return build(
+        make_source,
+        target,
+        prep=prep,
+        feature_dtype=feature_dtype,
+        build_key=digest,
+        rebuild_command=shlex.join(argv),
+        progress=progress,
+        force=force,
+        layout=layout,
+    )
 
 
 def _folder_source(root: Path, name: str, info: Any, add_reverse: bool) -> GraphSource:
@@ -163,14 +237,18 @@ def _folder_source(root: Path, name: str, info: Any, add_reverse: bool) -> Graph
     if is_hetero_folder(root):
         return ogb_hetero_source(root, name, info, add_reverse)
     if info is not None and info.is_hetero:
-        raise StoreError(f"{root}: {name} is heterogeneous but raw/num-node-dict.csv.gz is missing. Fix: download "
-                         "the dataset again (OGB ships it with raw/num-node-dict.csv.gz and raw/relations/)")
+        raise StoreError(
+            f"{root}: {name} is heterogeneous but raw/num-node-dict.csv.gz is missing. Fix: download "
+            "the dataset again (OGB ships it with raw/num-node-dict.csv.gz and raw/relations/)"
+        )
     return ogb_layout_source(root, name, info)
 
 
-def _link_split_of(source: GraphSource, ratios: tuple[float, float], seed: int, metric: str,
-                   symmetrize: bool) -> GraphSource:
+def _link_split_of(
+    source: GraphSource, ratios: tuple[float, float], seed: int, metric: str, symmetrize: bool
+) -> GraphSource:
     if source.task_type == "link":
-        raise StoreError(f"{source.name} is already a link-prediction dataset with its own edge splits. Fix: drop "
-                         "--link-split")
+        raise StoreError(
+            f"{source.name} is already a link-prediction dataset with its own edge splits. Fix: drop --link-split"
+        )
     return with_link_split(source, ratios, seed, metric, symmetrize)

@@ -20,8 +20,10 @@ from storage.location import Location, location_of
 from storage.schema import StoreError, StoreMeta, parse_meta, store_problem
 
 GENERIC_FIX = "delete it and run `ntp data prepare` again with the original options"
-OBJECT_STORE_FIX = ("check the URL and the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile), "
-                    "and AWS_ENDPOINT_URL for an S3-compatible server other than AWS")
+OBJECT_STORE_FIX = (
+    "check the URL and the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile), "
+    "and AWS_ENDPOINT_URL for an S3-compatible server other than AWS"
+)
 
 
 @dataclass
@@ -38,13 +40,14 @@ class CSRBlock:
 def _read_attrs(where: Location) -> dict[str, Any]:
     try:
         if not where.exists():
-            raise store_problem(where, "no such store directory" if where.is_local else "nothing is stored there",
-                                "build it with `ntp data prepare NAME`" + ("" if where.is_local else
-                                                                          " and upload the folder there"))
+            raise store_problem(
+                where,
+                "no such store directory" if where.is_local else "nothing is stored there",
+                "build it with `ntp data prepare NAME`" + ("" if where.is_local else " and upload the folder there"),
+            )
         doc = json.loads(where.read_text("zarr.json"))
     except FileNotFoundError:
-        raise store_problem(where, "zarr.json is missing (not a store, or an unfinished build)",
-                            GENERIC_FIX) from None
+        raise store_problem(where, "zarr.json is missing (not a store, or an unfinished build)", GENERIC_FIX) from None
     except ImportError as e:
         raise store_problem(where, "cannot read it here", str(e)) from None
     except (OSError, ValueError) as e:  # remote: access denied is an OSError too
@@ -55,8 +58,12 @@ def _read_attrs(where: Location) -> dict[str, Any]:
     except Exception as e:  # the object store's client: no credentials, no server, no bucket
         raise store_problem(where, f"cannot be reached ({type(e).__name__}: {e})", OBJECT_STORE_FIX) from None
     if not isinstance(doc, dict):
-        raise store_problem(where, f"zarr.json holds a JSON {type(doc).__name__}, not an object "
-                            "(not a graph store, or an edited metadata file)", GENERIC_FIX)
+        raise store_problem(
+            where,
+            f"zarr.json holds a JSON {type(doc).__name__}, not an object "
+            "(not a graph store, or an edited metadata file)",
+            GENERIC_FIX,
+        )
     attrs = doc.get("attributes")
     if doc.get("node_type") != "group" or not isinstance(attrs, dict):
         raise store_problem(where, "zarr.json does not describe a graph store group", GENERIC_FIX)
@@ -92,8 +99,10 @@ def _expected_arrays(meta: StoreMeta) -> dict[str, tuple[tuple[int, ...], str]]:
     n, e = meta.num_nodes, meta.num_edges
     feat = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}[meta.feature_dtype]
     arrays = {
-        S.INDPTR: ((n + 1,), "int64"), S.INDICES: ((e,), meta.index_dtype),
-        S.IN_DEGREE: ((n,), "int64"), S.OUT_DEGREE: ((n,), "int64"),
+        S.INDPTR: ((n + 1,), "int64"),
+        S.INDICES: ((e,), meta.index_dtype),
+        S.IN_DEGREE: ((n,), "int64"),
+        S.OUT_DEGREE: ((n,), "int64"),
         S.FEATURES: ((n, meta.feature_dim), feat),
     }
     if meta.has_edge_weights:
@@ -215,8 +224,10 @@ class GraphStore:
 
     def _check_link_split(self, name: str) -> None:
         if self.meta.task_type != "link" or name not in self.meta.split_names:
-            raise ValueError(f"store {self.location} has no link split {name!r} (task {self.meta.task_type}, "
-                             f"splits {self.meta.split_names})")
+            raise ValueError(
+                f"store {self.location} has no link split {name!r} (task {self.meta.task_type}, "
+                f"splits {self.meta.split_names})"
+            )
 
     def link_split_shapes(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         """Shapes of a link-prediction split's positives and negatives (None: it has none), without reading them."""
@@ -229,8 +240,10 @@ class GraphStore:
         """(indptr over the destination type's rows, source ids local to the source type) of one relation of a
         heterogeneous store (key ``src___rel___dst``, or the relation's name when unambiguous)."""
         if not self.meta.hetero:
-            raise StoreError(f"store {self.location} is homogeneous: it has no relation {key!r}. Fix: build it from "
-                             "an OGB heterogeneous folder (raw/num-node-dict.csv.gz, raw/relations/...)")
+            raise StoreError(
+                f"store {self.location} is homogeneous: it has no relation {key!r}. Fix: build it from "
+                "an OGB heterogeneous folder (raw/num-node-dict.csv.gz, raw/relations/...)"
+            )
         rel = hetero_arrays.relation_index(self.meta.hetero, key)
         ptr_name, idx_name = hetero_arrays.relation_arrays(rel["key"])
         return self._read(ptr_name), self._read(idx_name)
@@ -243,7 +256,9 @@ class GraphStore:
         t = types[node_type]
         if not t["feature_dim"]:
             return np.zeros((t["count"], 0), np.float32)[_check_slice(rows, "rows")]
-        data = self._read(hetero_arrays.feature_array(node_type), (_check_slice(rows, "rows"), _check_slice(cols, "cols")))
+        data = self._read(
+            hetero_arrays.feature_array(node_type), (_check_slice(rows, "rows"), _check_slice(cols, "cols"))
+        )
         if self.meta.feature_dtype == "bfloat16":
             return (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
         return data.astype(np.float32, copy=False)
@@ -254,16 +269,21 @@ class GraphStore:
         for name, (shape, dtype) in _expected_arrays(self.meta).items():
             arr = self._array(name)
             if shape is not None and tuple(arr.shape) != shape:
-                raise store_problem(self.location, f"array {name!r} has shape {tuple(arr.shape)} but the "
-                                    f"metadata says {shape} (mismatched counts)", self._fix)
+                raise store_problem(
+                    self.location,
+                    f"array {name!r} has shape {tuple(arr.shape)} but the metadata says {shape} (mismatched counts)",
+                    self._fix,
+                )
             if np.dtype(arr.dtype) != np.dtype(dtype):
-                raise store_problem(self.location, f"array {name!r} has dtype {arr.dtype}, expected {dtype}",
-                                    self._fix)
+                raise store_problem(self.location, f"array {name!r} has dtype {arr.dtype}, expected {dtype}", self._fix)
             self._check_chunks(name, arr)
         ptr = self._read(S.INDPTR, slice(self.meta.num_nodes, self.meta.num_nodes + 1))
         if int(ptr[0]) != self.meta.num_edges:
-            raise store_problem(self.location, f"indptr ends at {int(ptr[0])} but the metadata says "
-                                f"{self.meta.num_edges} edges (mismatched counts)", self._fix)
+            raise store_problem(
+                self.location,
+                f"indptr ends at {int(ptr[0])} but the metadata says {self.meta.num_edges} edges (mismatched counts)",
+                self._fix,
+            )
 
     def _check_chunks(self, name: str, arr: zarr.Array) -> None:
         coords, size = expected_chunk_files(tuple(arr.shape), tuple(arr.chunks), arr.dtype.itemsize)
@@ -274,8 +294,11 @@ class GraphStore:
             if actual is None:
                 raise store_problem(self.location, f"chunk {f} of array {name!r} is missing", self._fix)
             if actual != size:
-                raise store_problem(self.location, f"chunk {f} of array {name!r} has {actual} bytes, expected "
-                                    f"{size} (truncated or corrupt)", self._fix)
+                raise store_problem(
+                    self.location,
+                    f"chunk {f} of array {name!r} has {actual} bytes, expected {size} (truncated or corrupt)",
+                    self._fix,
+                )
 
     def verify(self) -> None:
         """Deep check: read every array (chunk checksums) and compare content hashes."""
@@ -296,13 +319,24 @@ class GraphStore:
             low, high = self._label_range()
             classes = high + 1
             if low < -1 or classes > m.num_classes:
-                raise store_problem(self.location, f"num_classes is {m.num_classes} but the labels range over "
-                                    f"[{low}, {high}] (mismatched counts: the metadata was edited)", self._fix)
+                raise store_problem(
+                    self.location,
+                    f"num_classes is {m.num_classes} but the labels range over "
+                    f"[{low}, {high}] (mismatched counts: the metadata was edited)",
+                    self._fix,
+                )
         if S.fingerprint(m.to_dict()) != m.fingerprint:
-            hint = (f"; num_classes is {m.num_classes} but the labels use {classes} classes"
-                    if classes is not None and classes != m.num_classes else "")
-            raise store_problem(self.location, "the metadata does not match its fingerprint (one of "
-                                f"{', '.join(S.FINGERPRINT_FIELDS)} was edited{hint})", self._fix)
+            hint = (
+                f"; num_classes is {m.num_classes} but the labels use {classes} classes"
+                if classes is not None and classes != m.num_classes
+                else ""
+            )
+            raise store_problem(
+                self.location,
+                "the metadata does not match its fingerprint (one of "
+                f"{', '.join(S.FINGERPRINT_FIELDS)} was edited{hint})",
+                self._fix,
+            )
 
     def _label_range(self) -> tuple[int, int]:
         """(min, max) of the multiclass labels, read chunk by chunk."""

@@ -80,17 +80,25 @@ def check_fits(source: GraphSource, prep: Preprocessing, feature_dtype: str, whe
     est = estimate(source, prep, feature_dtype)
     if os.environ.get(SKIP_ENV) == "1":
         return est
-    what = f"{source.name} ({source.num_nodes:,} nodes, {source.expected_edges or 0:,} edges, " \
-           f"{source.feature_dim} features)"
-    fix = (f"make the graph smaller (--nodes, --avg-degree, --features), or build on a machine with more "
-           f"room; set {SKIP_ENV}=1 to build anyway")
+    what = (
+        f"{source.name} ({source.num_nodes:,} nodes, {source.expected_edges or 0:,} edges, "
+        f"{source.feature_dim} features)"
+    )
+    fix = (
+        f"make the graph smaller (--nodes, --avg-degree, --features), or build on a machine with more "
+        f"room; set {SKIP_ENV}=1 to build anyway"
+    )
     free_disk = shutil.disk_usage(where).free
     if est.disk_bytes > free_disk:
-        raise StoreError(f"{what} needs about {est.disk_bytes / GIB:,.1f} GiB of disk but {where} has "
-                         f"{free_disk / GIB:,.1f} GiB free. Fix: choose another --out/--data-dir on a larger "
-                         f"disk, free space, or {fix}")
+        raise StoreError(
+            f"{what} needs about {est.disk_bytes / GIB:,.1f} GiB of disk but {where} has "
+            f"{free_disk / GIB:,.1f} GiB free. Fix: choose another --out/--data-dir on a larger "
+            f"disk, free space, or {fix}"
+        )
     memory = available_memory()
     if memory is not None and est.memory_bytes > memory * MEMORY_MARGIN:
-        raise StoreError(f"{what} needs about {est.memory_bytes / GIB:,.1f} GiB of memory to build but "
-                         f"{memory / GIB:,.1f} GiB is available. Fix: {fix}")
+        raise StoreError(
+            f"{what} needs about {est.memory_bytes / GIB:,.1f} GiB of memory to build but "
+            f"{memory / GIB:,.1f} GiB is available. Fix: {fix}"
+        )
     return est

@@ -174,8 +174,16 @@ def check_hetero_meta(hetero: Any) -> dict[str, Any]:
     return hetero
 
 
-FINGERPRINT_FIELDS = ("num_nodes", "num_edges", "feature_dim", "num_classes", "task_type", "feature_dtype",
-                      "preprocessing", "checksums")
+FINGERPRINT_FIELDS = (
+    "num_nodes",
+    "num_edges",
+    "feature_dim",
+    "num_classes",
+    "task_type",
+    "feature_dtype",
+    "preprocessing",
+    "checksums",
+)
 
 
 def fingerprint(fields: Mapping[str, Any]) -> str:

@@ -19,9 +19,23 @@ from storage.lock import try_lock
 from storage.paths import lock_path
 
 _TEMP = re.compile(r"^\.(?P<store>.+)\.(?:tmp-\d+-[0-9a-f]{8}|old-[0-9a-f]{8})$")
-_BUILD_ENTRIES = {"zarr.json", S.INDPTR, S.INDICES, S.T_INDICES, S.WEIGHTS, S.IN_DEGREE, S.OUT_DEGREE, S.FEATURES,
-                  S.LABELS, S.SPLIT_PREFIX.rstrip("/"), S.LINK_PREFIX.rstrip("/"), HETERO_PREFIX.rstrip("/"),
-                  "spill-src.bin", "spill-dst.bin", "spill-w.bin"}
+_BUILD_ENTRIES = {
+    "zarr.json",
+    S.INDPTR,
+    S.INDICES,
+    S.T_INDICES,
+    S.WEIGHTS,
+    S.IN_DEGREE,
+    S.OUT_DEGREE,
+    S.FEATURES,
+    S.LABELS,
+    S.SPLIT_PREFIX.rstrip("/"),
+    S.LINK_PREFIX.rstrip("/"),
+    HETERO_PREFIX.rstrip("/"),
+    "spill-src.bin",
+    "spill-dst.bin",
+    "spill-w.bin",
+}
 
 
 def build_leftover(path: Path) -> Path | None:

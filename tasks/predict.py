@@ -1,4 +1,5 @@
 """Apply a model to a store on the training launcher and publish the export (ntp.run.inference_job)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,6 +23,12 @@ def predict(spec: LaunchSpec, request: Any, overwrite: bool = True, source: str 
     """``ntp.run.inference_job.run_inference``: the ranks' output streams into this task's log."""
     logger = get_run_logger()
     done = run_inference(spec, request, overwrite=overwrite, on_line=logger.info, source=source)
-    logger.info("%s of %s written to %s by %d rank(s) in %.1f s", request.export, spec.config.store, done["out"],
-                done["world_size"], done["wall_s"])
+    logger.info(
+        "%s of %s written to %s by %d rank(s) in %.1f s",
+        request.export,
+        spec.config.store,
+        done["out"],
+        done["world_size"],
+        done["wall_s"],
+    )
     return done

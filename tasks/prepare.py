@@ -1,4 +1,5 @@
 """Build (or reuse) a graph store."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Launch a training job inside an MLflow parent run."""
+
 from __future__ import annotations
 
 from prefect import get_run_logger, task
@@ -19,7 +20,8 @@ def train_model(spec: LaunchSpec, *, experiment: str | None = None, register: st
     """
     logger = get_run_logger()
     # the MLflow run is named model-arch-mode-ranks-date like `ntp train`'s; the flow run is linked by its id tag
-    result = train_tracked(spec, experiment=experiment, flow_run_id=flow_run.get_id(), on_line=logger.info,
-                           register=register)
+    result = train_tracked(
+        spec, experiment=experiment, flow_run_id=flow_run.get_id(), on_line=logger.info, register=register
+    )
     logger.info("training done in %.1f s; MLflow run %s", result.wall_s, result.run_id)
     return result

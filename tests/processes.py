@@ -1,5 +1,6 @@
 """Finding the processes a test started, by a marker in their command line or environment (a unique temporary
 path)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """The layout is the architecture: dependencies point one way (flows -> tasks -> ntp.run -> ntp.engine, storage),
 the engine runs without the driver's libraries, one module talks over the network, and no module sprawls."""
+
 from __future__ import annotations
 
 import ast
@@ -26,10 +27,30 @@ FORBIDDEN = {
     "tasks": {"flows"},
 }
 #: torch.distributed calls that move data or synchronise ranks (ntp/engine/distributed/collectives.py is their only home)
-COMMUNICATION = {"all_to_all", "all_to_all_single", "all_reduce", "all_gather", "all_gather_into_tensor",
-                 "all_gather_object", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
-                 "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "isend", "irecv", "barrier",
-                 "monitored_barrier", "batch_isend_irecv", "gather_object", "scatter_object_list"}
+COMMUNICATION = {
+    "all_to_all",
+    "all_to_all_single",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "barrier",
+    "monitored_barrier",
+    "batch_isend_irecv",
+    "gather_object",
+    "scatter_object_list",
+}
 #: Lines of a module as ruff formats it (one argument a line where a call does not fit in 120 columns).
 MAX_LINES = 500
 #: The engine's packages, lowest first: a package imports only from those before it (and itself).
@@ -106,7 +127,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
+                return path[path.index(dep) :] + [dep]
             if dep not in state and (found := visit(dep)):
                 return found
         path.pop()
@@ -145,7 +166,9 @@ def test_the_engine_is_packages_in_layers() -> None:
         own = _engine_package(module)
         if own is None:
             continue
-        above = sorted(d for d in deps if (p := _engine_package(d)) and ENGINE_LAYERS.index(p) > ENGINE_LAYERS.index(own))
+        above = sorted(
+            d for d in deps if (p := _engine_package(d)) and ENGINE_LAYERS.index(p) > ENGINE_LAYERS.index(own)
+        )
         if above:
             upward[module] = above
     assert not upward, f"engine packages import only from lower layers {ENGINE_LAYERS}: {upward}"
@@ -153,10 +176,16 @@ def test_the_engine_is_packages_in_layers() -> None:
 
 def test_no_task_imports_another() -> None:
     """A task package (ntp.engine.tasks.X) may use the tasks' shared modules, never another task's."""
-    task_of = {m: m.split(".")[3] for m in MODULES if m.startswith("ntp.engine.tasks.") and
-               (ROOT / "ntp/engine/tasks" / m.split(".")[3]).is_dir()}
-    crossing = {m: sorted(d for d in deps if task_of.get(d, task_of[m]) != task_of[m])
-                for m, deps in _project_graph().items() if m in task_of}
+    task_of = {
+        m: m.split(".")[3]
+        for m in MODULES
+        if m.startswith("ntp.engine.tasks.") and (ROOT / "ntp/engine/tasks" / m.split(".")[3]).is_dir()
+    }
+    crossing = {
+        m: sorted(d for d in deps if task_of.get(d, task_of[m]) != task_of[m])
+        for m, deps in _project_graph().items()
+        if m in task_of
+    }
     crossing = {m: d for m, d in crossing.items() if d}
     assert set(task_of.values()) >= {"link", "hetero"}, "the scan must see the task packages"
     assert not crossing, f"task packages import one another: {crossing}"
@@ -165,8 +194,13 @@ def test_no_task_imports_another() -> None:
 def _communication_calls(path: Path) -> list[str]:
     """``dist.X`` / ``torch.distributed.X`` communication functions that ``path`` calls or passes on."""
     tree = ast.parse(path.read_text())
-    aliases = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-               if a.name == "torch.distributed"} | {"torch.distributed"}
+    aliases = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import)
+        for a in n.names
+        if a.name == "torch.distributed"
+    } | {"torch.distributed"}
     found = []
     for node in ast.walk(tree):  # a call, or the function passed on (collectives.py stages some through host copies)
         if isinstance(node, ast.Attribute) and node.attr in COMMUNICATION:
@@ -177,10 +211,15 @@ def _communication_calls(path: Path) -> list[str]:
 
 
 def test_only_collectives_communicates() -> None:
-    offenders = {str(p.relative_to(ROOT)): calls for m, p in MODULES.items()
-                 if m != "ntp.engine.distributed.collectives" and (calls := _communication_calls(p))}
+    offenders = {
+        str(p.relative_to(ROOT)): calls
+        for m, p in MODULES.items()
+        if m != "ntp.engine.distributed.collectives" and (calls := _communication_calls(p))
+    }
     assert not offenders, f"torch.distributed communication outside ntp/engine/distributed/collectives.py: {offenders}"
-    assert _communication_calls(ROOT / "ntp/engine/distributed/collectives.py"), "the scan must see collectives.py's calls"
+    assert _communication_calls(ROOT / "ntp/engine/distributed/collectives.py"), (
+        "the scan must see collectives.py's calls"
+    )
 
 
 def test_no_module_sprawls() -> None:
@@ -191,7 +230,9 @@ def test_no_module_sprawls() -> None:
 def test_a_worker_trains_without_the_drivers_libraries() -> None:
     """What a rank imports (the torchrun entry point, the engine, the store reader) pulls in no MLflow, Prefect,
     pandas or matplotlib: a GPU worker image needs only the core dependencies."""
-    code = ("import sys, ntp.run.worker, ntp.engine.train.loop, ntp.engine.infer.inference, storage;"
-            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'prefect', 'pandas', 'matplotlib'});"
-            "assert not heavy, heavy")
+    code = (
+        "import sys, ntp.run.worker, ntp.engine.train.loop, ntp.engine.infer.inference, storage;"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'prefect', 'pandas', 'matplotlib'});"
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)

@@ -1,5 +1,6 @@
 """The `ntp` command line a new user meets first: a parser built from light modules only, `--version`,
 `ntp train --dry-run`, and real runs that leave no files behind and print no warning nobody can act on."""
+
 from __future__ import annotations
 
 import os
@@ -26,39 +27,64 @@ def cora_store(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _heavy_after(code: str) -> list[str]:
     """The heavy top-level packages imported after running ``code`` in a fresh interpreter."""
     check = f"{code}\nimport sys; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
-    out = subprocess.run([sys.executable, "-c", check], cwd=PROJECT, capture_output=True, text=True, timeout=120,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", check], cwd=PROJECT, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     return eval(out.strip().splitlines()[-1])  # a printed list of names
 
 
 def test_building_the_parser_imports_no_heavy_library() -> None:
-    code = ("import ntp.config, ntp.spec, ntp.run.cli as c\n"
-            "for command in (None, 'train', 'evaluate', 'compare', '--help'):\n"
-            "    c.build_parser(command)")
+    code = (
+        "import ntp.config, ntp.spec, ntp.run.cli as c\n"
+        "for command in (None, 'train', 'evaluate', 'compare', '--help'):\n"
+        "    c.build_parser(command)"
+    )
     assert _heavy_after(code) == []
 
 
 def test_version_names_ntp_and_torch_without_importing_torch() -> None:
     from importlib.metadata import version
 
-    code = ("import contextlib, io, ntp.run.cli as c\nout = io.StringIO()\n"
-            "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n    c.main(['--version'])\n"
-            "assert out.getvalue().startswith('ntp '), out.getvalue()")
+    code = (
+        "import contextlib, io, ntp.run.cli as c\nout = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n    c.main(['--version'])\n"
+        "assert out.getvalue().startswith('ntp '), out.getvalue()"
+    )
     assert _heavy_after(code) == []
-    out = subprocess.run([sys.executable, "-m", "ntp.run.cli", "--version"], cwd=PROJECT, capture_output=True,
-                         text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "ntp.run.cli", "--version"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert out.startswith(f"ntp {version('ntp')} (torch {version('torch')}")
 
 
-def test_train_dry_run_prints_the_launch_the_plan_and_the_command(cora_store: str, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_train_dry_run_prints_the_launch_the_plan_and_the_command(
+    cora_store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from ntp.run.cli import main
 
     results = tmp_path / "r.jsonl"
     from tests.ntp.graphs import store_budget
 
-    argv = ["train", "--store", cora_store, "--nproc", "2", "--device", "cpu", "--memory-budget", store_budget(cora_store),
-            "--results", str(results), "--no-track", "--dry-run"]
+    argv = [
+        "train",
+        "--store",
+        cora_store,
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--memory-budget",
+        store_budget(cora_store),
+        "--results",
+        str(results),
+        "--no-track",
+        "--dry-run",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "tp on 1 node(s) x 2 process(es), device cpu, backend gloo" in out
@@ -70,13 +96,17 @@ def test_train_dry_run_prints_the_launch_the_plan_and_the_command(cora_store: st
     assert "trains in this process" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--store", "/nonexistent/store"], "no such store"),
-    (["--mode", "single", "--nproc", "2"], "--mode single runs one process"),
-    (["--memory-budget", "1KB", "--nproc", "2", "--device", "cpu"], "cannot hold this rank: topology"),
-])
-def test_train_dry_run_refuses_bad_input_with_exit_2(cora_store: str, argv: list[str], message: str,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--store", "/nonexistent/store"], "no such store"),
+        (["--mode", "single", "--nproc", "2"], "--mode single runs one process"),
+        (["--memory-budget", "1KB", "--nproc", "2", "--device", "cpu"], "cannot hold this rank: topology"),
+    ],
+)
+def test_train_dry_run_refuses_bad_input_with_exit_2(
+    cora_store: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from ntp.run.cli import main
 
     store = [] if "--store" in argv else ["--store", cora_store]
@@ -84,13 +114,25 @@ def test_train_dry_run_refuses_bad_input_with_exit_2(cora_store: str, argv: list
     assert message in capsys.readouterr().err
 
 
-def test_a_budget_that_holds_a_gcn_run_is_refused_to_gat_for_its_edge_tensors(cora_store: str,
-                                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_budget_that_holds_a_gcn_run_is_refused_to_gat_for_its_edge_tensors(
+    cora_store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from ntp.run.cli import main
     from tests.ntp.graphs import store_budget
 
-    argv = ["train", "--store", cora_store, "--nproc", "2", "--device", "cpu", "--memory-budget", store_budget(cora_store),
-            "--no-track", "--dry-run"]
+    argv = [
+        "train",
+        "--store",
+        cora_store,
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--memory-budget",
+        store_budget(cora_store),
+        "--no-track",
+        "--dry-run",
+    ]
     assert main(argv) == 0
     assert main([*argv, "--model", "gat"]) == 2
     err = capsys.readouterr().err
@@ -110,8 +152,22 @@ def test_training_leaves_no_files_and_no_warnings(cora_store: str, tmp_path: Pat
     tmpdir, cwd = tmp_path / "tmp", tmp_path / "cwd"
     tmpdir.mkdir()
     cwd.mkdir()
-    cmd = [sys.executable, "-m", "ntp.run.cli", "train", "--store", cora_store, "--nproc", "2", "--device", "cpu",
-           "--epochs", "2", "--no-track", *(["--fail-rank", "1", "--fail-at-epoch", "1"] if fail else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ntp.run.cli",
+        "train",
+        "--store",
+        cora_store,
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--no-track",
+        *(["--fail-rank", "1", "--fail-at-epoch", "1"] if fail else []),
+    ]
     env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(PROJECT)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)

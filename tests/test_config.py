@@ -1,5 +1,6 @@
 """The config: models as specs (the checks follow each model's capabilities, and no module compares model names),
 sections (grouped files, --help by section, hidden test hooks) and old saved configs still loading."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,18 @@ def test_each_models_checks_follow_its_capabilities(name: str) -> None:
             with pytest.raises(ConfigError, match=f"--model {name} is .* by nature; use --arch {spec.archs[0]}"):
                 TrainConfig(model=name, arch=arch)
     arch = spec.archs[0]
-    refused = {"offload": spec.attention or spec.heterogeneous, "overlap": spec.attention or spec.heterogeneous,
-               "stream": not spec.row_wise, "data": spec.heterogeneous}
-    options = {"offload": dict(offload="topology", mode="tp"), "overlap": dict(overlap=True, mode="tp"),
-               "stream": dict(nn_device="stream"), "data": dict(mode="data")}
+    refused = {
+        "offload": spec.attention or spec.heterogeneous,
+        "overlap": spec.attention or spec.heterogeneous,
+        "stream": not spec.row_wise,
+        "data": spec.heterogeneous,
+    }
+    options = {
+        "offload": dict(offload="topology", mode="tp"),
+        "overlap": dict(overlap=True, mode="tp"),
+        "stream": dict(nn_device="stream"),
+        "data": dict(mode="data"),
+    }
     for what, kw in options.items():
         if refused[what]:
             with pytest.raises(ConfigError):
@@ -61,8 +70,9 @@ def _model_name_comparisons(path: Path) -> list[str]:
 
 def test_no_module_compares_model_names(tmp_path: Path) -> None:
     """Capabilities live in ntp/model_specs.py; code asks them (cfg.model_spec.attention), not the name."""
-    offenders = {str(p.relative_to(ROOT)): c for p in sorted((ROOT / "ntp").rglob("*.py"))
-                 if (c := _model_name_comparisons(p))}
+    offenders = {
+        str(p.relative_to(ROOT)): c for p in sorted((ROOT / "ntp").rglob("*.py")) if (c := _model_name_comparisons(p))
+    }
     assert not offenders, f"model names compared outside the registry: {offenders}"
     sample = tmp_path / "sample.py"
     sample.write_text('if cfg.model in ("gat", "rgcn") or self.model == "sgc":\n    pass\n')
@@ -75,8 +85,12 @@ def test_every_option_has_a_section_and_grouped_files_read_as_flat(tmp_path: Pat
     grouped.write_text("gnn: {model: sage, hidden: 32}\noptim: {lr: 0.02}\nlink: {decoder: dot}\nepochs: 7\n")
     flat = dict(model="sage", hidden=32, lr=0.02, decoder="dot", epochs=7)
     assert TrainConfig.from_file(grouped) == TrainConfig(**flat)
-    assert TrainConfig(**flat).section("link") == {"decoder": "dot", "decoder_layers": 2, "link_batch": 65536,
-                                                   "clip_grad": 0.0}
+    assert TrainConfig(**flat).section("link") == {
+        "decoder": "dot",
+        "decoder_layers": 2,
+        "link_batch": 65536,
+        "clip_grad": 0.0,
+    }
     assert TrainConfig(**flat).changed("link") == ["decoder"]
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("link: {hidden: 32}\n")

@@ -16,6 +16,7 @@ Packages, lowest first (each imports only from those before it):
 
 The names below are the engine's public API; everything else is reachable by its module path.
 """
+
 from ntp.engine.distributed.dist import DistEnv, distributed
 from ntp.engine.infer.inference import evaluate_model, load_saved
 from ntp.engine.infer.predict import Request, predict_in_process
@@ -24,5 +25,19 @@ from ntp.engine.parallel.context import GraphContext
 from ntp.engine.train.loop import evaluate_splits, fit, run, train_step
 from ntp.engine.train.setup import Job, setup
 
-__all__ = ["DistEnv", "GraphContext", "Job", "Request", "build_model", "distributed", "evaluate_model",
-           "evaluate_splits", "fit", "load_saved", "predict_in_process", "run", "setup", "train_step"]
+__all__ = [
+    "DistEnv",
+    "GraphContext",
+    "Job",
+    "Request",
+    "build_model",
+    "distributed",
+    "evaluate_model",
+    "evaluate_splits",
+    "fit",
+    "load_saved",
+    "predict_in_process",
+    "run",
+    "setup",
+    "train_step",
+]

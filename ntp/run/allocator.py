@@ -11,6 +11,7 @@ peak by half here).
 Tunables are read when a process starts: torchrun's workers get this environment; a ``--mode single`` run keeps
 the allocator its own process was started with (start it with the variable below to get the same).
 """
+
 from __future__ import annotations
 
 import os

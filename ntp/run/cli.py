@@ -3,6 +3,7 @@ Prefect): each command imports its layer when it runs, so ``ntp --help`` answers
 package loads Zarr) and the commands of other packages, which plug in through the ``ntp.commands`` entry point group
 (the Prefect ``pipeline`` command of flows/), are only imported when they are the command being run, so this driver
 never imports the layers above it."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ def _plugins() -> dict[str, object]:
 
 def version_line() -> str:
     """``ntp 0.1.0 (torch 2.13.0, Python 3.11.9)``, from the installed packages' metadata (torch is not imported)."""
+
     def installed(name: str) -> str:
         try:
             return version(name)
@@ -55,8 +57,10 @@ def build_parser(load_plugin: str | None = None) -> argparse.ArgumentParser:
     """The parser. ``load_plugin`` is the command being run: ``data`` and plugin commands get their own parser (and
     their imports) only then; otherwise they are listed with a one-line help."""
     parser = argparse.ArgumentParser(
-        prog="ntp", description="Tensor-parallel full-graph GNN training: build graph stores, train, run the "
-                                "Prefect pipeline, compare MLflow runs.")
+        prog="ntp",
+        description="Tensor-parallel full-graph GNN training: build graph stores, train, run the "
+        "Prefect pipeline, compare MLflow runs.",
+    )
     parser.add_argument("--version", action=_VersionAction, help="print the versions of ntp, torch and Python")
     plugins = _plugins()
     names = ["data", "train", "evaluate", "predict", *sorted(plugins), "compare"]

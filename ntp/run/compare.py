@@ -1,4 +1,5 @@
 """`ntp compare RUN_ID... | --experiment NAME`: training runs side by side (one column per run)."""
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,9 @@ def _value(run: Any, how: str, kind: str, experiments: dict[str, str]) -> str:
     return f"{_fmt(hi, kind)} / {_fmt(lo, kind)}"
 
 
-def find_runs(run_ids: Sequence[str] = (), experiment: str | None = None, *, uri: str | None = None,
-              limit: int = 20) -> list[Any]:
+def find_runs(
+    run_ids: Sequence[str] = (), experiment: str | None = None, *, uri: str | None = None, limit: int = 20
+) -> list[Any]:
     """The runs named by id, or the newest training (parent) runs of an experiment."""
     from ntp.run import tracking  # MLflow: only when the command runs
 
@@ -80,8 +82,12 @@ def find_runs(run_ids: Sequence[str] = (), experiment: str | None = None, *, uri
         if exp is None:
             names = ", ".join(e.name for e in c.search_experiments())
             raise LookupError(f"no MLflow experiment named {experiment!r}; experiments: {names or 'none'}")
-        return c.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'",
-                             order_by=["attributes.start_time DESC"], max_results=limit)
+        return c.search_runs(
+            [exp.experiment_id],
+            f"tags.`{tracking.TAG_KIND}` = 'train'",
+            order_by=["attributes.start_time DESC"],
+            max_results=limit,
+        )
     from mlflow.exceptions import MlflowException
 
     runs = []
@@ -104,8 +110,10 @@ def compare_table(runs: Sequence[Any], *, uri: str | None = None) -> str:
     header = ["run"] + [f"{r.info.run_id[:8]} {r.info.run_name or ''}".strip() for r in runs]
     body = [[label] + [_value(r, how, kind, experiments) for r in runs] for label, how, kind in ROWS]
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in [header, *body]]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in [header, *body]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -129,14 +137,19 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def add_compare_command(subparsers: Any) -> argparse.ArgumentParser:
     """Register `compare` on an argparse subparsers object (``func`` returns the exit code)."""
-    p = subparsers.add_parser("compare", help="Compare MLflow training runs side by side",
-                              description="Epoch time, bytes per rank, balance (max/min) and metrics of training "
-                                          "runs, one column per run.")
+    p = subparsers.add_parser(
+        "compare",
+        help="Compare MLflow training runs side by side",
+        description="Epoch time, bytes per rank, balance (max/min) and metrics of training runs, one column per run.",
+    )
     p.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="MLflow run ids (parent training runs)")
     p.add_argument("--experiment", help="compare the newest training runs of this experiment instead")
     p.add_argument("--limit", type=int, default=10, help="with --experiment: at most this many runs (default 10)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under the data directory)")
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under the data directory)",
+    )
     p.set_defaults(func=run_compare)
     return p
 

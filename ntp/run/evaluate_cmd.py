@@ -1,4 +1,5 @@
 """``ntp evaluate``: metrics of a saved model on a store's train/valid/test splits, on the training launcher."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,23 +11,34 @@ from ntp.run.predict_cmd import add_inference_arguments, inference_spec_from_arg
 
 
 def add_evaluate_command(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("evaluate", help="evaluate a saved model on a store's train/valid/test splits",
-                                   description="Evaluate a model file (`ntp train --model-out FILE`) or a checkpoint "
-                                               "on a store, in one full-graph pass (tensor parallel with --nproc, as "
-                                               "training); prints the metrics as JSON.")
+    parser = subparsers.add_parser(
+        "evaluate",
+        help="evaluate a saved model on a store's train/valid/test splits",
+        description="Evaluate a model file (`ntp train --model-out FILE`) or a checkpoint "
+        "on a store, in one full-graph pass (tensor parallel with --nproc, as "
+        "training); prints the metrics as JSON.",
+    )
     add_inference_arguments(parser)
-    parser.add_argument("--out", default=None,
-                        help="also write the predictions there (a Parquet dataset, as `ntp predict --out`)")
+    parser.add_argument(
+        "--out", default=None, help="also write the predictions there (a Parquet dataset, as `ntp predict --out`)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     tracking = parser.add_argument_group("tracking (MLflow)")
-    tracking.add_argument("--track", action="store_true",
-                          help="log the metrics, the evaluation table (per split), and for multi-class stores the "
-                               "per-class metrics and confusion matrix of the test split into a new evaluate run")
+    tracking.add_argument(
+        "--track",
+        action="store_true",
+        help="log the metrics, the evaluation table (per split), and for multi-class stores the "
+        "per-class metrics and confusion matrix of the test split into a new evaluate run",
+    )
     tracking.add_argument("--run-id", default=None, help="log them into this run instead (e.g. the training run)")
     tracking.add_argument("--experiment", default=None, help="experiment of a new run (default: the dataset's name)")
-    tracking.add_argument("--register", default=None, metavar="NAME",
-                          help="also log the model as an MLflow model (pyfunc: node ids -> predictions) and register "
-                               "it as a new version of NAME in the model registry (implies --track)")
+    tracking.add_argument(
+        "--register",
+        default=None,
+        metavar="NAME",
+        help="also log the model as an MLflow model (pyfunc: node ids -> predictions) and register "
+        "it as a new version of NAME in the model registry (implies --track)",
+    )
     parser.set_defaults(func=_run_evaluate)
     return parser
 
@@ -43,8 +55,10 @@ def evaluate(args: argparse.Namespace) -> dict:
     from ntp.run.inference_job import run_inference
 
     if args.register and not _predicts_nodes(args.store):
-        raise ConfigError("--register logs a model whose predict takes node ids; a link prediction model scores "
-                          "pairs: serve it with `ntp predict --export scores` (or embeddings) instead")
+        raise ConfigError(
+            "--register logs a model whose predict takes node ids; a link prediction model scores "
+            "pairs: serve it with `ntp predict --export scores` (or embeddings) instead"
+        )
     spec = inference_spec_from_args(args)
     track = bool(args.track or args.run_id or args.register)
     with tempfile.TemporaryDirectory(prefix="ntp-evaluate-") as tmp:
@@ -59,8 +73,15 @@ def evaluate(args: argparse.Namespace) -> dict:
         if track:
             from ntp.run.tracking.evaluation import track_evaluation
 
-            logged = track_evaluation(args.run_id, metrics, model_path=args.model, store_path=args.store, export=out,
-                                      experiment=args.experiment, register=args.register)
+            logged = track_evaluation(
+                args.run_id,
+                metrics,
+                model_path=args.model,
+                store_path=args.store,
+                export=out,
+                experiment=args.experiment,
+                register=args.register,
+            )
     return {**metrics, **({"out": args.out} if args.out else {}), **logged}
 
 

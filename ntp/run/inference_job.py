@@ -4,6 +4,7 @@ the launch like training's, run the ranks (in this process for one, torchrun for
 An export is written into a hidden staging folder beside ``--out`` and renamed to it when every rank has finished:
 a reader never sees half a dataset, and a failed job leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,15 @@ from ntp.spec import LaunchSpec, resolve
 LAUNCH_KEYS = ("nnodes", "node_rank", "rdzv_endpoint", "device", "job_timeout_s", "interface", "job_id")
 
 
-def inference_spec(model: str | Path, store: str | Path, *, any_store: bool = False, nproc: int | None = None,
-                   launch: dict | None = None, **options) -> LaunchSpec:
+def inference_spec(
+    model: str | Path,
+    store: str | Path,
+    *,
+    any_store: bool = False,
+    nproc: int | None = None,
+    launch: dict | None = None,
+    **options,
+) -> LaunchSpec:
     """The launch of applying ``model`` to ``store`` (one process unless ``nproc``); ``launch``: the other
     arguments of ntp.spec.resolve; ``options``: ntp.engine.infer.inference.INFERENCE_OPTIONS. The model is checked
     against the store first (feature width, outputs, fingerprint)."""
@@ -49,25 +57,30 @@ def check_request(spec: LaunchSpec, request: Request, overwrite: bool = False) -
     if out.exists() and not overwrite:
         raise ConfigError(f"--out {out} exists; pass --overwrite to replace it, or another --out")
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; an export is a folder (a Parquet dataset or Zarr group): pass "
-                          "another path")
+        raise ConfigError(
+            f"--out {out} is a file; an export is a folder (a Parquet dataset or Zarr group): pass another path"
+        )
     meta = open_store(spec.config.store).meta
     check_export(request.export, task_for(meta), request.fmt)
     if request.export == "scores":
         if not request.pairs:
-            raise ConfigError("--export scores needs --pairs FILE (node pairs: .npy [k, 2], .parquet with src/dst, "
-                              "or .csv)")
+            raise ConfigError(
+                "--export scores needs --pairs FILE (node pairs: .npy [k, 2], .parquet with src/dst, or .csv)"
+            )
         try:
             pairs = read_pairs(request.pairs)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if len(pairs) and (pairs.min() < 0 or pairs.max() >= meta.num_nodes):
-            raise ConfigError(f"pairs file {request.pairs} has node ids outside [0, {meta.num_nodes}) of store "
-                              f"{spec.config.store}; pass ids of its nodes")
+            raise ConfigError(
+                f"pairs file {request.pairs} has node ids outside [0, {meta.num_nodes}) of store "
+                f"{spec.config.store}; pass ids of its nodes"
+            )
 
 
-def run_inference(spec: LaunchSpec, request: Request, *, overwrite: bool = False, on_line: LineSink = print,
-                  source: str | None = None) -> dict:
+def run_inference(
+    spec: LaunchSpec, request: Request, *, overwrite: bool = False, on_line: LineSink = print, source: str | None = None
+) -> dict:
     """Run the job; returns {"out", "world_size", "wall_s"}. Input errors are raised before any rank starts.
     ``source``: where the model came from (an MLflow URI), for the export's description."""
     check_launch(spec)
@@ -106,8 +119,14 @@ def _run_ranks(spec: LaunchSpec, request: Request, on_line: LineSink) -> None:
                 raise
             raise WorkerFailed(f"inference failed: {type(exc).__name__}: {exc}") from exc
         return
-    program = ["-m", "ntp.run.predict_worker", "--device", spec.device, *config_to_argv(spec.config),
-               *request_argv(request)]
+    program = [
+        "-m",
+        "ntp.run.predict_worker",
+        "--device",
+        spec.device,
+        *config_to_argv(spec.config),
+        *request_argv(request),
+    ]
     run_torchrun_job(spec, program, on_line=on_line)
 
 
@@ -121,9 +140,19 @@ def _description(spec: LaunchSpec, request: Request, source: str | None) -> dict
     from storage import open_store
 
     meta = open_store(spec.config.store).meta
-    return {"export": request.export, "model": source or str(Path(request.model).resolve()), "store": spec.config.store,
-            "store_fingerprint": meta.fingerprint, "task_type": meta.task_type, "layer": request.layer,
-            "pairs": request.pairs, "num_nodes": meta.num_nodes, "world_size": spec.world_size,
-            "format": request.fmt, "layout": "a Zarr group, arrays indexed by node id" if request.fmt == "zarr" else
-            "part-<rank>.parquet, one per rank in rank order (= node order for node exports)",
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "export": request.export,
+        "model": source or str(Path(request.model).resolve()),
+        "store": spec.config.store,
+        "store_fingerprint": meta.fingerprint,
+        "task_type": meta.task_type,
+        "layer": request.layer,
+        "pairs": request.pairs,
+        "num_nodes": meta.num_nodes,
+        "world_size": spec.world_size,
+        "format": request.fmt,
+        "layout": "a Zarr group, arrays indexed by node id"
+        if request.fmt == "zarr"
+        else "part-<rank>.parquet, one per rank in rank order (= node order for node exports)",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }

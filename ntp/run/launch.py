@@ -8,6 +8,7 @@ whose workers die with it. No worker outlives the launcher. When a rank fails, t
 compile cache) goes to a temporary folder that the launcher removes when the job ends, or the next launch on this
 host if the launcher was killed outright (ntp.run.scratch).
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,14 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | None = None, program: list
     address). One node: a rendezvous on loopback at a free port. ``log_dir``: where torchrun keeps its files
     (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind). ``program``: what every rank runs
     (default: the training worker with the spec's config)."""
-    cmd = [sys.executable, "-m", "ntp.run.rendezvous", f"--nproc-per-node={spec.nproc_per_node}",
-           "--max-restarts=0", *([f"--log-dir={log_dir}"] if log_dir else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ntp.run.rendezvous",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        "--max-restarts=0",
+        *([f"--log-dir={log_dir}"] if log_dir else []),
+    ]
     cmd += _rendezvous(spec)
     return cmd + (program or ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)])
 
@@ -64,16 +71,32 @@ def _rendezvous(spec: LaunchSpec) -> list[str]:
     node whose address the endpoint is (torchrun's own guess compares hostnames, which fails across namespaces and
     multi-homed hosts). Stores listen on the endpoint's address, or this node's (--local-addr), only."""
     if spec.nnodes == 1:
-        return ["--nnodes=1", f"--rdzv-backend={C10D}", f"--rdzv-endpoint={LOOPBACK}:0",
-                f"--rdzv-id=local-{uuid.uuid4().hex[:12]}", "--rdzv-conf=is_host=1", f"--local-addr={LOOPBACK}"]
+        return [
+            "--nnodes=1",
+            f"--rdzv-backend={C10D}",
+            f"--rdzv-endpoint={LOOPBACK}:0",
+            f"--rdzv-id=local-{uuid.uuid4().hex[:12]}",
+            "--rdzv-conf=is_host=1",
+            f"--local-addr={LOOPBACK}",
+        ]
     host, port = split_endpoint(spec.rdzv_endpoint or "")
     if spec.node_rank is not None:
-        return [f"--nnodes={spec.nnodes}", f"--rdzv-backend={STATIC}", f"--rdzv-endpoint={spec.rdzv_endpoint}",
-                f"--rdzv-id={spec.job_id}", f"--rdzv-conf=rank={spec.node_rank}"]
+        return [
+            f"--nnodes={spec.nnodes}",
+            f"--rdzv-backend={STATIC}",
+            f"--rdzv-endpoint={spec.rdzv_endpoint}",
+            f"--rdzv-id={spec.job_id}",
+            f"--rdzv-conf=rank={spec.node_rank}",
+        ]
     # --local-addr: the address peers reach this node at (torchrun's default, the FQDN, may resolve to loopback)
-    return [f"--nnodes={spec.nnodes}", f"--rdzv-backend={C10D}", f"--rdzv-endpoint={spec.rdzv_endpoint}",
-            f"--rdzv-id={spec.job_id}", f"--rdzv-conf=is_host={int(leads(spec))}",
-            f"--local-addr={local_address(host, port, spec.interface)}"]
+    return [
+        f"--nnodes={spec.nnodes}",
+        f"--rdzv-backend={C10D}",
+        f"--rdzv-endpoint={spec.rdzv_endpoint}",
+        f"--rdzv-id={spec.job_id}",
+        f"--rdzv-conf=is_host={int(leads(spec))}",
+        f"--local-addr={local_address(host, port, spec.interface)}",
+    ]
 
 
 def leads(spec: LaunchSpec) -> bool:
@@ -95,17 +118,25 @@ def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[st
         run_torchrun_job(spec, None, on_line=on_line, env=env)
     cfg = spec.config
     model = Path(cfg.model_out) if cfg.model_out else None
-    return LaunchResult(Path(cfg.results) if cfg.results else None, model if model and model.exists() else None,
-                        time.perf_counter() - t0)
+    return LaunchResult(
+        Path(cfg.results) if cfg.results else None,
+        model if model and model.exists() else None,
+        time.perf_counter() - t0,
+    )
 
 
-def run_torchrun_job(spec: LaunchSpec, program: list[str] | None, *, on_line: LineSink = print,
-                     env: dict[str, str] | None = None) -> None:
+def run_torchrun_job(
+    spec: LaunchSpec, program: list[str] | None, *, on_line: LineSink = print, env: dict[str, str] | None = None
+) -> None:
     """``program`` (default: training) on every rank of ``spec``'s torchrun job, to completion (WorkerFailed)."""
     network = job_network_env(spec.rdzv_endpoint, spec.interface)
     with owned_tempdir(SCRATCH_PREFIX) as tmp:
-        _run_torchrun(torchrun_command(spec, log_dir=tmp, program=program), spec.job_timeout_s, on_line,
-                      {**_scratch_env(tmp), **allocator_env(), **network, **(env or {})})
+        _run_torchrun(
+            torchrun_command(spec, log_dir=tmp, program=program),
+            spec.job_timeout_s,
+            on_line,
+            {**_scratch_env(tmp), **allocator_env(), **network, **(env or {})},
+        )
 
 
 def _run_in_process(spec: LaunchSpec) -> None:
@@ -121,16 +152,25 @@ def _run_in_process(spec: LaunchSpec) -> None:
 
 def _scratch_env(tmp: str) -> dict[str, str]:
     """torchrun's error file and torch's compile cache inside the job's temporary folder, unless already set."""
-    scratch = {"TORCHELASTIC_ERROR_FILE": os.path.join(tmp, "error.json"),
-               "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "torch-cache")}
+    scratch = {
+        "TORCHELASTIC_ERROR_FILE": os.path.join(tmp, "error.json"),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "torch-cache"),
+    }
     return {key: value for key, value in scratch.items() if key not in os.environ}
 
 
 def _run_torchrun(cmd: list[str], timeout_s: float | None, on_line: LineSink, env: dict[str, str] | None) -> None:
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     full_env.setdefault("OMP_NUM_THREADS", "1")  # the worker sets its own thread count; this silences torchrun's notice
-    proc = spawn_group(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                       bufsize=1, env=full_env)
+    proc = spawn_group(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        bufsize=1,
+        env=full_env,
+    )
     tail: deque[str] = deque(maxlen=400)
     reader = threading.Thread(target=_pump, args=(proc, on_line, tail), daemon=True)
     reader.start()
@@ -139,8 +179,10 @@ def _run_torchrun(cmd: list[str], timeout_s: float | None, on_line: LineSink, en
     except subprocess.TimeoutExpired:
         stop_group(proc)
         reader.join(timeout=5)
-        raise WorkerFailed(f"training timed out after {timeout_s:.0f} s and was stopped; raise --job-timeout or "
-                           f"look at the last output:\n" + "\n".join(list(tail)[-40:])) from None
+        raise WorkerFailed(
+            f"training timed out after {timeout_s:.0f} s and was stopped; raise --job-timeout or "
+            f"look at the last output:\n" + "\n".join(list(tail)[-40:])
+        ) from None
     except BaseException:
         stop_group(proc)
         raise

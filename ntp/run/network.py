@@ -6,6 +6,7 @@ decides who hosts its store by comparing the endpoint with the machine's hostnam
 several interfaces or namespaces. The kernel's routing table knows better: connecting a UDP socket (no packet is
 sent) to the endpoint tells which local address, hence which interface, reaches it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -54,8 +55,10 @@ def local_address(host: str, port: int, interface: str | None = None) -> str:
     if interface:
         address = address_of(interface)
         if address is None:
-            raise ValueError(f"--interface {interface}: no IPv4 address on it here; name an interface of this "
-                             f"node (`ip -brief address` lists them)")
+            raise ValueError(
+                f"--interface {interface}: no IPv4 address on it here; name an interface of this "
+                f"node (`ip -brief address` lists them)"
+            )
         return address
     return route_address(host, port)
 

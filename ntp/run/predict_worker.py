@@ -1,5 +1,6 @@
 """The program every rank of an inference job runs: ``torchrun ... -m ntp.run.predict_worker --model FILE ...``
 with the model's inference config as training flags (ntp.engine.infer.predict does the work)."""
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ written, a resumed checkpoint loads and fits the options, and the memory plan of
 A problem found here is the user's input (StoreError, ConfigError, MemoryPlanError): it is reported at once, with
 its fix, instead of inside epoch 0 of every rank, and schedulers do not retry it.
 """
+
 from __future__ import annotations
 
 from ntp.engine.memory.chunks import ChunkPlan, uniform_plan

@@ -7,6 +7,7 @@
 - In the CLI, SIGTERM (what schedulers and ``kill`` send) becomes :class:`~ntp.errors.Terminated`, so the same
   cleanup runs as for Ctrl-C.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -3,6 +3,7 @@
 ``line(text)`` prints a line of output above the bar; the bar itself follows the epoch records (it is a consumer
 of ntp.run.tracking.live.ResultsFollower): ``[#########-----------] 45/100 epochs  loss 0.4213  ETA 0:00:12``.
 """
+
 from __future__ import annotations
 
 import sys

@@ -13,6 +13,7 @@ caller (``TCPStore(master_listen_fd=...)``). This module registers two rendezvou
 Everything else (joining, heartbeats, restarts, the workers) is torchrun's. Run as
 ``python -m ntp.run.rendezvous`` with torchrun's arguments.
 """
+
 from __future__ import annotations
 
 import socket
@@ -30,21 +31,26 @@ STATIC, C10D = "ntp-static", "ntp-c10d"
 WILDCARDS = ("0.0.0.0", "::", "")
 
 
-def bound_store(host: str, port: int, *, is_server: bool, timeout: timedelta,
-                world_size: int | None = None) -> TCPStore:
+def bound_store(
+    host: str, port: int, *, is_server: bool, timeout: timedelta, world_size: int | None = None
+) -> TCPStore:
     """A TCPStore at ``host:port``; the server listens on ``host``'s address only (port 0: a free one)."""
     if not is_server:
         return TCPStore(host, port, world_size, False, timeout, multi_tenant=True)
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     if address[0] in WILDCARDS:
-        raise ValueError(f"the rendezvous address {host!r} means every interface; name the address of the "
-                         "interface the other nodes reach this one at")
+        raise ValueError(
+            f"the rendezvous address {host!r} means every interface; name the address of the "
+            "interface the other nodes reach this one at"
+        )
     try:
         server = socket.create_server(address[:2], family=family, backlog=1024)
     except OSError as exc:
-        raise RuntimeError(f"cannot listen on {host}:{port} ({exc.strerror}): this node must own the address "
-                           "(the rendezvous host is node rank 0, or the node whose address --rdzv-endpoint "
-                           "names) and the port must be free") from exc
+        raise RuntimeError(
+            f"cannot listen on {host}:{port} ({exc.strerror}): this node must own the address "
+            "(the rendezvous host is node rank 0, or the node whose address --rdzv-endpoint "
+            "names) and the port must be free"
+        ) from exc
     bound_port = server.getsockname()[1]
     # the store owns the socket from here (and closes it with itself)
     return TCPStore(host, bound_port, world_size, True, timeout, multi_tenant=True, master_listen_fd=server.detach())
@@ -55,8 +61,13 @@ class _BoundStatic(StaticTCPRendezvous):
 
     def next_rendezvous(self):
         if self._store is None:
-            self._store = bound_store(self.master_addr, self.master_port, is_server=self.rank == 0,
-                                      timeout=self.timeout, world_size=self.world_size)
+            self._store = bound_store(
+                self.master_addr,
+                self.master_port,
+                is_server=self.rank == 0,
+                timeout=self.timeout,
+                world_size=self.world_size,
+            )
         return super().next_rendezvous()
 
     def get_backend(self) -> str:
@@ -89,14 +100,23 @@ def create_c10d(params: RendezvousParameters) -> DynamicRendezvousHandler:
     is_host = params.get_as_bool("is_host")
     if is_host is None:
         raise ValueError(f"the {C10D} rendezvous needs --rdzv-conf is_host=0|1 (whether this node hosts its store)")
-    store = bound_store(host, port, is_server=is_host,
-                        timeout=timedelta(seconds=params.get_as_int("read_timeout", 60) or 60))
-    timeouts = RendezvousTimeout(*(_seconds(params, f"{key}_timeout")
-                                   for key in ("join", "last_call", "close", "heartbeat")))
-    return _BoundDynamic.from_backend(params.run_id, store, _Backend(store, params.run_id),
-                                      params.min_nodes, params.max_nodes, params.local_addr, timeouts,
-                                      keep_alive_interval=params.get_as_int("keep_alive_interval", 5) or 5,
-                                      keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3) or 3)
+    store = bound_store(
+        host, port, is_server=is_host, timeout=timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
+    )
+    timeouts = RendezvousTimeout(
+        *(_seconds(params, f"{key}_timeout") for key in ("join", "last_call", "close", "heartbeat"))
+    )
+    return _BoundDynamic.from_backend(
+        params.run_id,
+        store,
+        _Backend(store, params.run_id),
+        params.min_nodes,
+        params.max_nodes,
+        params.local_addr,
+        timeouts,
+        keep_alive_interval=params.get_as_int("keep_alive_interval", 5) or 5,
+        keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3) or 3,
+    )
 
 
 def _seconds(params: RendezvousParameters, key: str) -> timedelta | None:

@@ -4,6 +4,7 @@ Each is named ``<prefix><host>-<pid>-<random>`` and removed by its process at th
 (SIGKILL, the OOM killer) cannot remove its own, so every new one first removes this host's folders of the same
 prefix whose process is gone; other hosts' folders (a temporary directory shared by several hosts) are left alone.
 """
+
 from __future__ import annotations
 
 import glob

@@ -1,5 +1,6 @@
 """``ntp train``: train on a store, as a torchrun job (several processes) or in this process (one), tracked in
 MLflow unless ``--no-track``."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,25 +13,34 @@ from ntp.run.flags import add_config_arguments, add_launch_arguments, spec_from_
 
 def add_train_command(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "train", help="train a GNN on a graph store (tensor parallel with several processes)",
+        "train",
+        help="train a GNN on a graph store (tensor parallel with several processes)",
         description="Train a GNN on a graph store. With several processes this launches "
-                    "`torchrun --nproc-per-node M -m ntp.run.worker` (gloo on CPU, NCCL on GPUs, one GPU per rank); "
-                    "one process trains in this one. Every epoch prints a line (loss, metrics, time, ETA); the run "
-                    "is logged to MLflow as it trains (default: sqlite under the data directory, or "
-                    "$MLFLOW_TRACKING_URI). Example: ntp train --store data/stores/cora-... --nproc 2 --model gcn "
-                    "--epochs 200")
+        "`torchrun --nproc-per-node M -m ntp.run.worker` (gloo on CPU, NCCL on GPUs, one GPU per rank); "
+        "one process trains in this one. Every epoch prints a line (loss, metrics, time, ETA); the run "
+        "is logged to MLflow as it trains (default: sqlite under the data directory, or "
+        "$MLFLOW_TRACKING_URI). Example: ntp train --store data/stores/cora-... --nproc 2 --model gcn "
+        "--epochs 200",
+    )
     launch = parser.add_argument_group("launch")
     add_launch_arguments(launch)
-    launch.add_argument("--dry-run", action="store_true",
-                        help="resolve the launch, check the store, outputs and memory plan, print them and the "
-                             "torchrun command, and exit without training")
+    launch.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="resolve the launch, check the store, outputs and memory plan, print them and the "
+        "torchrun command, and exit without training",
+    )
     tracking = parser.add_argument_group("tracking")
     tracking.add_argument("--no-track", action="store_true", help="do not log the run to MLflow")
     tracking.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
     tracking.add_argument("--run-name", default=None, help="MLflow run name (default: model-arch-mode-ranks-date)")
-    tracking.add_argument("--register", default=None, metavar="NAME",
-                          help="register the best model (logged as an MLflow model: node ids -> predictions) as a "
-                               "new version of NAME in the MLflow model registry")
+    tracking.add_argument(
+        "--register",
+        default=None,
+        metavar="NAME",
+        help="register the best model (logged as an MLflow model: node ids -> predictions) as a "
+        "new version of NAME in the MLflow model registry",
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=run_train)
     return parser
@@ -58,8 +68,10 @@ def _check_tracking(args: argparse.Namespace) -> None:
     if args.no_track and getattr(args, "register", None):
         raise ConfigError("--register logs the model to MLflow, which --no-track turns off: drop one of them")
     if not args.no_track and importlib.util.find_spec("mlflow") is None:
-        raise ConfigError("MLflow is not installed here, so the run cannot be tracked: install the tracking extra "
-                          "(pip install 'ntp[tracking]') or pass --no-track")
+        raise ConfigError(
+            "MLflow is not installed here, so the run cannot be tracked: install the tracking extra "
+            "(pip install 'ntp[tracking]') or pass --no-track"
+        )
 
 
 def _train(args: argparse.Namespace):
@@ -75,8 +87,14 @@ def _train(args: argparse.Namespace):
     try:
         if args.no_track:
             return train_untracked(spec, on_line=on_line, consumers=consumers)
-        return train_tracked(spec, experiment=args.experiment, run_name=args.run_name, on_line=on_line,
-                             consumers=consumers, register=args.register)
+        return train_tracked(
+            spec,
+            experiment=args.experiment,
+            run_name=args.run_name,
+            on_line=on_line,
+            consumers=consumers,
+            register=args.register,
+        )
     finally:
         if bar:
             bar.close()
@@ -97,8 +115,14 @@ def dry_run(args: argparse.Namespace) -> int:
     print("model     " + ", ".join(f"{name} {getattr(cfg, name)}" for name in KEY_FIELDS))
     print(f"options   {_changed_options(cfg)}")
     print(f"memory    {_describe_plan(spec, plan)}")
-    print("tracking  " + ("off (--no-track)" if args.no_track else
-                         f"MLflow, experiment {args.experiment or 'named after the dataset'}"))
+    print(
+        "tracking  "
+        + (
+            "off (--no-track)"
+            if args.no_track
+            else f"MLflow, experiment {args.experiment or 'named after the dataset'}"
+        )
+    )
     if spec.mode == "single":
         print("command   none: --mode single trains in this process (no torchrun)")
     else:
@@ -113,10 +137,17 @@ KEY_FIELDS = ("model", "arch", "epochs", "hidden", "nn_layers", "prop_steps", "l
 
 def _changed_options(cfg) -> str:
     """The other options that differ from their defaults, as flags (the mode is in the launch line)."""
-    changed = {f.name: getattr(cfg, f.name) for f in fields(cfg)
-               if f.name not in ("store", "mode", *KEY_FIELDS) and getattr(cfg, f.name) != f.default}
-    return " ".join(f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
-                    for name, value in changed.items()) or "the defaults"
+    changed = {
+        f.name: getattr(cfg, f.name)
+        for f in fields(cfg)
+        if f.name not in ("store", "mode", *KEY_FIELDS) and getattr(cfg, f.name) != f.default
+    }
+    return (
+        " ".join(
+            f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}") for name, value in changed.items()
+        )
+        or "the defaults"
+    )
 
 
 def _describe_plan(spec, plan) -> str:
@@ -125,8 +156,10 @@ def _describe_plan(spec, plan) -> str:
     if plan is not None:
         source = "--chunk-rows" if cfg.chunk_rows else "--memory-budget and the store's degrees"
         largest = max(b - a for a, b in plan.ranges())
-        return (f"{plan.num_chunks} chunk(s) of destination rows over {plan.num_nodes:,} vertices, largest "
-                f"{largest:,} rows ({plan.reason}; from {source})")
+        return (
+            f"{plan.num_chunks} chunk(s) of destination rows over {plan.num_nodes:,} vertices, largest "
+            f"{largest:,} rows ({plan.reason}; from {source})"
+        )
     if spec.mode == "data":
         return "one block per rank (--mode data does not chunk aggregation)"
     if spec.device == "cuda":
@@ -137,8 +170,10 @@ def _describe_plan(spec, plan) -> str:
 def _print_outcome(result) -> None:
     final = result.final
     if final is not None and final.test_metric is not None:
-        print(f"test {final.metric}: {final.test_metric:.4f} (best valid {final.best_valid_metric:.4f} at epoch "
-              f"{final.best_epoch + 1})")
+        print(
+            f"test {final.metric}: {final.test_metric:.4f} (best valid {final.best_valid_metric:.4f} at epoch "
+            f"{final.best_epoch + 1})"
+        )
     if result.results_path:
         print(f"results: {result.results_path}")
     if result.model_path:

@@ -4,6 +4,7 @@ It reads the training flags, resolves the launch from torchrun's environment (nt
 (ntp.engine.train.loop). A failing rank prints its traceback between markers, so the launcher can show the rank that
 failed first-hand rather than the peers that lost their connection to it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ def quiet_library_warnings() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ntp.run.worker", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ntp.run.worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_config_arguments(parser)
     parser.add_argument("--device", choices=DEVICES, default="auto", help="cuda, cpu or auto (default: auto)")
     return parser
@@ -68,8 +70,11 @@ def failure_reported() -> Iterator[None]:
         yield
     except BaseException:
         rank = os.environ.get("RANK", "0")
-        print(f"{FAILURE_BEGIN} (rank {rank}) =====\n{traceback.format_exc().rstrip()}\n{FAILURE_END} (rank {rank}) =====",
-              file=sys.stderr, flush=True)
+        print(
+            f"{FAILURE_BEGIN} (rank {rank}) =====\n{traceback.format_exc().rstrip()}\n{FAILURE_END} (rank {rank}) =====",
+            file=sys.stderr,
+            flush=True,
+        )
         raise
 
 

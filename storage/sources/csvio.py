@@ -27,8 +27,9 @@ def count_columns(path: Path) -> int:
     return len(first.decode().strip().split(",")) if first.strip() else 0
 
 
-def iter_numeric_blocks(path: Path, num_cols: int, dtype: str,
-                        header: bool = False, names: list[str] | None = None) -> Iterator[np.ndarray]:
+def iter_numeric_blocks(
+    path: Path, num_cols: int, dtype: str, header: bool = False, names: list[str] | None = None
+) -> Iterator[np.ndarray]:
     """Yield [rows, num_cols] arrays of `dtype`, one per pyarrow block (bounded memory).
 
     A truncated, damaged or unreadable file raises StoreError naming it.
@@ -36,8 +37,9 @@ def iter_numeric_blocks(path: Path, num_cols: int, dtype: str,
     return guarded(path, _numeric_blocks(path, num_cols, dtype, header, names))
 
 
-def _numeric_blocks(path: Path, num_cols: int, dtype: str, header: bool,
-                    names: list[str] | None) -> Iterator[np.ndarray]:
+def _numeric_blocks(
+    path: Path, num_cols: int, dtype: str, header: bool, names: list[str] | None
+) -> Iterator[np.ndarray]:
     if num_cols == 0:
         return
     names = names or [f"c{i}" for i in range(num_cols)]

@@ -26,8 +26,9 @@ def archive_url(info: OgbInfo, mirror: str | None) -> str:
     return f"{mirror.rstrip('/')}/{info.zip_name}" if mirror else info.url
 
 
-def fetch_ogb(info: OgbInfo, raw: Path, mirror: str | None, progress: Callable[[str], None],
-              timeout: float | None = None) -> Path:
+def fetch_ogb(
+    info: OgbInfo, raw: Path, mirror: str | None, progress: Callable[[str], None], timeout: float | None = None
+) -> Path:
     """Return the unzipped dataset folder under `raw`, downloading and unzipping if needed."""
     timeout = timeout or float(os.environ.get(TIMEOUT_ENV, "30"))
     folder = raw / info.download_name
@@ -61,8 +62,10 @@ def _remove_leftovers(raw: Path, info: OgbInfo, progress: Callable[[str], None])
 def _download(url: str, dest: Path, progress: Callable[[str], None], timeout: float) -> None:
     part = dest.with_name(f"{dest.name}.part-{uuid.uuid4().hex[:8]}")
     progress(f"downloading {url}")
-    fix = ("check the network or pass --mirror URL (a folder serving the same zip), "
-           "or unzip the dataset yourself and pass --from-dir")
+    fix = (
+        "check the network or pass --mirror URL (a folder serving the same zip), "
+        "or unzip the dataset yourself and pass --from-dir"
+    )
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp, open(part, "wb") as out:
             total = int(resp.headers.get("Content-Length") or 0)
@@ -92,12 +95,15 @@ def _unzip(zip_path: Path, raw: Path, info: OgbInfo, progress: Callable[[str], N
             zf.extractall(tmp)
         inner = tmp / info.download_name
         if not (inner / "raw").is_dir():
-            raise StoreError(f"{zip_path} does not contain {info.download_name}/raw/. "
-                             "Fix: delete the zip and download it again (or check the mirror)")
+            raise StoreError(
+                f"{zip_path} does not contain {info.download_name}/raw/. "
+                "Fix: delete the zip and download it again (or check the mirror)"
+            )
         os.replace(inner, raw / info.download_name)
     except zipfile.BadZipFile as e:
         zip_path.unlink(missing_ok=True)
-        raise StoreError(f"{zip_path} is not a valid zip ({e}); it was deleted. "
-                         "Fix: prepare again to download it afresh") from None
+        raise StoreError(
+            f"{zip_path} is not a valid zip ({e}); it was deleted. Fix: prepare again to download it afresh"
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

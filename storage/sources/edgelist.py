@@ -64,8 +64,11 @@ def split_files(splits: Path) -> dict[str, Path]:
     for part in SPLIT_PARTS:
         hits = [splits / f"{part}{ext}" for ext in (".npy", ".csv", ".txt") if (splits / f"{part}{ext}").is_file()]
         if len(hits) != 1:
-            raise _bad(splits, f"expected one of {part}.npy / {part}.csv / {part}.txt, found {len(hits)}",
-                       "put one index file per split in the folder")
+            raise _bad(
+                splits,
+                f"expected one of {part}.npy / {part}.csv / {part}.txt, found {len(hits)}",
+                "put one index file per split in the folder",
+            )
         found[part] = hits[0]
     return found
 
@@ -87,14 +90,21 @@ def _features(path: Path | None) -> tuple[int | None, int, Callable[[], Iterator
             arr = np.load(path, mmap_mode="r")
         if arr.ndim != 2:
             raise _bad(path, f"features must be 2-D [n, F], got shape {arr.shape}", "save a 2-D array")
-        return arr.shape[0], arr.shape[1], lambda: guarded(path, (np.asarray(arr[i:i + ROW_BLOCK], np.float32)
-                                                                  for i in range(0, arr.shape[0], ROW_BLOCK)))
+        return (
+            arr.shape[0],
+            arr.shape[1],
+            lambda: guarded(
+                path, (np.asarray(arr[i : i + ROW_BLOCK], np.float32) for i in range(0, arr.shape[0], ROW_BLOCK))
+            ),
+        )
     if path.suffix == ".parquet":
         with reading(path):
             pf = pq.ParquetFile(path)
+
         def blocks() -> Iterator[np.ndarray]:
             for b in pf.iter_batches(batch_size=ROW_BLOCK):
                 yield np.stack([c.to_numpy(zero_copy_only=False) for c in b.columns], axis=1).astype(np.float32)
+
         return pf.metadata.num_rows, len(pf.schema_arrow.names), lambda: guarded(path, blocks())
     raise _bad(path, "unsupported feature file type", "use .npy or .parquet")
 
@@ -117,9 +127,15 @@ def _labels(path: Path | None) -> np.ndarray | None:
     raise _bad(path, f"labels of shape {y.shape} and dtype {y.dtype}", "use int [n] or float [n, T]")
 
 
-def edgelist_source(name: str, edges: Path, node_features: Path | None = None,
-                    labels: Path | None = None, splits: Path | None = None,
-                    nodes: int | None = None, classes: int | None = None) -> GraphSource:
+def edgelist_source(
+    name: str,
+    edges: Path,
+    node_features: Path | None = None,
+    labels: Path | None = None,
+    splits: Path | None = None,
+    nodes: int | None = None,
+    classes: int | None = None,
+) -> GraphSource:
     """A GraphSource over user files; see the module docstring for the formats."""
     cols = _edge_columns(edges)
     if "src" not in cols or "dst" not in cols:
@@ -142,22 +158,36 @@ def edgelist_source(name: str, edges: Path, node_features: Path | None = None,
         n = max((int(max(s.max(initial=-1), d.max(initial=-1))) for s, d, _ in edge_blocks()), default=-1) + 1
     for what, rows in (("node_features", feat_rows), ("labels", None if y is None else len(y))):
         if rows is not None and rows != n:
-            raise _bad(edges, f"{what} has {rows} rows but the graph has {n} vertices",
-                       "give one row per vertex (and check --nodes)")
+            raise _bad(
+                edges,
+                f"{what} has {rows} rows but the graph has {n} vertices",
+                "give one row per vertex (and check --nodes)",
+            )
     if y is None:
         y = np.full(n, -1, dtype=np.int64)
     multi = y.ndim == 2
     files = split_files(splits) if splits is not None else {}
     return GraphSource(
-        name=name, num_nodes=n, feature_dim=dim, edge_blocks=edge_blocks,
-        feature_blocks=feat_blocks or (lambda: (np.ones((min(ROW_BLOCK, n - i), 1), np.float32)
-                                                for i in range(0, n, ROW_BLOCK))),
+        name=name,
+        num_nodes=n,
+        feature_dim=dim,
+        edge_blocks=edge_blocks,
+        feature_blocks=feat_blocks
+        or (lambda: (np.ones((min(ROW_BLOCK, n - i), 1), np.float32) for i in range(0, n, ROW_BLOCK))),
         labels=lambda: y,
-        splits=lambda: {p: _read_ids(f) for p, f in files.items()} if files
-        else {p: np.zeros(0, np.int64) for p in SPLIT_PARTS},
-        task_type="multilabel" if multi else "multiclass", metric="rocauc" if multi else "acc",
-        num_classes=2 if multi else (classes or 0), num_tasks=y.shape[1] if multi else 1,
+        splits=lambda: (
+            {p: _read_ids(f) for p, f in files.items()} if files else {p: np.zeros(0, np.int64) for p in SPLIT_PARTS}
+        ),
+        task_type="multilabel" if multi else "multiclass",
+        metric="rocauc" if multi else "acc",
+        num_classes=2 if multi else (classes or 0),
+        num_tasks=y.shape[1] if multi else 1,
         weighted=weighted,
-        info={"kind": "edgelist", "edges": str(edges), "node_features": str(node_features),
-              "labels": str(labels), "splits": str(splits)},
+        info={
+            "kind": "edgelist",
+            "edges": str(edges),
+            "node_features": str(node_features),
+            "labels": str(labels),
+            "splits": str(splits),
+        },
     )

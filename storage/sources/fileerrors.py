@@ -27,8 +27,10 @@ def unreadable(path: Path | str, error: BaseException) -> StoreError:
     elif isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
         fix = "check the path: it must name an existing file"
     else:
-        fix = ("the file is truncated or damaged: download (or export) it again; for a downloaded OGB "
-               "dataset delete its folder under DATA_DIR/raw and prepare again")
+        fix = (
+            "the file is truncated or damaged: download (or export) it again; for a downloaded OGB "
+            "dataset delete its folder under DATA_DIR/raw and prepare again"
+        )
     return StoreError(f"{path}: cannot be read ({type(error).__name__}: {error}). Fix: {fix}")
 
 

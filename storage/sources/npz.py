@@ -32,8 +32,10 @@ _LOCAL_MAGIC = b"PK\x03\x04"
 
 
 def _bad(path: Path, problem: str) -> StoreError:
-    return StoreError(f"{path}: {problem}. Fix: the file is damaged or not an OGB binary dataset; "
-                      "download it again (delete the folder and prepare again)")
+    return StoreError(
+        f"{path}: {problem}. Fix: the file is damaged or not an OGB binary dataset; "
+        "download it again (delete the folder and prepare again)"
+    )
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,11 @@ class NpzFile:
         offset = self._data_start(info) + header_len if stored else None
         m = NpyMember(self.path, key, info.filename, shape, dtype, fortran, not stored, header_len, offset)
         if info.file_size - header_len != m.size * dtype.itemsize:
-            raise _bad(self.path, f"{key} holds {info.file_size - header_len} data bytes but its "
-                                  f"header says {shape} {dtype} ({m.size * dtype.itemsize} bytes)")
+            raise _bad(
+                self.path,
+                f"{key} holds {info.file_size - header_len} data bytes but its "
+                f"header says {shape} {dtype} ({m.size * dtype.itemsize} bytes)",
+            )
         return m
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:

@@ -38,8 +38,9 @@ def is_binary_folder(root: Path) -> bool:
 def _single(npz: NpzFile, key: str, root: Path) -> int:
     values = npz.member(key).read_all().ravel()
     if len(values) != 1:
-        raise folder_problem(root, f"{DATA}: {key} lists {len(values)} graphs; only single-graph datasets "
-                          "are supported")
+        raise folder_problem(
+            root, f"{DATA}: {key} lists {len(values)} graphs; only single-graph datasets are supported"
+        )
     return int(values[0])
 
 
@@ -54,21 +55,23 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     e = _single(data, "num_edges_list", root)
     edge_index = data.member("edge_index")
     if edge_index.shape != (2, e):
-        raise folder_problem(root, f"{DATA}: edge_index has shape {edge_index.shape} but num_edges_list "
-                          f"says {e} edges (expected (2, {e}))")
+        raise folder_problem(
+            root,
+            f"{DATA}: edge_index has shape {edge_index.shape} but num_edges_list says {e} edges (expected (2, {e}))",
+        )
     if not np.issubdtype(edge_index.dtype, np.integer):
         raise folder_problem(root, f"{DATA}: edge_index has dtype {edge_index.dtype}, expected integers")
     if "node_feat" not in data:
         raise folder_problem(root, f"{DATA} has no node_feat array (found {sorted(data.keys())})")
     node_feat = data.member("node_feat")
     if len(node_feat.shape) != 2 or node_feat.shape[0] != n:
-        raise folder_problem(root, f"{DATA}: node_feat has shape {node_feat.shape} but num_nodes_list "
-                          f"says {n} nodes")
+        raise folder_problem(root, f"{DATA}: node_feat has shape {node_feat.shape} but num_nodes_list says {n} nodes")
     dim = node_feat.shape[1]
     node_label = label_npz.member("node_label")
     if len(node_label.shape) not in (1, 2) or node_label.shape[0] != n:
-        raise folder_problem(root, f"{LABELS}: node_label has shape {node_label.shape} but num_nodes_list "
-                          f"says {n} nodes")
+        raise folder_problem(
+            root, f"{LABELS}: node_label has shape {node_label.shape} but num_nodes_list says {n} nodes"
+        )
     label_cols = 1 if len(node_label.shape) == 1 else node_label.shape[1]
     split_dir = checked_split_folder(root, info)
     task = task_of(info, label_cols)
@@ -84,8 +87,10 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     def labels() -> np.ndarray:
         if task_type == "multiclass":
             if label_cols != 1:
-                raise folder_problem(root, f"{LABELS}: node_label has {label_cols} columns but "
-                                  f"{name} is a multiclass dataset (expected 1)")
+                raise folder_problem(
+                    root,
+                    f"{LABELS}: node_label has {label_cols} columns but {name} is a multiclass dataset (expected 1)",
+                )
             out = np.empty(n, dtype=np.float64)  # storage.labels checks they are class ids
         else:
             out = np.empty((n, label_cols), dtype=np.float32)
@@ -93,12 +98,24 @@ def ogb_binary_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
         for block in node_label.iter_blocks(axis=0):
             k = len(block)
             if task_type == "multiclass":
-                out[pos:pos + k] = block[:, 0]
+                out[pos : pos + k] = block[:, 0]
             else:
-                out[pos:pos + k] = block
+                out[pos : pos + k] = block
             pos += k
         return out
 
-    return ogb_source(root, name, info, split_dir, task, num_nodes=n, num_edges=e, feature_dim=dim,
-                      edge_blocks=edge_blocks, feature_blocks=feature_blocks, labels=labels,
-                      features=f"node_feat ({DATA}, {node_feat.dtype})", format="binary")
+    return ogb_source(
+        root,
+        name,
+        info,
+        split_dir,
+        task,
+        num_nodes=n,
+        num_edges=e,
+        feature_dim=dim,
+        edge_blocks=edge_blocks,
+        feature_blocks=feature_blocks,
+        labels=labels,
+        features=f"node_feat ({DATA}, {node_feat.dtype})",
+        format="binary",
+    )

@@ -1,5 +1,6 @@
 """What the two OGB folder layouts (CSV files, or ogbn-papers100M's binary .npz files) share: the split folder,
 feature rows, task metadata, provenance, and the error that names the folder."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,10 @@ from storage.sources.ogb_meta import OgbInfo
 
 
 def folder_problem(root: Path, problem: str) -> StoreError:
-    return StoreError(f"OGB folder {root}: {problem}. Fix: point --from-dir at an unzipped OGB "
-                      "dataset folder (it holds raw/ and split/), or download it again")
+    return StoreError(
+        f"OGB folder {root}: {problem}. Fix: point --from-dir at an unzipped OGB "
+        "dataset folder (it holds raw/ and split/), or download it again"
+    )
 
 
 def split_folder(root: Path, info: OgbInfo | None) -> Path:
@@ -57,19 +60,45 @@ def task_of(info: OgbInfo | None, label_cols: int) -> tuple[str, str, int, int]:
     return "multilabel", "rocauc", 2, label_cols
 
 
-def ogb_source(root: Path, name: str, info: OgbInfo | None, split_dir: Path, task: tuple[str, str, int, int], *,
-               num_nodes: int, num_edges: int, feature_dim: int, edge_blocks, feature_blocks, labels,
-               **notes: str) -> GraphSource:
+def ogb_source(
+    root: Path,
+    name: str,
+    info: OgbInfo | None,
+    split_dir: Path,
+    task: tuple[str, str, int, int],
+    *,
+    num_nodes: int,
+    num_edges: int,
+    feature_dim: int,
+    edge_blocks,
+    feature_blocks,
+    labels,
+    **notes: str,
+) -> GraphSource:
     """The GraphSource of an OGB-layout folder (CSV or binary), with its provenance."""
     task_type, metric, num_classes, num_tasks = task
     return GraphSource(
-        name=name, num_nodes=num_nodes, feature_dim=feature_dim, edge_blocks=edge_blocks,
-        feature_blocks=feature_blocks, labels=labels, splits=lambda: read_splits(split_dir), task_type=task_type,
-        metric=metric, num_classes=num_classes, num_tasks=num_tasks,
+        name=name,
+        num_nodes=num_nodes,
+        feature_dim=feature_dim,
+        edge_blocks=edge_blocks,
+        feature_blocks=feature_blocks,
+        labels=labels,
+        splits=lambda: read_splits(split_dir),
+        task_type=task_type,
+        metric=metric,
+        num_classes=num_classes,
+        num_tasks=num_tasks,
         ogb_name=info.name if info is not None else None,
         expected_edges=num_edges,
-        info={"kind": "ogb" if info else "ogb-layout", "dataset": name, "path": str(root),
-              "release": info.version if info else None, "split": split_dir.name, **notes},
+        info={
+            "kind": "ogb" if info else "ogb-layout",
+            "dataset": name,
+            "path": str(root),
+            "release": info.version if info else None,
+            "split": split_dir.name,
+            **notes,
+        },
     )
 
 

@@ -12,6 +12,7 @@ range, as PyG's ``HeteroData.to_homogeneous``): the union graph is the store's o
 gets its own CSR over its destination type's local ids (storage.hetero_arrays). ``add_reverse`` adds, for every
 relation (s, r, d), the relation (d, rev_r, s) with every edge reversed (PyG's ``ToUndirected`` names).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,8 +48,12 @@ def read_node_counts(root: Path) -> dict[str, int]:
     rel = "raw/num-node-dict.csv.gz"
     rows = _lines(root / rel)
     if len(rows) != 2 or len(rows[0]) != len(rows[1]):
-        raise _problem(root, rel, "expected a header line of node types and one line of as many counts",
-                       "write it as OGB does, e.g. `author,paper` then `1134649,736389`")
+        raise _problem(
+            root,
+            rel,
+            "expected a header line of node types and one line of as many counts",
+            "write it as OGB does, e.g. `author,paper` then `1134649,736389`",
+        )
     try:
         counts = {t: int(c) for t, c in zip(rows[0], rows[1])}
     except ValueError:
@@ -68,16 +73,23 @@ def read_triplets(root: Path, counts: dict[str, int]) -> list[tuple[str, str, st
             raise _problem(root, rel, f"line {','.join(t)!r} is not src_type,relation,dst_type", "three fields a line")
         for node_type in (t[0], t[2]):
             if node_type not in counts:
-                raise _problem(root, rel, f"relation {SEP.join(t)} names node type {node_type!r}, which "
-                               f"raw/num-node-dict.csv.gz does not list ({sorted(counts)})",
-                               "add the type and its count to num-node-dict, or correct the relation")
+                raise _problem(
+                    root,
+                    rel,
+                    f"relation {SEP.join(t)} names node type {node_type!r}, which "
+                    f"raw/num-node-dict.csv.gz does not list ({sorted(counts)})",
+                    "add the type and its count to num-node-dict, or correct the relation",
+                )
     folders = root / "raw/relations"
     listed = {SEP.join(t) for t in triplets}
     found = {p.name for p in folders.iterdir() if p.is_dir()} if folders.is_dir() else set()
     for name in sorted(found - listed):
-        raise _problem(root, f"raw/relations/{name}", "unknown relation name: triplet-type-list.csv.gz does "
-                       f"not list it (it lists {sorted(listed)})", "add the relation to triplet-type-list, or "
-                       "remove the folder")
+        raise _problem(
+            root,
+            f"raw/relations/{name}",
+            f"unknown relation name: triplet-type-list.csv.gz does not list it (it lists {sorted(listed)})",
+            "add the relation to triplet-type-list, or remove the folder",
+        )
     if len(listed) != len(triplets):
         raise _problem(root, rel, "a relation is listed twice", "list each relation once")
     return triplets  # type: ignore[return-value]
@@ -88,21 +100,33 @@ def read_relation(root: Path, triplet: tuple[str, str, str], counts: dict[str, i
     folder = f"raw/relations/{SEP.join(triplet)}"
     edge_file, count_file = root / folder / "edge.csv.gz", root / folder / "num-edge-list.csv.gz"
     if not edge_file.is_file():
-        raise _problem(root, f"{folder}/edge.csv.gz", "is missing (triplet-type-list.csv.gz lists the relation)",
-                       "add the relation's edges, or remove it from triplet-type-list")
+        raise _problem(
+            root,
+            f"{folder}/edge.csv.gz",
+            "is missing (triplet-type-list.csv.gz lists the relation)",
+            "add the relation's edges, or remove it from triplet-type-list",
+        )
     blocks = list(iter_numeric_blocks(edge_file, 2, "int64"))
     edges = np.concatenate(blocks) if blocks else np.zeros((0, 2), np.int64)
     if count_file.is_file():
         expected = read_numeric(count_file, "int64").ravel()
         if len(expected) != 1 or int(expected[0]) != len(edges):
-            raise _problem(root, f"{folder}/num-edge-list.csv.gz", f"says {expected.tolist()} edges but edge.csv.gz "
-                           f"has {len(edges)} (mismatched counts)", "download the dataset again, or correct the count")
+            raise _problem(
+                root,
+                f"{folder}/num-edge-list.csv.gz",
+                f"says {expected.tolist()} edges but edge.csv.gz has {len(edges)} (mismatched counts)",
+                "download the dataset again, or correct the count",
+            )
     for col, node_type in ((0, triplet[0]), (1, triplet[2])):
         ids = edges[:, col]
         if len(ids) and (ids.min() < 0 or ids.max() >= counts[node_type]):
-            raise _problem(root, f"{folder}/edge.csv.gz", f"{('source', 'target')[col]} ids range over "
-                           f"[{ids.min()}, {ids.max()}] but type {node_type!r} has {counts[node_type]} nodes",
-                           "ids are local to their node type, from 0; check num-node-dict.csv.gz")
+            raise _problem(
+                root,
+                f"{folder}/edge.csv.gz",
+                f"{('source', 'target')[col]} ids range over "
+                f"[{ids.min()}, {ids.max()}] but type {node_type!r} has {counts[node_type]} nodes",
+                "ids are local to their node type, from 0; check num-node-dict.csv.gz",
+            )
     return edges[:, 0].copy(), edges[:, 1].copy()
 
 
@@ -111,15 +135,26 @@ def _target_type(root: Path, split_dir: Path, counts: dict[str, int]) -> str:
     with_split = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
     for t in with_split:
         if t not in counts:
-            raise _problem(root, f"split/{split_dir.name}/{t}", f"{t!r} is not a node type of num-node-dict.csv.gz "
-                           f"({sorted(counts)})", "name the split folder after the labeled node type")
+            raise _problem(
+                root,
+                f"split/{split_dir.name}/{t}",
+                f"{t!r} is not a node type of num-node-dict.csv.gz ({sorted(counts)})",
+                "name the split folder after the labeled node type",
+            )
         if not (root / "raw/node-label" / t / "node-label.csv.gz").is_file():
-            raise _problem(root, f"split/{split_dir.name}/{t}", f"a split on type {t!r}, which has no labels "
-                           f"(raw/node-label/{t}/node-label.csv.gz is missing)",
-                           "add that type's labels, or remove its split folder")
+            raise _problem(
+                root,
+                f"split/{split_dir.name}/{t}",
+                f"a split on type {t!r}, which has no labels (raw/node-label/{t}/node-label.csv.gz is missing)",
+                "add that type's labels, or remove its split folder",
+            )
     if len(with_split) != 1:
-        raise _problem(root, f"split/{split_dir.name}", f"expected one node type with a split, found {with_split}",
-                       "keep the split of the node type to classify (one target type per store)")
+        raise _problem(
+            root,
+            f"split/{split_dir.name}",
+            f"expected one node type with a split, found {with_split}",
+            "keep the split of the node type to classify (one target type per store)",
+        )
     return with_split[0]
 
 
@@ -144,8 +179,12 @@ def feature_blocks_of(root: Path, node_type: str, path: Path, dim: int, n: int) 
         rows += len(block)
         yield block
     if rows != n:
-        raise _problem(root, f"raw/node-feat/{node_type}/node-feat.csv.gz", f"has {rows} rows but num-node-dict "
-                       f"says {n} nodes of type {node_type!r} (mismatched counts)", "one feature row per node")
+        raise _problem(
+            root,
+            f"raw/node-feat/{node_type}/node-feat.csv.gz",
+            f"has {rows} rows but num-node-dict says {n} nodes of type {node_type!r} (mismatched counts)",
+            "one feature row per node",
+        )
 
 
 def with_reverse(relations: list[Relation]) -> list[Relation]:
@@ -155,8 +194,10 @@ def with_reverse(relations: list[Relation]) -> list[Relation]:
     for r in relations:
         rev = Relation(r.dst, f"rev_{r.name}", r.src, r.dst_ids, r.src_ids, reverse_of=r.key)
         if rev.key in names:
-            raise StoreError(f"--add-reverse: relation {rev.key} already exists. Fix: drop --add-reverse (the "
-                             "dataset already lists reverse relations) or rename the relation")
+            raise StoreError(
+                f"--add-reverse: relation {rev.key} already exists. Fix: drop --add-reverse (the "
+                "dataset already lists reverse relations) or rename the relation"
+            )
         out.append(rev)
     return out
 
@@ -170,8 +211,12 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
     target = _target_type(root, split_dir, counts)
     for part in SPLIT_PARTS:
         if not (split_dir / target / f"{part}.csv.gz").is_file():
-            raise _problem(root, f"split/{split_dir.name}/{target}/{part}.csv.gz", "is missing",
-                           "give train, valid and test id files")
+            raise _problem(
+                root,
+                f"split/{split_dir.name}/{target}/{part}.csv.gz",
+                "is missing",
+                "give train, valid and test id files",
+            )
     relations = [Relation(s, r, d, *read_relation(root, (s, r, d), counts)) for s, r, d in triplets]
     if add_reverse:
         relations = with_reverse(relations)
@@ -182,8 +227,12 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
     label_path = root / "raw/node-label" / target / "node-label.csv.gz"
     label_cols = count_columns(label_path)
     if label_cols != 1:
-        raise _problem(root, f"raw/node-label/{target}/node-label.csv.gz", f"has {label_cols} columns",
-                       "one class id per line (-1 = unlabeled); multi-task heterogeneous labels are not supported")
+        raise _problem(
+            root,
+            f"raw/node-label/{target}/node-label.csv.gz",
+            f"has {label_cols} columns",
+            "one class id per line (-1 = unlabeled); multi-task heterogeneous labels are not supported",
+        )
 
     def edge_blocks() -> Iterator[EdgeBlock]:
         for r in relations:
@@ -192,10 +241,15 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
     def labels() -> np.ndarray:
         y = read_numeric(label_path, "float64").ravel()
         if len(y) != counts[target]:
-            raise _problem(root, f"raw/node-label/{target}/node-label.csv.gz", f"has {len(y)} rows but num-node-dict "
-                           f"says {counts[target]} nodes of type {target!r} (mismatched counts)", "one label per node")
+            raise _problem(
+                root,
+                f"raw/node-label/{target}/node-label.csv.gz",
+                f"has {len(y)} rows but num-node-dict "
+                f"says {counts[target]} nodes of type {target!r} (mismatched counts)",
+                "one label per node",
+            )
         out = np.full(n, -1.0)
-        out[offsets[target]:offsets[target] + len(y)] = np.where(np.isnan(y), -1, y)
+        out[offsets[target] : offsets[target] + len(y)] = np.where(np.isnan(y), -1, y)
         return out
 
     def splits() -> dict[str, np.ndarray]:
@@ -203,22 +257,47 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
         for part in SPLIT_PARTS:
             ids = read_numeric(split_dir / target / f"{part}.csv.gz", "int64").ravel()
             if len(ids) and (ids.min() < 0 or ids.max() >= counts[target]):
-                raise _problem(root, f"split/{split_dir.name}/{target}/{part}.csv.gz", f"ids range over "
-                               f"[{ids.min()}, {ids.max()}] but type {target!r} has {counts[target]} nodes",
-                               "split ids are local to the labeled type, from 0")
+                raise _problem(
+                    root,
+                    f"split/{split_dir.name}/{target}/{part}.csv.gz",
+                    f"ids range over [{ids.min()}, {ids.max()}] but type {target!r} has {counts[target]} nodes",
+                    "split ids are local to the labeled type, from 0",
+                )
             out[part] = ids + offsets[target]
         return out
 
     parts = HeteroParts(
-        node_types=types, counts=counts, target=target, relations=relations,
+        node_types=types,
+        counts=counts,
+        target=target,
+        relations=relations,
         feature_dims={t: d for t, (d, _) in dims.items()},
-        feature_blocks={t: (lambda t=t, p=p, d=d: feature_blocks_of(root, t, p, d, counts[t]))
-                        for t, (d, p) in dims.items() if p is not None})
+        feature_blocks={
+            t: (lambda t=t, p=p, d=d: feature_blocks_of(root, t, p, d, counts[t]))
+            for t, (d, p) in dims.items()
+            if p is not None
+        },
+    )
     return GraphSource(
-        name=name, num_nodes=n, feature_dim=0, edge_blocks=edge_blocks,
-        feature_blocks=lambda: iter([np.zeros((n, 0), np.float32)]), labels=labels, splits=splits,
-        task_type="multiclass", metric="acc", num_classes=info.num_classes if info is not None else 0,
-        ogb_name=info.name if info is not None else None, expected_edges=sum(len(r.src_ids) for r in relations),
-        info={"kind": "ogb" if info else "ogb-hetero-layout", "dataset": name, "path": str(root),
-              "release": info.version if info else None, "split": split_dir.name, "add_reverse": add_reverse},
-        hetero=parts)
+        name=name,
+        num_nodes=n,
+        feature_dim=0,
+        edge_blocks=edge_blocks,
+        feature_blocks=lambda: iter([np.zeros((n, 0), np.float32)]),
+        labels=labels,
+        splits=splits,
+        task_type="multiclass",
+        metric="acc",
+        num_classes=info.num_classes if info is not None else 0,
+        ogb_name=info.name if info is not None else None,
+        expected_edges=sum(len(r.src_ids) for r in relations),
+        info={
+            "kind": "ogb" if info else "ogb-hetero-layout",
+            "dataset": name,
+            "path": str(root),
+            "release": info.version if info else None,
+            "split": split_dir.name,
+            "add_reverse": add_reverse,
+        },
+        hetero=parts,
+    )

@@ -19,8 +19,7 @@ from storage.sources.ogb_folder import checked_split_folder, feature_rows, folde
 from storage.sources.ogb_link import is_link_folder, ogb_link_source
 from storage.sources.ogb_meta import OgbInfo
 
-REQUIRED = ("raw/edge.csv.gz", "raw/num-node-list.csv.gz", "raw/num-edge-list.csv.gz",
-            "raw/node-label.csv.gz")
+REQUIRED = ("raw/edge.csv.gz", "raw/num-node-list.csv.gz", "raw/num-edge-list.csv.gz", "raw/node-label.csv.gz")
 
 
 def _single_count(root: Path, rel: str) -> int:
@@ -34,8 +33,9 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
     """A GraphSource over an OGB-layout folder; metadata from `info` or inferred."""
     root = Path(root)
     if info is not None and info.is_hetero:
-        raise StoreError(f"{name} is a heterogeneous graph: not supported yet. "
-                         "Fix: choose a homogeneous dataset such as ogbn-arxiv")
+        raise StoreError(
+            f"{name} is a heterogeneous graph: not supported yet. Fix: choose a homogeneous dataset such as ogbn-arxiv"
+        )
     if (info is not None and info.task_type == "link") or (info is None and is_link_folder(root)):
         return ogb_link_source(root, name, info)
     if (info is not None and info.binary) or (info is None and is_binary_folder(root)):
@@ -77,8 +77,20 @@ def ogb_layout_source(root: Path, name: str, info: OgbInfo | None) -> GraphSourc
             return raw[:, 0]  # floats: storage.labels checks they are class ids
         return raw.astype(np.float32)
 
-    return ogb_source(root, name, info, split_dir, task, num_nodes=n, num_edges=e, feature_dim=dim,
-                      edge_blocks=edge_blocks, feature_blocks=feature_blocks, labels=labels, features=feature_note)
+    return ogb_source(
+        root,
+        name,
+        info,
+        split_dir,
+        task,
+        num_nodes=n,
+        num_edges=e,
+        feature_dim=dim,
+        edge_blocks=edge_blocks,
+        feature_blocks=feature_blocks,
+        labels=labels,
+        features=feature_note,
+    )
 
 
 def _mean_edge_features(root: Path, n: int, dim: int) -> np.ndarray:
@@ -94,7 +106,7 @@ def _mean_edge_features(root: Path, n: int, dim: int) -> np.ndarray:
             if nxt is None:
                 raise folder_problem(root, "edge-feat.csv.gz has fewer rows than edge.csv.gz")
             pending = np.concatenate([pending, nxt])
-        f, pending = pending[:len(block)], pending[len(block):]
+        f, pending = pending[: len(block)], pending[len(block) :]
         for ends in (block[:, 0], block[:, 1]):
             for j in range(dim):
                 sums[:, j] += np.bincount(ends, weights=f[:, j], minlength=n)

@@ -44,8 +44,10 @@ def ogb_link_source(root: Path, name: str, info: OgbInfo | None) -> GraphSource:
     (``info``), else Hits@20 ... unless the split files hold MRR-style negatives (then MRR)."""
     root = Path(root)
     if info is not None and info.task_type != "link":
-        raise StoreError(f"{name} is an OGB {info.task_type} dataset, not link prediction: not supported yet. "
-                         "Fix: choose a homogeneous link-prediction dataset such as ogbl-ddi or ogbl-collab")
+        raise StoreError(
+            f"{name} is an OGB {info.task_type} dataset, not link prediction: not supported yet. "
+            "Fix: choose a homogeneous link-prediction dataset such as ogbl-ddi or ogbl-collab"
+        )
     for rel in REQUIRED:
         if not (root / rel).is_file():
             raise folder_problem(root, f"{rel} is missing")
@@ -69,8 +71,8 @@ def ogb_link_source(root: Path, name: str, info: OgbInfo | None) -> GraphSource:
     def edge_blocks() -> Iterator[EdgeBlock]:
         w = None if train_weight is None else np.asarray(train_weight, np.float32).ravel()
         for start in range(0, len(train_pos), BLOCK):
-            block = np.asarray(train_pos[start:start + BLOCK], dtype=np.int64)
-            yield block[:, 0], block[:, 1], None if w is None else w[start:start + BLOCK]
+            block = np.asarray(train_pos[start : start + BLOCK], dtype=np.int64)
+            yield block[:, 0], block[:, 1], None if w is None else w[start : start + BLOCK]
 
     def feature_blocks() -> Iterator[np.ndarray]:
         if not dim:
@@ -79,18 +81,36 @@ def ogb_link_source(root: Path, name: str, info: OgbInfo | None) -> GraphSource:
         yield from feature_rows(root, dim, n)
 
     if train_weight is not None and len(np.ravel(train_weight)) != len(train_pos):
-        raise StoreError(f"split file {files['train']}: {len(np.ravel(train_weight))} weights for {len(train_pos)} "
-                         "edges. Fix: one weight per training edge, or none")
+        raise StoreError(
+            f"split file {files['train']}: {len(np.ravel(train_weight))} weights for {len(train_pos)} "
+            "edges. Fix: one weight per training edge, or none"
+        )
     return GraphSource(
-        name=name, num_nodes=n, feature_dim=dim, edge_blocks=edge_blocks, feature_blocks=feature_blocks,
-        labels=lambda: np.zeros(0), splits=dict, link_splits=lambda: splits, task_type="link", metric=metric,
-        num_classes=0, num_tasks=1, ogb_name=info.name if info is not None else None,
-        weighted=train_weight is not None, expected_edges=len(train_pos),
-        info={"kind": "ogb" if info else "ogb-link-layout", "dataset": name, "path": str(root),
-              "release": info.version if info else None, "split": split_dir.name,
-              "graph": "positive edges of the train split",
-              "features": "node-feat.csv.gz" if dim else "none (models learn node embeddings)",
-              "split_files": {part: path.name for part, path in files.items()}},
+        name=name,
+        num_nodes=n,
+        feature_dim=dim,
+        edge_blocks=edge_blocks,
+        feature_blocks=feature_blocks,
+        labels=lambda: np.zeros(0),
+        splits=dict,
+        link_splits=lambda: splits,
+        task_type="link",
+        metric=metric,
+        num_classes=0,
+        num_tasks=1,
+        ogb_name=info.name if info is not None else None,
+        weighted=train_weight is not None,
+        expected_edges=len(train_pos),
+        info={
+            "kind": "ogb" if info else "ogb-link-layout",
+            "dataset": name,
+            "path": str(root),
+            "release": info.version if info else None,
+            "split": split_dir.name,
+            "graph": "positive edges of the train split",
+            "features": "node-feat.csv.gz" if dim else "none (models learn node embeddings)",
+            "split_files": {part: path.name for part, path in files.items()},
+        },
     )
 
 

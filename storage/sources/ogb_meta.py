@@ -13,8 +13,7 @@ from pathlib import Path
 
 from storage.schema import StoreError
 
-_TASK_TYPES = {"multiclass classification": "multiclass", "binary classification": "binary",
-               "link prediction": "link"}
+_TASK_TYPES = {"multiclass classification": "multiclass", "binary classification": "binary", "link prediction": "link"}
 
 
 @dataclass(frozen=True)
@@ -58,11 +57,18 @@ def ogb_table() -> dict[str, OgbInfo]:
         for i, name in enumerate(names):
             col = {k: v[i] for k, v in fields.items()}
             table[name] = OgbInfo(
-                name=name, num_tasks=int(col.get("num tasks", 1)), num_classes=int(col.get("num classes", 0)),
-                metric=col["eval metric"], task_type=_TASK_TYPES.get(col["task type"], col["task type"]),
-                download_name=col["download_name"], version=int(col["version"]), url=col["url"],
-                add_inverse_edge=col["add_inverse_edge"] == "True", split=col["split"],
-                is_hetero=col["is hetero"] == "True", binary=col["binary"] == "True",
+                name=name,
+                num_tasks=int(col.get("num tasks", 1)),
+                num_classes=int(col.get("num classes", 0)),
+                metric=col["eval metric"],
+                task_type=_TASK_TYPES.get(col["task type"], col["task type"]),
+                download_name=col["download_name"],
+                version=int(col["version"]),
+                url=col["url"],
+                add_inverse_edge=col["add_inverse_edge"] == "True",
+                split=col["split"],
+                is_hetero=col["is hetero"] == "True",
+                binary=col["binary"] == "True",
             )
     return table
 

@@ -98,13 +98,14 @@ def synthetic_source(spec: SyntheticSpec) -> GraphSource:
         out = np.empty(n, dtype=np.int64)
         for start in range(0, n, ROW_BLOCK):
             ids = np.arange(start, min(n, start + ROW_BLOCK), dtype=np.int64)
-            out[start:start + len(ids)] = ranks.to_rank(ids) % c
+            out[start : start + len(ids)] = ranks.to_rank(ids) % c
         return out
 
     def feature_blocks() -> Iterator[np.ndarray]:
         f = spec.features
-        means = (np.random.default_rng([spec.seed, 2]).standard_normal((c, f), dtype=np.float32)
-                 * np.float32(spec.signal / math.sqrt(f)))
+        means = np.random.default_rng([spec.seed, 2]).standard_normal((c, f), dtype=np.float32) * np.float32(
+            spec.signal / math.sqrt(f)
+        )
         for i, start in enumerate(range(0, n, ROW_BLOCK)):
             ids = np.arange(start, min(n, start + ROW_BLOCK), dtype=np.int64)
             rng = np.random.default_rng([spec.seed, 3, i])
@@ -122,7 +123,14 @@ def synthetic_source(spec: SyntheticSpec) -> GraphSource:
         return {k: np.concatenate(v) for k, v in parts.items()}
 
     return GraphSource(
-        name="synthetic", num_nodes=n, feature_dim=spec.features, edge_blocks=edge_blocks,
-        feature_blocks=feature_blocks, labels=labels, splits=splits, num_classes=c,
-        expected_edges=spec.num_edges, info={"kind": "synthetic", **asdict(spec)},
+        name="synthetic",
+        num_nodes=n,
+        feature_dim=spec.features,
+        edge_blocks=edge_blocks,
+        feature_blocks=feature_blocks,
+        labels=labels,
+        splits=splits,
+        num_classes=c,
+        expected_edges=spec.num_edges,
+        info={"kind": "synthetic", **asdict(spec)},
     )

@@ -1,4 +1,5 @@
 """Two hosts in network namespaces, and the Cora store both read (the same path: a shared filesystem)."""
+
 from __future__ import annotations
 
 import os
@@ -27,5 +28,6 @@ def cora_store(tmp_path_factory: pytest.TempPathFactory) -> str:
         pytest.skip(f"shared test data not found at {CORA_OGB}")
     from storage import prepare
 
-    return str(prepare("cora", from_dir=CORA_OGB, out=tmp_path_factory.mktemp("stores") / "cora",
-                       progress=lambda s: None))
+    return str(
+        prepare("cora", from_dir=CORA_OGB, out=tmp_path_factory.mktemp("stores") / "cora", progress=lambda s: None)
+    )

@@ -5,6 +5,7 @@ The private addresses exist only inside the namespaces this module creates, and 
 creating process's pid).
 Needs root (CAP_NET_ADMIN); callers skip with the reason when :func:`two_hosts` cannot create them.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,20 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
         for host in hosts:
             _ip("netns", "add", host.namespace)
             created.append(host.namespace)
-        _ip("link", "add", veth[0], "netns", hosts[0].namespace, "type", "veth", "peer", "name", veth[1], "netns",
-            hosts[1].namespace)
+        _ip(
+            "link",
+            "add",
+            veth[0],
+            "netns",
+            hosts[0].namespace,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            veth[1],
+            "netns",
+            hosts[1].namespace,
+        )
         for host, dev in zip(hosts, veth):
             _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", dev)
             _ip("-n", host.namespace, "link", "set", dev, "up")

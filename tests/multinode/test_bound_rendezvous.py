@@ -5,6 +5,7 @@ there; a training job's stores are not, while the job trains across both hosts (
 probes). Every socket listening in either namespace (only the job runs there) is on that host's job address; a job
 on one node listens on loopback only. That such jobs train to the end, like one process, is test_two_hosts.py's.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,19 @@ import pytest
 from tests.multinode.hosts import Host, listening, second_address
 
 pytestmark = pytest.mark.multinode
-TRAIN = ["--model", "gcn", "--hidden", "16", "--seed", "3", "--device", "cpu", "--no-track", "--collective-timeout-s",
-         "60"]
+TRAIN = [
+    "--model",
+    "gcn",
+    "--hidden",
+    "16",
+    "--seed",
+    "3",
+    "--device",
+    "cpu",
+    "--no-track",
+    "--collective-timeout-s",
+    "60",
+]
 EPOCHS = 100_000  # stopped once probed
 
 PROBE = """
@@ -39,14 +51,31 @@ print(json.dumps(out))
 
 def probe(host: Host, targets: list[tuple[str, int]]) -> list[str]:
     """From inside ``host``: whether a TCP connection to each (address, port) opens."""
-    out = subprocess.run(host.command([sys.executable, "-c", PROBE, json.dumps(targets)]), check=True,
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        host.command([sys.executable, "-c", PROBE, json.dumps(targets)]),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return json.loads(out)
 
 
 def _train(host: Host, store: str, results: Path, extra: list[str]) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "ntp.run.cli", "train", "--store", store, "--epochs", str(EPOCHS), "--results",
-            str(results), *TRAIN, *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "ntp.run.cli",
+        "train",
+        "--store",
+        store,
+        "--epochs",
+        str(EPOCHS),
+        "--results",
+        str(results),
+        *TRAIN,
+        *extra,
+    ]
     return subprocess.Popen(host.command(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -78,9 +107,11 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def test_the_control_torchs_own_store_listens_on_every_interface(hosts) -> None:
     """Why ntp binds its stores itself: a TCPStore given A's job address is reachable at A's other address too."""
     a, b = hosts
-    code = ("import datetime, time, torch.distributed as d\n"
-            f"s = d.TCPStore({a.address!r}, 29620, is_master=True, timeout=datetime.timedelta(seconds=30))\n"
-            "print('up', flush=True)\ntime.sleep(60)\n")
+    code = (
+        "import datetime, time, torch.distributed as d\n"
+        f"s = d.TCPStore({a.address!r}, 29620, is_master=True, timeout=datetime.timedelta(seconds=30))\n"
+        "print('up', flush=True)\ntime.sleep(60)\n"
+    )
     with second_address(a, b) as other:
         server = subprocess.Popen(a.command([sys.executable, "-c", code]), stdout=subprocess.PIPE, text=True)
         try:
@@ -97,10 +128,25 @@ def test_a_job_listens_only_on_the_address_it_names(hosts, cora_store: str, tmp_
     port = 29621 + give_ranks
     results = tmp_path / "r.jsonl"
     with second_address(a, b) as other:
-        procs = [_train(host, cora_store, results, ["--nnodes", "2", "--nproc", "2", "--rdzv-endpoint",
-                                                    f"{a.address}:{port}", "--job-timeout", "280",
-                                                    *(["--node-rank", str(rank)] if give_ranks else [])])
-                 for rank, host in enumerate(hosts)]
+        procs = [
+            _train(
+                host,
+                cora_store,
+                results,
+                [
+                    "--nnodes",
+                    "2",
+                    "--nproc",
+                    "2",
+                    "--rdzv-endpoint",
+                    f"{a.address}:{port}",
+                    "--job-timeout",
+                    "280",
+                    *(["--node-rank", str(rank)] if give_ranks else []),
+                ],
+            )
+            for rank, host in enumerate(hosts)
+        ]
         try:
             _wait_for_epochs(procs, results, 1)
             sockets = {host: listening(host) for host in hosts}

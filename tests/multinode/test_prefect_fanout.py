@@ -4,6 +4,7 @@ parent flow's `control` queue), then `train-multinode`: 2 nodes x 2 ranks train 
 run and a child run per rank; a node job that fails fails the parent promptly with that rank's traceback and the
 other node job is stopped.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,16 @@ with get_client(sync_client=True) as c:
 
 def _env(tmp: Path, api: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env.update({"PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                "PREFECT_SERVER_UI_ENABLED": "false", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
-                "NTP_DATA_DIR": str(tmp / "data"), "OMP_NUM_THREADS": "1"})
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp / "prefect"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_UI_ENABLED": "false",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
+            "NTP_DATA_DIR": str(tmp / "data"),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     if api:
         env["PREFECT_API_URL"] = api
     return env
@@ -46,8 +54,15 @@ def _env(tmp: Path, api: str | None) -> dict[str, str]:
 @contextmanager
 def _started(host: Host, argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
     with log.open("wb") as out:
-        proc = subprocess.Popen(host.command(argv), cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            host.command(argv),
+            cwd=PROJECT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             yield proc
         finally:
@@ -55,8 +70,16 @@ def _started(host: Host, argv: list[str], env: dict[str, str], log: Path) -> Ite
 
 
 def _in(host: Host, argv: list[str], env: dict[str, str], timeout: float = 180) -> str:
-    out = subprocess.run(host.command(argv), cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
+    out = subprocess.run(
+        host.command(argv),
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert out.returncode == 0, f"{' '.join(argv)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out.stdout + out.stderr
 
@@ -89,8 +112,19 @@ def cluster(hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[d
     api = f"http://{a.address}:4200/api"
     env = _env(tmp, api)
     with ExitStack() as stack:
-        server = [sys.executable, "-m", "prefect", "server", "start", "--host", a.address, "--port", "4200",
-                  "--no-ui", "--analytics-off"]
+        server = [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            a.address,
+            "--port",
+            "4200",
+            "--no-ui",
+            "--analytics-off",
+        ]
         stack.enter_context(_started(a, server, _env(tmp, None), tmp / "server.log"))
         check = f"import urllib.request as u; u.urlopen({api + '/health'!r}, timeout=2)"
         deadline = time.monotonic() + 120
@@ -103,15 +137,15 @@ def cluster(hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[d
             _prefect(a, ["work-queue", "create", queue, "--pool", "gpu-cluster", "--limit", "1"], env)
         _prefect(a, ["--no-prompt", "deploy", "--all", "--prefect-file", "prefect-cluster.yaml"], env)
         worker = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu-cluster"]
-        stack.enter_context(_started(a, [*worker, "--work-queue", "host-a", "--work-queue", "control"], env,
-                                     tmp / "worker-a.log"))
+        stack.enter_context(
+            _started(a, [*worker, "--work-queue", "host-a", "--work-queue", "control"], env, tmp / "worker-a.log")
+        )
         stack.enter_context(_started(b, [*worker, "--work-queue", "host-b"], env, tmp / "worker-b.log"))
         yield env, tmp
 
 
 def _run(host: Host, env: dict[str, str], params: dict) -> str:
-    out = _prefect(host, ["deployment", "run", "train-multinode/train-multinode", "--params", json.dumps(params)],
-                   env)
+    out = _prefect(host, ["deployment", "run", "train-multinode/train-multinode", "--params", json.dumps(params)], env)
     return next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
 
 
@@ -119,14 +153,34 @@ def test_prefect_fans_a_training_out_over_two_hosts(hosts, cluster, cora_store: 
     a, _b = hosts
     env, _shared = cluster
     single = tmp_path / "single.jsonl"
-    argv = [sys.executable, "-m", "ntp.run.cli", "train", "--store", cora_store, "--epochs", "3", "--nproc", "1",
-            "--device", "cpu", "--no-track", "--results", str(single)]
+    argv = [
+        sys.executable,
+        "-m",
+        "ntp.run.cli",
+        "train",
+        "--store",
+        cora_store,
+        "--epochs",
+        "3",
+        "--nproc",
+        "1",
+        "--device",
+        "cpu",
+        "--no-track",
+        "--results",
+        str(single),
+    ]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TRAINING.items()]
     subprocess.run(argv, check=True, capture_output=True, timeout=300)
 
-    params = {"store": cora_store, "hosts": ["host-a", "host-b"], "rdzv_endpoint": f"{a.address}:29631",
-              "training": {**TRAINING, "epochs": 3}, "launch": {"nproc": 2, "device": "cpu", "job_timeout_s": 300},
-              "experiment": "fanout"}
+    params = {
+        "store": cora_store,
+        "hosts": ["host-a", "host-b"],
+        "rdzv_endpoint": f"{a.address}:29631",
+        "training": {**TRAINING, "epochs": 3},
+        "launch": {"nproc": 2, "device": "cpu", "job_timeout_s": 300},
+        "experiment": "fanout",
+    }
     kind, message, _ = _wait_final(a, env, _run(a, env, params), timeout=600)
     assert kind == "COMPLETED", message
 
@@ -149,9 +203,14 @@ def test_prefect_fans_a_training_out_over_two_hosts(hosts, cluster, cora_store: 
 def test_a_failing_node_job_fails_the_parent_promptly(hosts, cluster, cora_store: str) -> None:
     a, _b = hosts
     env, _shared = cluster
-    params = {"store": cora_store, "hosts": ["host-a", "host-b"], "rdzv_endpoint": f"{a.address}:29632",
-              "training": {**TRAINING, "epochs": 100_000, "fail_at_epoch": 3, "fail_rank": 2},
-              "launch": {"nproc": 2, "device": "cpu", "job_timeout_s": 600}, "experiment": "fanout-failing"}
+    params = {
+        "store": cora_store,
+        "hosts": ["host-a", "host-b"],
+        "rdzv_endpoint": f"{a.address}:29632",
+        "training": {**TRAINING, "epochs": 100_000, "fail_at_epoch": 3, "fail_rank": 2},
+        "launch": {"nproc": 2, "device": "cpu", "job_timeout_s": 600},
+        "experiment": "fanout-failing",
+    }
     t0 = time.monotonic()
     kind, message, _ = _wait_final(a, env, _run(a, env, params), timeout=600)
     assert kind == "FAILED", message

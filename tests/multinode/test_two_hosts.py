@@ -1,6 +1,7 @@
 """One training job across two hosts (network namespaces joined by a veth pair), 2 nodes x 2 ranks on gloo: the
 same losses as one process, whether the node ranks are given or left to the rendezvous; a node that dies ends the
 other promptly with a clear error."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,41 @@ from tests.processes import processes_with
 
 pytestmark = pytest.mark.multinode
 EPOCHS = 4
-TRAIN = ["--model", "gcn", "--hidden", "16", "--dropout", "0.5", "--seed", "3", "--device", "cpu", "--no-track",
-         "--collective-timeout-s", "60"]
+TRAIN = [
+    "--model",
+    "gcn",
+    "--hidden",
+    "16",
+    "--dropout",
+    "0.5",
+    "--seed",
+    "3",
+    "--device",
+    "cpu",
+    "--no-track",
+    "--collective-timeout-s",
+    "60",
+]
 
 
 def _train(host: Host | None, store: str, results: Path, extra: list[str]) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "ntp.run.cli", "train", "--store", store, "--epochs", str(EPOCHS), "--results",
-            str(results), *TRAIN, *extra]
-    return subprocess.Popen(host.command(argv) if host else argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "ntp.run.cli",
+        "train",
+        "--store",
+        store,
+        "--epochs",
+        str(EPOCHS),
+        "--results",
+        str(results),
+        *TRAIN,
+        *extra,
+    ]
+    return subprocess.Popen(
+        host.command(argv) if host else argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _losses(results: Path) -> list[float]:
@@ -34,10 +61,25 @@ def _losses(results: Path) -> list[float]:
 
 def _two_node_job(hosts, store: str, results: Path, port: int, give_ranks: bool) -> list[str]:
     a, _b = hosts
-    procs = [_train(host, store, results, ["--nnodes", "2", "--nproc", "2", "--rdzv-endpoint", f"{a.address}:{port}",
-                                           *(["--node-rank", str(rank)] if give_ranks else []),
-                                           "--job-timeout", "240"])
-             for rank, host in enumerate(hosts)]
+    procs = [
+        _train(
+            host,
+            store,
+            results,
+            [
+                "--nnodes",
+                "2",
+                "--nproc",
+                "2",
+                "--rdzv-endpoint",
+                f"{a.address}:{port}",
+                *(["--node-rank", str(rank)] if give_ranks else []),
+                "--job-timeout",
+                "240",
+            ],
+        )
+        for rank, host in enumerate(hosts)
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
@@ -83,11 +125,34 @@ def test_the_leading_node_tracks_one_run_for_the_whole_job(hosts, cora_store: st
     from ntp.run import tracking
 
     a, _b = hosts
-    argv = [sys.executable, "-m", "ntp.run.cli", "train", "--store", cora_store, "--epochs", "2", "--device", "cpu",
-            "--nnodes", "2", "--nproc", "2", "--rdzv-endpoint", f"{a.address}:29614", "--experiment", "two-hosts",
-            "--job-timeout", "240"]
-    procs = [subprocess.Popen(host.command([*argv, "--node-rank", str(rank)]), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank, host in enumerate(hosts)]
+    argv = [
+        sys.executable,
+        "-m",
+        "ntp.run.cli",
+        "train",
+        "--store",
+        cora_store,
+        "--epochs",
+        "2",
+        "--device",
+        "cpu",
+        "--nnodes",
+        "2",
+        "--nproc",
+        "2",
+        "--rdzv-endpoint",
+        f"{a.address}:29614",
+        "--experiment",
+        "two-hosts",
+        "--job-timeout",
+        "240",
+    ]
+    procs = [
+        subprocess.Popen(
+            host.command([*argv, "--node-rank", str(rank)]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for rank, host in enumerate(hosts)
+    ]
     for p in procs:
         out = p.communicate(timeout=300)[0]
         assert p.returncode == 0, out[-3000:]

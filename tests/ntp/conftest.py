@@ -1,4 +1,5 @@
 """Fixtures for the engine tests: a real Cora store built from ../shared/datasets."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,4 +16,6 @@ def cora_store(tmp_path_factory: pytest.TempPathFactory) -> str:
         pytest.skip(f"shared test data not found at {CORA_OGB}")
     from storage import prepare
 
-    return str(prepare("cora", from_dir=CORA_OGB, out=tmp_path_factory.mktemp("stores") / "cora", progress=lambda s: None))
+    return str(
+        prepare("cora", from_dir=CORA_OGB, out=tmp_path_factory.mktemp("stores") / "cora", progress=lambda s: None)
+    )

@@ -1,4 +1,5 @@
 """What each rank runs in the exactness tests: a few epochs of every model, recording losses, gradients, logits."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,13 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, job_env=None) -> dict:
     job.model.eval()
     with torch.no_grad():
         logits = job.model(job.x, job.ctx)
-    return {"losses": losses, "grads": grads, "logits": logits, "bytes": dict(job.comm.stats.bytes_sent),
-            "calls": dict(job.comm.stats.calls)}
+    return {
+        "losses": losses,
+        "grads": grads,
+        "logits": logits,
+        "bytes": dict(job.comm.stats.bytes_sent),
+        "calls": dict(job.comm.stats.calls),
+    }
 
 
 def train_traced(job, epochs: int) -> tuple[list[float], dict[str, torch.Tensor]]:

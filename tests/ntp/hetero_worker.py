@@ -1,5 +1,6 @@
 """Heterogeneous graphs for the R-GCN tests, and what each rank runs: a few epochs, recording losses, gradients
 (embedding tables as this rank's column slice) and the target type's logits of the rank's own rows."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,9 +23,13 @@ def hetero_graph(seed: int = 0) -> dict:
     def rel(s: str, d: str, e: int) -> np.ndarray:
         return np.stack([rng.integers(0, counts[s], e), rng.integers(0, counts[d] - 2, e)])  # last 2: no in-edges
 
-    edges = {("author", "writes", "paper"): rel("author", "paper", 40), ("paper", "cites", "paper"): rel("paper", "paper", 60),
-             ("paper", "has_topic", "topic"): rel("paper", "topic", 35), ("topic", "of", "paper"): rel("topic", "paper", 30),
-             ("paper", "written_by", "author"): rel("paper", "author", 25)}
+    edges = {
+        ("author", "writes", "paper"): rel("author", "paper", 40),
+        ("paper", "cites", "paper"): rel("paper", "paper", 60),
+        ("paper", "has_topic", "topic"): rel("paper", "topic", 35),
+        ("topic", "of", "paper"): rel("topic", "paper", 30),
+        ("paper", "written_by", "author"): rel("paper", "author", 25),
+    }
     y = rng.integers(0, 4, counts["paper"])
     y[3] = -1  # an unlabeled paper inside the train split
     x_paper = rng.normal(size=(counts["paper"], 13)).astype(np.float32)
@@ -38,8 +43,17 @@ def hetero_graph(seed: int = 0) -> dict:
 
 def hetero_loader(graph: dict):
     def load(cfg, world: int, rank: int):
-        return hetero_from_arrays(graph["counts"], graph["edges"], graph["features"], graph["target"], graph["labels"],
-                                  {k: v for k, v in graph["splits"].items()}, world=world, rank=rank, num_classes=4)
+        return hetero_from_arrays(
+            graph["counts"],
+            graph["edges"],
+            graph["features"],
+            graph["target"],
+            graph["labels"],
+            {k: v for k, v in graph["splits"].items()},
+            world=world,
+            rank=rank,
+            num_classes=4,
+        )
 
     return load
 
@@ -57,9 +71,15 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, env) -> dict:
     traffic = dict(job.comm.stats.bytes_sent), dict(job.comm.stats.calls)  # the model's, before the tables' gather
     HeteroTask.snapshot(job)  # the whole tables for the state dict (the loop does it when validation improves)
     sliced = [n for n, p in job.model.named_parameters() if any(p is q for q in job.model.sliced())]
-    return {"losses": losses, "grads": grads, "logits": logits, "sliced": sliced,
-            "bytes": traffic[0], "calls": traffic[1],
-            "state": {k: v.clone() for k, v in job.model.state_dict().items()}}
+    return {
+        "losses": losses,
+        "grads": grads,
+        "logits": logits,
+        "sliced": sliced,
+        "bytes": traffic[0],
+        "calls": traffic[1],
+        "state": {k: v.clone() for k, v in job.model.state_dict().items()},
+    }
 
 
 def featureless(graph: dict) -> dict:
@@ -70,8 +90,15 @@ def featureless(graph: dict) -> dict:
 def trace_all(configs: list[dict], graph: dict, epochs: int) -> list[dict]:
     """Every config on this rank; a config with ``featureless=True`` runs on the graph without features."""
     with distributed(60, "cpu") as env:
-        return [trace(TrainConfig(model="rgcn", **{k: v for k, v in c.items() if k != "featureless"}),
-                      featureless(graph) if c.get("featureless") else graph, epochs, env) for c in configs]
+        return [
+            trace(
+                TrainConfig(model="rgcn", **{k: v for k, v in c.items() if k != "featureless"}),
+                featureless(graph) if c.get("featureless") else graph,
+                epochs,
+                env,
+            )
+            for c in configs
+        ]
 
 
 def fit_runs(configs: list[dict], graph: dict) -> list[dict]:
@@ -87,9 +114,14 @@ def fit_runs(configs: list[dict], graph: dict) -> list[dict]:
             job = setup(cfg, env, hetero_loader(featureless(graph) if c.get("featureless") else graph))
             final = fit(job, sinks=[])
             HeteroTask.snapshot(job)
-            out.append({"losses": [r.loss for r in job.history], "valid": [r.valid_metric for r in job.history],
-                        "best": (final.best_epoch, final.test_metric),
-                        "state": {k: v.clone() for k, v in job.model.state_dict().items()}})
+            out.append(
+                {
+                    "losses": [r.loss for r in job.history],
+                    "valid": [r.valid_metric for r in job.history],
+                    "best": (final.best_epoch, final.test_metric),
+                    "state": {k: v.clone() for k, v in job.model.state_dict().items()},
+                }
+            )
     return out
 
 

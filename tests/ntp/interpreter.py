@@ -1,5 +1,6 @@
 """Triton kernels run by Triton's interpreter (numpy on CPU tensors): a module's kernels are built for it when the
 module is imported with TRITON_INTERPRET=1, so the module is reloaded with it set, and again without after."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """What each rank runs in the link-prediction exactness and resume tests: epochs of edge mini-batches, recording
 losses, the first backward's gradients, and the scores of the validation pairs; whole runs with checkpoints."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,16 +23,21 @@ def link_graph(n: int = 50, d: int = 7, edges: int = 260, seed: int = 0) -> dict
     pairs = np.unique(np.sort(rng.integers(0, n - 2, (edges, 2)), axis=1), axis=0)  # the last 2 nodes are isolated
     pairs = pairs[pairs[:, 0] != pairs[:, 1]][rng.permutation(len(pairs[pairs[:, 0] != pairs[:, 1]]))]
     train, valid, test = pairs[:-40], pairs[-40:-20], pairs[-20:]
-    splits = {"train": (train, None), "valid": (valid, rng.integers(0, n, (30, 2))),
-              "test": (test, rng.integers(0, n, (25, 2)))}
+    splits = {
+        "train": (train, None),
+        "valid": (valid, rng.integers(0, n, (30, 2))),
+        "test": (test, rng.integers(0, n, (25, 2))),
+    }
     graph = np.concatenate([train, train[:, ::-1]]).T
     return {"n": n, "edge_index": graph, "splits": splits, "x": rng.normal(size=(n, d)).astype(np.float32)}
 
 
 def link_loader(graph: dict, features: bool):
     def load(cfg, world: int, rank: int):
-        return link_from_arrays(graph["edge_index"], graph["n"], graph["splits"], graph["x"] if features else None,
-                                world=world, rank=rank)
+        return link_from_arrays(
+            graph["edge_index"], graph["n"], graph["splits"], graph["x"] if features else None, world=world, rank=rank
+        )
+
     return load
 
 
@@ -44,8 +50,14 @@ def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> di
         pos, neg = job.task.eval_sets["valid"]
         scores = torch.cat([score_pairs(job.model, h_cols, p, job.comm) for p in (pos, neg)])
     state = {k: v.clone() for k, v in job.model.state_dict().items()}
-    return {"losses": losses, "grads": grads, "scores": scores, "metrics": evaluate_splits(job), "state": state,
-            "bytes": dict(job.comm.stats.bytes_sent)}
+    return {
+        "losses": losses,
+        "grads": grads,
+        "scores": scores,
+        "metrics": evaluate_splits(job),
+        "state": state,
+        "bytes": dict(job.comm.stats.bytes_sent),
+    }
 
 
 def trace_all(configs: list[tuple[dict, bool]], graph: dict, epochs: int) -> list[dict]:
@@ -64,5 +76,9 @@ def fit_run(cfg: dict, graph: dict) -> dict:
     with distributed(60, "cpu") as env:
         job = setup(TrainConfig(**cfg), env, link_loader(graph, features=False))
         final = fit(job, sinks=[])
-        return {"losses": [r.loss for r in job.history], "valid": [r.valid_metric for r in job.history],
-                "best": (final.best_epoch, final.test_metric), "embedding": job.model.state_dict()["embedding.weight"]}
+        return {
+            "losses": [r.loss for r in job.history],
+            "valid": [r.valid_metric for r in job.history],
+            "best": (final.best_epoch, final.test_metric),
+            "embedding": job.model.state_dict()["embedding.weight"],
+        }

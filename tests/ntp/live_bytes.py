@@ -1,6 +1,7 @@
 """Live tensor bytes of a piece of work, counted exactly: every dense storage an operator creates (not a view of
 an input) is added when it appears and subtracted when it is freed (what a GPU's caching allocator would hold, less
 its rounding), so the memory plan's estimates can be checked on a CPU."""
+
 from __future__ import annotations
 
 import weakref

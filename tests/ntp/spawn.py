@@ -2,6 +2,7 @@
 
 The workers join with `distributed(timeout, "cpu")`: gloo even where CUDA is visible, since one GPU cannot host two
 ranks (NCCL refuses them)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -18,8 +19,15 @@ def free_port() -> int:
 
 
 def _entry(fn, rank: int, world: int, port: int, args: tuple, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        OMP_NUM_THREADS="1",
+    )
     try:
         queue.put((rank, pickle.dumps(fn(*args)), None))  # plain bytes: no shared-memory tensors
     except BaseException:  # report, never hang the parent

@@ -1,5 +1,6 @@
 """Ranks start with glibc asking for transparent huge pages for large blocks (ntp.run.allocator), unless the user
 set GLIBC_TUNABLES: checked in real torchrun ranks, which write down the huge pages behind a 64 MiB tensor."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,10 @@ def _huge_kb_per_rank(monkeypatch, tmp_path: Path, tunables: str | None) -> list
     return [int(f.read_text()) for f in sorted(out.iterdir())]
 
 
-@pytest.mark.skipif(not THP.exists() or "[madvise]" not in THP.read_text(),
-                    reason="the kernel gives transparent huge pages on request only in 'madvise' mode")
+@pytest.mark.skipif(
+    not THP.exists() or "[madvise]" not in THP.read_text(),
+    reason="the kernel gives transparent huge pages on request only in 'madvise' mode",
+)
 def test_ranks_ask_for_huge_pages_unless_the_user_set_the_tunables(monkeypatch, tmp_path: Path) -> None:
     ours = _huge_kb_per_rank(monkeypatch, tmp_path, None)
     assert len(ours) == 2 and all(kb >= 32 << 10 for kb in ours), ours  # most of the 64 MiB in 2 MiB pages

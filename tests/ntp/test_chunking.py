@@ -1,4 +1,5 @@
 """Chunked execution and inter-chunk pipelining never change results; plans fit their budget; bytes are honest."""
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,9 @@ from tests.ntp.test_exactness import assert_close_to_scale
 SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
 EPOCHS = 2
 BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.05, seed=3)
-MODELS = ([dict(BASE, model=m, arch="decoupled") for m in ("gcn", "appnp", "sage", "gin", "gat")]
-          + [dict(BASE, model=m, arch="coupled") for m in ("gcn", "gat")])
+MODELS = [dict(BASE, model=m, arch="decoupled") for m in ("gcn", "appnp", "sage", "gin", "gat")] + [
+    dict(BASE, model=m, arch="coupled") for m in ("gcn", "gat")
+]
 DIRECTED = random_graph(n=100, d=17, classes=5, directed=True, seed=1)
 
 
@@ -68,8 +70,13 @@ def _gcn(topo: Topology, bounds: list[int] | None = None, offload: str = "none")
 
 
 def assert_same_run(ours: dict, ref: dict, where: str) -> None:
-    torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6,
-                               msg=lambda m: f"losses differ: {where}\n{m}")
+    torch.testing.assert_close(
+        torch.tensor(ours["losses"]),
+        torch.tensor(ref["losses"]),
+        rtol=1e-5,
+        atol=1e-6,
+        msg=lambda m: f"losses differ: {where}\n{m}",
+    )
     for name, g in ref["grads"].items():
         assert_close_to_scale(ours["grads"][name], g, f"gradient of {name}: {where}")
 
@@ -138,11 +145,22 @@ def test_a_budget_bounds_the_whole_rank_and_names_what_does_not_fit() -> None:
     assert shared.bounds == make_plan(*deg, memory_budget=budget - 6_000, width=width).bounds
     assert shared.num_chunks > alone.num_chunks and "6KB resident" in shared.reason
     with pytest.raises(MemoryPlanError) as err:
-        make_plan(*deg, memory_budget=budget, width=width, resident={"topology": 6_000, "embeddings": 3_000,
-                                                                     "NN stage": 2_000})
+        make_plan(
+            *deg,
+            memory_budget=budget,
+            width=width,
+            resident={"topology": 6_000, "embeddings": 3_000, "NN stage": 2_000},
+        )
     message = str(err.value)
-    for part in ("topology 5.86KB", "embeddings 2.93KB", "NN stage 1.95KB", "raise --memory-budget to at least",
-                 "--offload topology", "--nn-device cpu", "more ranks"):
+    for part in (
+        "topology 5.86KB",
+        "embeddings 2.93KB",
+        "NN stage 1.95KB",
+        "raise --memory-budget to at least",
+        "--offload topology",
+        "--nn-device cpu",
+        "more ranks",
+    ):
         assert part in message, message
 
 
@@ -151,8 +169,12 @@ def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:
     plan = uniform_plan(pattern.num_nodes, 7)
     sched = source_schedule(pattern.indptr, pattern.indices, plan)
     csr = _csr(random_graph(n=60, directed=True, seed=3))  # the same without self-loops: own rows are asked for
-    assert all(torch.equal(a, b) for a, b in zip(sched.new_sources, source_schedule(
-        csr.indptr, csr.indices.int(), plan, own_rows=True).new_sources))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            sched.new_sources, source_schedule(csr.indptr, csr.indices.int(), plan, own_rows=True).new_sources
+        )
+    )
     everything = torch.cat(sched.new_sources)
     assert torch.equal(everything.sort().values, torch.arange(pattern.num_nodes)), "each vertex exactly once"
     received = set()
@@ -210,15 +232,17 @@ def test_cpu_products_equal_the_dense_product(dtype: torch.dtype) -> None:
     out = torch.full((n + 4, 6), float("nan"), dtype=dtype)
     csr_matmul(block, h, out[2 : n + 2])
     torch.testing.assert_close(out[2 : n + 2], dense @ h)
-    none = torch.sparse_csr_tensor(torch.zeros(4, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
-                                   torch.zeros(0, dtype=dtype), size=(3, m))
+    none = torch.sparse_csr_tensor(
+        torch.zeros(4, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=dtype), size=(3, m)
+    )
     assert torch.equal(csr_matmul(none, h), torch.zeros(3, 6, dtype=dtype))
 
 
 @pytest.mark.parametrize("prescale", [0.0, float("inf")], ids=["rows-scaled", "per-edge-values"])
 @pytest.mark.parametrize("name", OPERATORS)
-def test_compact_operators_equal_their_explicit_matrices(name: str, prescale: float,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compact_operators_equal_their_explicit_matrices(
+    name: str, prescale: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every operator as unit-weight topology + scaling (what runs) equals its explicit form (self-loops added as
     edges, per-edge values; what data-parallel mode runs), forward and backward, on a directed graph with
     self-loops and repeated edges, in any chunks and offload mode, whether a CPU product scales its input rows
@@ -235,8 +259,11 @@ def test_compact_operators_equal_their_explicit_matrices(name: str, prescale: fl
     cpu = torch.device("cpu")
     for bounds in ([0, 100], [0, 1, 2, 50, 99, 100], uniform_plan(100, 13).bounds):
         for offload in ("none", "topology", "all"):
-            op = SparseOperator(RowBlocks(topo.indptr, topo.indices, bounds, cpu, offload),
-                                RowBlocks(topo.t_indptr, topo.t_indices, bounds, cpu, offload), scaling(topo, name))
+            op = SparseOperator(
+                RowBlocks(topo.indptr, topo.indices, bounds, cpu, offload),
+                RowBlocks(topo.t_indptr, topo.t_indices, bounds, cpu, offload),
+                scaling(topo, name),
+            )
             out = op(h)
             (grad,) = torch.autograd.grad(out, h, g)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -277,8 +304,12 @@ def test_a_gpu_plan_counts_one_direction_of_a_symmetric_topology() -> None:
     assert kept["topology"] == device_topology_bytes(n, e, symmetric=True)
     assert f"budget {format_bytes(10**7 - sum(kept.values()))}" in ctx.plan.reason
     cfg = TrainConfig(model="gcn", hidden=8)
-    rank = [rank_resident_parts(cfg, num_nodes=n, num_edges=e, feature_dim=4, out_dim=8, world=1, params=0,
-                                nn_on_device=False, symmetric=s)["topology"] for s in (False, True)]
+    rank = [
+        rank_resident_parts(
+            cfg, num_nodes=n, num_edges=e, feature_dim=4, out_dim=8, world=1, params=0, nn_on_device=False, symmetric=s
+        )["topology"]
+        for s in (False, True)
+    ]
     assert rank == [device_topology_bytes(n, e), device_topology_bytes(n, e, symmetric=True)]
 
 
@@ -296,8 +327,15 @@ def test_attention_topology_keeps_32_bit_ids_and_is_what_the_plan_counts_for_gat
     edges = attention.cols.numel()  # with one self-loop per vertex
     held = sum(a.numel() * a.element_size() for a in arrays)
     assert held == 4 * (4 * edges + 2 * (topo.num_nodes + 1))
-    shape = dict(num_nodes=topo.num_nodes, num_edges=topo.num_edges, feature_dim=5, out_dim=3, world=2, params=0,
-                 nn_on_device=True)
+    shape = dict(
+        num_nodes=topo.num_nodes,
+        num_edges=topo.num_edges,
+        feature_dim=5,
+        out_dim=3,
+        world=2,
+        params=0,
+        nn_on_device=True,
+    )
     loops = int((pattern.indices.long() == pattern.edge_rows()).sum())
     assert rank_resident_parts(TrainConfig(model="gat"), **shape)["topology"] == held + 16 * loops
     gcn = rank_resident_parts(TrainConfig(model="gcn"), **shape)
@@ -439,8 +477,9 @@ def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) ->
     monkeypatch.setattr(transfer, "SLAB_BYTES", 2 * 7 * 4)  # two columns of 7 float32 rows
     transposed: list[tuple[int, ...]] = []
     transpose = transfer.transpose_copy
-    monkeypatch.setattr(transfer, "transpose_copy", lambda dst, src: transposed.append(tuple(dst.shape))
-                        or transpose(dst, src))
+    monkeypatch.setattr(
+        transfer, "transpose_copy", lambda dst, src: transposed.append(tuple(dst.shape)) or transpose(dst, src)
+    )
     h = torch.randn(7, 5)
     cols = transfer.host_columns(h, pinned=True)
     assert torch.equal(cols, h) and transfer.is_column_major(cols) and not cols.is_contiguous()
@@ -451,8 +490,13 @@ def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) ->
     assert log == ["wait_stream", "record_stream", "synchronize"], "transposed and copied on the download stream"
     sent: list[tuple[int, ...]] = []
     to = torch.Tensor.to
-    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: sent.append(t.shape) or to(t, *a, **k)
-                        if t.is_contiguous() else pytest.fail("a slab in two pieces"))
+    monkeypatch.setattr(
+        torch.Tensor,
+        "to",
+        lambda t, *a, **k: (
+            sent.append(t.shape) or to(t, *a, **k) if t.is_contiguous() else pytest.fail("a slab in two pieces")
+        ),
+    )
     x = transfer.device_rows(cols, torch.device("cpu"), 1, 5)
     assert torch.equal(x, h[:, 1:5]) and x.is_contiguous() and sent == [(2, 7), (2, 7)]
     topo = _topology(DIRECTED)
@@ -531,15 +575,51 @@ def test_column_blocks_stream_through_buffers_allocated_once_in_order(depth: int
     assert len(set(storage)) == depth and storage[0] == storage[depth], "the sets of buffers, reused in turn"
     first = ["compute:C0", "up<C0"]  # fresh buffers: written only after what the compute stream queued before
     if depth == 2:
-        assert streams.log == first + ["up:U0", "up:U1", "compute<U0", "compute:C1", "down<C1", "down:D0",
-                                       "up<C1", "up:U2", "compute<U1", "compute:C2", "down<C2", "down:D1",
-                                       "compute<U2", "compute<D0", "compute:C3", "down<C3", "down:D2",
-                                       "up sync", "down sync"]
+        assert streams.log == first + [
+            "up:U0",
+            "up:U1",
+            "compute<U0",
+            "compute:C1",
+            "down<C1",
+            "down:D0",
+            "up<C1",
+            "up:U2",
+            "compute<U1",
+            "compute:C2",
+            "down<C2",
+            "down:D1",
+            "compute<U2",
+            "compute<D0",
+            "compute:C3",
+            "down<C3",
+            "down:D2",
+            "up sync",
+            "down sync",
+        ]
     else:
-        assert streams.log == first + ["up:U0", "compute<U0", "compute:C1", "down<C1", "down:D0",
-                                       "up<C1", "up:U1", "compute<U1", "compute<D0", "compute:C2", "down<C2",
-                                       "down:D1", "up<C2", "up:U2", "compute<U2", "compute<D1", "compute:C3",
-                                       "down<C3", "down:D2", "up sync", "down sync"]
+        assert streams.log == first + [
+            "up:U0",
+            "compute<U0",
+            "compute:C1",
+            "down<C1",
+            "down:D0",
+            "up<C1",
+            "up:U1",
+            "compute<U1",
+            "compute<D0",
+            "compute:C2",
+            "down<C2",
+            "down:D1",
+            "up<C2",
+            "up:U2",
+            "compute<U2",
+            "compute<D1",
+            "compute:C3",
+            "down<C3",
+            "down:D2",
+            "up sync",
+            "down sync",
+        ]
 
 
 def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_holds_the_rest() -> None:
@@ -551,7 +631,9 @@ def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_
     kept = graph_resident_parts(n, e, width, "all", column_block=width)
     assert kept == {"topology": 0, "embeddings": 4 * n * width * 4}
     ahead = graph_resident_parts(n, e, width, "all", column_block=width, topology_kept=True)
-    assert ahead["embeddings"] == 6 * n * width * 4, "where the topology stays, blocks come one ahead: twice the buffers"
+    assert ahead["embeddings"] == 6 * n * width * 4, (
+        "where the topology stays, blocks come one ahead: twice the buffers"
+    )
     assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 4 * n * width * 4
     assert graph_resident_parts(n, e, width, "all", column_block=0) == graph_resident_parts(n, e, width, "topology")
     on_cpu = graph_resident_parts(n, e, width, "all", "fp32", "cpu", width)
@@ -586,14 +668,20 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
         assert offload_room(n, e, 10) == streamed_bytes(n, 10, 4) + chunks
         hub = (e + 1) * EDGE_BYTES + 4 * 10 + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
         assert offload_room(n, e, 10, max_degree=e) == streamed_bytes(n, 10, 4) + hub
-        assert offload_room(n, e, 10, topology_kept=True) == (offload_room(n, e, 10) + device_topology_bytes(n, e)
-                                                              + streamed_bytes(n, 10, 4, 2) - streamed_bytes(n, 10, 4))
+        assert offload_room(n, e, 10, topology_kept=True) == (
+            offload_room(n, e, 10)
+            + device_topology_bytes(n, e)
+            + streamed_bytes(n, 10, 4, 2)
+            - streamed_bytes(n, 10, 4)
+        )
         assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4) == (0, False), "room as without offload: they stay"
         assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4 - 1) == (width // 2, True), "in two blocks at least"
         streamed = [offloaded_layout(n, e, width, offload_room(n, e, 7) - k) for k in (0, 1)]
         assert streamed == [(7, False), (6, False)], "the widest blocks the room holds"
         assert offloaded_layout(n, e, width, offload_room(n, e, 10, "bf16"), "bf16") == (10, False)
-        assert offloaded_layout(n, e, width, 1) == (1, False), "at least one column (the plan then says what does not fit)"
+        assert offloaded_layout(n, e, width, 1) == (1, False), (
+            "at least one column (the plan then says what does not fit)"
+        )
 
 
 def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_fit_beside_it() -> None:
@@ -614,8 +702,10 @@ def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_
     sparse = n  # a slice narrower than a sector stays with the topology only whole, and in one block
     assert offloaded_layout(n, sparse, 6, room(6, e=sparse)) == (6, True)
     assert offloaded_layout(n, sparse, 6, room(6, e=sparse) - 1)[1] is False
-    assert describe_streaming(8, 64, True).endswith("in 8 block(s) of up to 8 columns; the topology stays on the "
-                                                    "device, and each block arrives while the one before computes")
+    assert describe_streaming(8, 64, True).endswith(
+        "in 8 block(s) of up to 8 columns; the topology stays on the "
+        "device, and each block arrives while the one before computes"
+    )
     assert describe_streaming(36, 64, False).endswith("the topology streams 2 time(s) a product")
     assert describe_streaming(0, 64, False).startswith("--offload all: the column slice stays on the device")
 
@@ -631,9 +721,17 @@ def _with_budget(cfg: dict, extra: dict, world: int) -> dict:
     return extra
 
 
-@pytest.mark.parametrize("chunking", [dict(chunk_rows=1), dict(chunk_rows=33), dict(memory_budget=("chunks", 4_000)),
-                                      dict(chunk_rows=7, offload="topology"), dict(chunk_rows=7, offload="all"),
-                                      dict(chunk_rows=7, nn_device="cpu")])
+@pytest.mark.parametrize(
+    "chunking",
+    [
+        dict(chunk_rows=1),
+        dict(chunk_rows=33),
+        dict(memory_budget=("chunks", 4_000)),
+        dict(chunk_rows=7, offload="topology"),
+        dict(chunk_rows=7, offload="all"),
+        dict(chunk_rows=7, nn_device="cpu"),
+    ],
+)
 def test_chunked_training_equals_unchunked(chunking: dict) -> None:
     from tests.ntp.exactness_worker import trace
 
@@ -647,8 +745,11 @@ def test_chunked_training_equals_unchunked(chunking: dict) -> None:
 
 def test_worker_records_report_chunks_overlap_and_phase_memory(tmp_path) -> None:
     results = tmp_path / "r.jsonl"
-    fit(setup(TrainConfig(model="gcn", epochs=2, hidden=8, chunk_rows=30, results=str(results)), SINGLE,
-              loader(DIRECTED)))
+    fit(
+        setup(
+            TrainConfig(model="gcn", epochs=2, hidden=8, chunk_rows=30, results=str(results)), SINGLE, loader(DIRECTED)
+        )
+    )
     first, second = (json.loads(line)["workers"][0] for line in open(results).readlines()[:2])
     assert set(first["peak_mem_by_phase"]) == {"setup", "nn", "propagate"}, "operators are built in the first epoch"
     worker = second
@@ -660,9 +761,15 @@ def test_worker_records_report_chunks_overlap_and_phase_memory(tmp_path) -> None
 
 # -- several ranks: chunked tensor parallelism and pipelining equal the reference -------------------------------------------
 PIPE_BASE = dict(BASE, arch="decoupled", dropout=0.3)
-PIPE_MODELS = [dict(PIPE_BASE, model="gcn"), dict(PIPE_BASE, model="appnp"), dict(PIPE_BASE, model="sage"),
-               dict(PIPE_BASE, model="gin", prop_steps=2), dict(PIPE_BASE, model="sgc", prop_steps=1),
-               dict(PIPE_BASE, model="appnp", prop_steps=1), dict(PIPE_BASE, model="gat")]
+PIPE_MODELS = [
+    dict(PIPE_BASE, model="gcn"),
+    dict(PIPE_BASE, model="appnp"),
+    dict(PIPE_BASE, model="sage"),
+    dict(PIPE_BASE, model="gin", prop_steps=2),
+    dict(PIPE_BASE, model="sgc", prop_steps=1),
+    dict(PIPE_BASE, model="appnp", prop_steps=1),
+    dict(PIPE_BASE, model="gat"),
+]
 
 
 COUPLED_PIPE_MODELS = [dict(BASE, model=m, arch="coupled", dropout=0.3) for m in ("gcn", "sage", "gin")]
@@ -675,11 +782,14 @@ def reference() -> list[dict]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, reference: list[dict]) -> None:
-    variants = {"chunked": dict(chunk_rows=9), "budget": dict(memory_budget=("chunks", 3_000)),
-                "pipelined": dict(chunk_rows=9, overlap=True),
-                "pipelined-one-chunk": dict(overlap=True),
-                "offloaded": dict(chunk_rows=9, offload="all"),
-                "pipelined-offloaded": dict(chunk_rows=9, overlap=True, offload="all")}
+    variants = {
+        "chunked": dict(chunk_rows=9),
+        "budget": dict(memory_budget=("chunks", 3_000)),
+        "pipelined": dict(chunk_rows=9, overlap=True),
+        "pipelined-one-chunk": dict(overlap=True),
+        "offloaded": dict(chunk_rows=9, offload="all"),
+        "pipelined-offloaded": dict(chunk_rows=9, overlap=True, offload="all"),
+    }
     configs, names = [], []
     for vname, extra in variants.items():
         models = PIPE_MODELS + (MODELS if vname in ("chunked", "budget") else COUPLED_PIPE_MODELS)
@@ -694,8 +804,9 @@ def test_chunked_and_pipelined_tensor_parallel_equal_single(world: int, referenc
         where = f"{c['arch']}-{c['model']} K={c['prop_steps']} {vname}, world {world}"
         for rank_result in (r[i] for r in per_rank):
             assert_same_run(rank_result, refs[id(c)], where)
-        assert_close_to_scale(torch.cat([r[i]["logits"] for r in per_rank]), refs[id(c)]["logits"],
-                              f"final predictions: {where}")
+        assert_close_to_scale(
+            torch.cat([r[i]["logits"] for r in per_rank]), refs[id(c)]["logits"], f"final predictions: {where}"
+        )
 
 
 def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
@@ -712,9 +823,16 @@ def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
             job.comm.stats.reset()
             job.ctx.reset_stats()
             loss = train_step(job, 1)
-            out.append({"loss": loss, "sent": dict(job.comm.stats.bytes_sent), "recv": dict(job.comm.stats.bytes_recv),
-                        "overlap": job.ctx.clock.overlap_s, "async": job.ctx.clock.async_calls,
-                        "chunks": job.ctx.plan.num_chunks})
+            out.append(
+                {
+                    "loss": loss,
+                    "sent": dict(job.comm.stats.bytes_sent),
+                    "recv": dict(job.comm.stats.bytes_recv),
+                    "overlap": job.ctx.clock.overlap_s,
+                    "async": job.ctx.clock.async_calls,
+                    "chunks": job.ctx.plan.num_chunks,
+                }
+            )
         return out
 
 
@@ -722,8 +840,14 @@ def pipeline_bytes_worker(configs: list[dict]) -> list[dict]:
 def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
     base = dict(mode="tp", model="gcn", hidden=11, dropout=0.0, nn_layers=2, prop_steps=3)
     coupled = dict(base, arch="coupled", chunk_rows=9)
-    configs = [dict(base, chunk_rows=9), dict(base, chunk_rows=9, overlap=True),
-               dict(base, chunk_rows=9, overlap=True, send_once=False), dict(base), coupled, dict(coupled, overlap=True)]
+    configs = [
+        dict(base, chunk_rows=9),
+        dict(base, chunk_rows=9, overlap=True),
+        dict(base, chunk_rows=9, overlap=True, send_once=False),
+        dict(base),
+        coupled,
+        dict(coupled, overlap=True),
+    ]
     per_rank = run_on_ranks(pipeline_bytes_worker, world, configs)
     n, classes = 100, 5
     chunked, piped, no_dedup, plain, coupled_off, coupled_on = (list(r) for r in zip(*per_rank))
@@ -767,8 +891,9 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     two = Comm(Partition(n, 2, 0), torch.device("cuda", 0))  # the pipelined loops exchange with another rank
     piped = GraphContext(topo, two, memory_budget=offload_room(n, e, 4), width=width, offload="all", overlap=True)
     alone = GraphContext(topo, comm, memory_budget=offload_room(n, e, 4), width=width, offload="all", overlap=True)
-    wide = GraphContext(topo, comm, memory_budget=offload_room(n, e, width, topology_kept=True), width=width,
-                        offload="all")
+    wide = GraphContext(
+        topo, comm, memory_budget=offload_room(n, e, width, topology_kept=True), width=width, offload="all"
+    )
     assert [c.column_block for c in (roomy, short, piped, alone, wide)] == [0, 4, width // 2, 4, width // 2]
     assert [c.topology_offload for c in (roomy, short, wide)] == ["all", "all", "none"]
     assert roomy.home == comm.device and {c.home.type for c in (short, piped, wide)} == {"cpu"}
@@ -794,14 +919,27 @@ def test_one_rank_counts_its_slice_once_with_the_nn_stage_that_holds_it() -> Non
     n, e, width, nn_stage = topo.num_nodes, topo.num_edges, 32, 10**5
     one, two = (Comm(Partition(n, world, 0), torch.device("cuda", 0)) for world in (1, 2))
     context = lambda comm, reserved: GraphContext(  # noqa: E731
-        topo, comm, memory_budget=sum(reserved.values()) + offload_room(n, e, 4), width=width, offload="all",
-        reserved=reserved)
+        topo,
+        comm,
+        memory_budget=sum(reserved.values()) + offload_room(n, e, 4),
+        width=width,
+        offload="all",
+        reserved=reserved,
+    )
     kept, hosted, two_ranks = context(one, {"NN stage": nn_stage}), context(one, {"NN stage": 0}), context(two, {})
     assert [c.column_block for c in (kept, hosted, two_ranks)] == [0, 4, 4]
     assert kept.home == one.device and kept.topology_offload == "all"
     cfg = TrainConfig(model="gcn", arch="coupled", hidden=width)
-    parts = lambda world, on_device: rank_resident_parts(cfg, num_nodes=n, num_edges=e, feature_dim=4,  # noqa: E731
-                                                         out_dim=8, world=world, params=0, nn_on_device=on_device)
+    parts = lambda world, on_device: rank_resident_parts(
+        cfg,
+        num_nodes=n,
+        num_edges=e,
+        feature_dim=4,  # noqa: E731
+        out_dim=8,
+        world=world,
+        params=0,
+        nn_on_device=on_device,
+    )
     assert parts(1, True)["embeddings"] == 0 < parts(1, True)["NN stage"]
     assert parts(1, False)["embeddings"] == 4 * n * width * 4 and parts(1, False)["NN stage"] == 0
     assert parts(2, True)["embeddings"] == 4 * n * (width // 2) * 4

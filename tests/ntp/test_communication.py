@@ -1,4 +1,5 @@
 """Collectives: split/gather values and backward per rank, and bytes equal to the cost model, balanced."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,13 @@ def split_gather_worker() -> dict:
         y = _full(2)[:, c0:c1].clone().requires_grad_()
         rows = gather(y, comm, D)
         rows.backward(_full(3)[r0:r1])
-        return {"cols": cols.detach(), "x_grad": x.grad, "rows": rows.detach(), "y_grad": y.grad,
-                "bounds": (r0, r1, c0, c1)}
+        return {
+            "cols": cols.detach(),
+            "x_grad": x.grad,
+            "rows": rows.detach(),
+            "y_grad": y.grad,
+            "bounds": (r0, r1, c0, c1),
+        }
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -63,13 +69,18 @@ def bytes_worker(configs: list[dict]) -> list[dict]:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_bytes_equal_the_cost_model_and_are_balanced(world: int) -> None:
     base = dict(mode="tp", hidden=11, dropout=0.0)
-    configs = [dict(base, model="gcn", arch="decoupled", nn_layers=3, prop_steps=4),
-               dict(base, model="gcn", arch="coupled", nn_layers=3),
-               dict(base, model="gcn", arch="coupled", nn_layers=3, hidden=20)]  # wider than the 13 features
+    configs = [
+        dict(base, model="gcn", arch="decoupled", nn_layers=3, prop_steps=4),
+        dict(base, model="gcn", arch="coupled", nn_layers=3),
+        dict(base, model="gcn", arch="coupled", nn_layers=3, hidden=20),
+    ]  # wider than the 13 features
     per_rank = run_on_ranks(bytes_worker, world, configs)
     n, features, classes = 101, 13, 5
-    expected = [decoupled_bytes(n, classes, world), coupled_bytes(n, [features, 11, 11, classes], world),
-                coupled_bytes(n, [features, 20, 20, classes], world)]
+    expected = [
+        decoupled_bytes(n, classes, world),
+        coupled_bytes(n, [features, 11, 11, classes], world),
+        coupled_bytes(n, [features, 20, 20, classes], world),
+    ]
     for i, exp in enumerate(expected):
         moved = [r[i]["bytes_sent"]["split"] + r[i]["bytes_sent"]["gather"] for r in per_rank]
         received = [r[i]["bytes_recv"]["split"] + r[i]["bytes_recv"]["gather"] for r in per_rank]
@@ -79,5 +90,6 @@ def test_bytes_equal_the_cost_model_and_are_balanced(world: int) -> None:
     calls = per_rank[0][0]["calls"]
     assert calls["split"] + calls["gather"] == 4, "decoupled training makes exactly 4 all-to-alls per epoch"
     assert expected[0] < expected[1], "decoupled moves fewer bytes than naive tensor parallelism"
-    assert per_rank[0][2]["calls"]["split"] + per_rank[0][2]["calls"]["gather"] == 10, \
+    assert per_rank[0][2]["calls"]["split"] + per_rank[0][2]["calls"]["gather"] == 10, (
         "the first layer propagates the 13 features, not its 20 outputs, and nothing flows back into them"
+    )

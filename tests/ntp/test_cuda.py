@@ -1,5 +1,6 @@
 """The CUDA path, on a machine with a GPU (skipped elsewhere): one rank on the GPU trains like one on the CPU, with
 and without offloaded topology and embeddings."""
+
 from __future__ import annotations
 
 import functools
@@ -15,8 +16,10 @@ from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is)"),
+]
 
 GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
 
@@ -36,9 +39,18 @@ def _losses(device: str, graph: dict = GRAPH, **options) -> list[float]:
     return [r.loss for r in _job(device, graph, **options).history]
 
 
-@pytest.mark.parametrize("options", [dict(), dict(chunk_rows=64), dict(chunk_rows=64, offload="topology"),
-                                     dict(chunk_rows=64, offload="all"), dict(nn_device="cpu"),
-                                     dict(dropout=0.5), dict(dropout=0.3, arch="decoupled")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(chunk_rows=64),
+        dict(chunk_rows=64, offload="topology"),
+        dict(chunk_rows=64, offload="all"),
+        dict(nn_device="cpu"),
+        dict(dropout=0.5),
+        dict(dropout=0.3, arch="decoupled"),
+    ],
+)
 def test_one_gpu_rank_trains_like_the_cpu(options: dict) -> None:
     """With dropout too: the GPU drops the elements the CPU drops."""
     cpu = {k: v for k, v in options.items() if k in ("dropout", "arch")}
@@ -46,8 +58,9 @@ def test_one_gpu_rank_trains_like_the_cpu(options: dict) -> None:
 
 
 @pytest.mark.parametrize("columns, topology_kept, block", [(8, False, 8), (16, True, 8), (8, True, 8)])
-def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(columns: int, topology_kept: bool,
-                                                                      block: int) -> None:
+def test_offloaded_embeddings_stream_through_the_gpu_in_column_blocks(
+    columns: int, topology_kept: bool, block: int
+) -> None:
     """A budget too small for the embeddings on the device: they live in pinned host memory and each product copies
     them through the GPU in blocks of 8 columns, over a topology kept on the device (where the blocks come one ahead
     of the compute, two at least: room for the whole 16-column slice gives two blocks of 8) or streamed per block;
@@ -101,9 +114,17 @@ def _large_graph() -> dict:
     return random_graph(n=100_000, d=128, classes=8, avg_degree=10, seed=5)
 
 
-@pytest.mark.parametrize("options", [dict(arch="coupled"), dict(arch="coupled", precision="bf16"),
-                                     dict(arch="coupled", model="sage"), dict(arch="coupled", model="gin"),
-                                     dict(arch="decoupled", nn_layers=3)], ids=lambda o: "-".join(map(str, o.values())))
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(arch="coupled"),
+        dict(arch="coupled", precision="bf16"),
+        dict(arch="coupled", model="sage"),
+        dict(arch="coupled", model="gin"),
+        dict(arch="decoupled", nn_layers=3),
+    ],
+    ids=lambda o: "-".join(map(str, o.values())),
+)
 def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) -> None:
     """What a step allocates on the GPU (the caching allocator's peak above what lived before it, plus the features,
     as tests/ntp/test_memory_estimate.py counts on a CPU) is at most what the plan gives it: its parts but the
@@ -118,9 +139,17 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
     train_step(job, 0)  # cuBLAS's workspace and the optimiser's state exist from here on
     measured = _step_bytes(job)
     topo = job.ctx.topology
-    parts = rank_resident_parts(cfg, num_nodes=100_000, num_edges=topo.num_edges, feature_dim=128, out_dim=8, world=1,
-                                params=sum(p.numel() for p in job.model.parameters()), nn_on_device=True,
-                                symmetric=topo.symmetric)
+    parts = rank_resident_parts(
+        cfg,
+        num_nodes=100_000,
+        num_edges=topo.num_edges,
+        feature_dim=128,
+        out_dim=8,
+        world=1,
+        params=sum(p.numel() for p in job.model.parameters()),
+        nn_on_device=True,
+        symmetric=topo.symmetric,
+    )
     chunk = _chunk_bytes(job, element_bytes(cfg.precision))
     assert measured <= sum(parts.values()) - parts["topology"] + chunk, (measured, chunk, parts)
 
@@ -144,12 +173,18 @@ def _chunk_bytes(job, element_bytes: int = 4) -> int:
     from ntp.engine.memory.chunks import degree_costs
 
     topo = job.ctx.topology
-    return int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width,
-                            element_bytes=element_bytes).sum())
+    return int(
+        degree_costs(
+            topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width, element_bytes=element_bytes
+        ).sum()
+    )
 
 
-@pytest.mark.parametrize("features, precision", [(True, "fp32"), (False, "fp32"), (False, "bf16")],
-                         ids=["features", "learned", "learned-bf16"])
+@pytest.mark.parametrize(
+    "features, precision",
+    [(True, "fp32"), (False, "fp32"), (False, "bf16")],
+    ids=["features", "learned", "learned-bf16"],
+)
 def test_a_link_step_on_one_gpu_stays_within_its_memory_plan(features: bool, precision: str) -> None:
     """Link prediction's plan (ntp.engine.tasks.link.memory) on a GPU, whose chunks of pairs are 16 times a CPU's: a
     step's allocator peak (above what lived before it, plus the features) is at most its parts but the topology and
@@ -226,8 +261,9 @@ def test_rgcn_on_one_gpu_trains_like_the_cpu(precision: str) -> None:
     for g, extra in ((graph, {}), (featureless(graph), dict(decomposition="basis", num_bases=2))):
         losses = {}
         for device in ("cpu", "cuda:0"):
-            cfg = TrainConfig(model="rgcn", arch="coupled", hidden=10, epochs=4, seed=3, mode="single",
-                              precision=precision, **extra)
+            cfg = TrainConfig(
+                model="rgcn", arch="coupled", hidden=10, epochs=4, seed=3, mode="single", precision=precision, **extra
+            )
             job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device(device), None), hetero_loader(g))
             fit(job, sinks=[])
             losses[device] = [r.loss for r in job.history]
@@ -246,8 +282,11 @@ def test_the_gpu_draws_the_masks_the_cpu_draws() -> None:
     draw the bits numpy draws on the CPU."""
     from ntp.engine.kernels.masks import keep_mask, stream_keep_mask
 
-    for rows, width, p, stream in (((0, 1013), 37, 0.4, 2**70 + 5), ((5_000, 9_000), 256, 0.5, 3),
-                                   ((7, 900), 19, 0.25, 2**63 + 1)):
+    for rows, width, p, stream in (
+        ((0, 1013), 37, 0.4, 2**70 + 5),
+        ((5_000, 9_000), 256, 0.5, 3),
+        ((7, 900), 19, 0.25, 2**63 + 1),
+    ):
         gpu = keep_mask(rows, width, p, stream, torch.device("cuda:0"))
         assert torch.equal(gpu.cpu(), stream_keep_mask(rows, width, p, stream))
 

@@ -1,6 +1,7 @@
 """CUDA's one-pass dropout (a Triton kernel) without a GPU: its logic run by Triton's interpreter on CPU tensors,
 against the mask drawn then applied; its build for a GPU's architecture by Triton's own compiler. On a GPU,
 tests/ntp/test_cuda.py runs it for real."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,13 @@ FALLBACK = "CUDA dropout takes torch's ops"
 RATES = [0.5, 0.25, 0.4]
 #: (rows, columns, first row, first column, mask width): whole rows; a column slice of a wider mask (R-GCN's column
 #: layout, through the kernel's division); rows that end inside a word; one element; no rows
-LAYOUTS = [(1013, 37, 17, 0, None), (333, 20, 0, 5, 41), (64, 64, 3, 0, None), (1, 1, 2**33, 0, None),
-           (0, 5, 0, 0, None)]
+LAYOUTS = [
+    (1013, 37, 17, 0, None),
+    (333, 20, 0, 5, 41),
+    (64, 64, 3, 0, None),
+    (1, 1, 2**33, 0, None),
+    (0, 5, 0, 0, None),
+]
 
 
 @pytest.fixture
@@ -84,8 +90,12 @@ def test_every_world_size_drops_the_same_elements(interpreted, world: int) -> No
 
 
 #: (dtype, bits, ReLU, whole rows, mask): each of the kernel's paths at least once
-VARIANTS = [("fp32", 1, False, True, False), ("fp32", 16, True, False, True), ("bf16", 8, True, True, True),
-            ("bf16", 16, False, False, True)]
+VARIANTS = [
+    ("fp32", 1, False, True, False),
+    ("fp32", 16, True, False, True),
+    ("bf16", 8, True, True, True),
+    ("bf16", 16, False, False, True),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v)))
@@ -101,8 +111,11 @@ def test_the_kernel_builds_for_hopper_gpus(variant) -> None:
     signature = {"x": f"*{dtype}", "y": f"*{dtype}", "keep": "*i1", **ints, "key": "u64", "scale": "fp32"}
     constants = {"BITS": bits, "RELU": relu, "WHOLE_ROWS": whole, "MASK": mask, "ELEMENTS": cuda_dropout._ELEMENTS}
     signature = {name: signature.get(name, "constexpr") for name in cuda_dropout._drop_kernel.arg_names}
-    kernel = triton.compile(ASTSource(cuda_dropout._drop_kernel, signature, constants),
-                            target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+    kernel = triton.compile(
+        ASTSource(cuda_dropout._drop_kernel, signature, constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={"enable_fp_fusion": False},
+    )
     assert kernel.asm["cubin"]
     threads = kernel.metadata.num_warps * 32
     hashes = kernel.asm["ptx"].count(str(0xBF58476D1CE4E5B9 - 2**64))  # one multiply by it per word hashed

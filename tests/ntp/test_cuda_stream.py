@@ -1,5 +1,6 @@
 """The NN stage streamed through a GPU in row blocks (``--nn-device stream``), on a machine with one (skipped
 elsewhere): it trains as the CPU does, its rows stay in host memory, and a step holds what the plan counts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,10 @@ from ntp.engine.train.loop import fit, train_step
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is)"),
+]
 
 GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
 GPU = torch.device("cuda:0")
@@ -29,12 +32,19 @@ def _job(device: torch.device, graph: dict = GRAPH, **options):
     return job
 
 
-@pytest.mark.parametrize("options", [dict(arch="coupled"), dict(arch="coupled", model="sage", hidden=24),
-                                     dict(arch="coupled", model="gin", nn_layers=3),
-                                     dict(arch="decoupled", model="appnp"), dict(arch="decoupled", norm="layer"),
-                                     dict(arch="coupled", offload="all", memory_budget="2MB"),
-                                     dict(arch="coupled", offload="topology", chunk_rows=64)],
-                         ids=lambda o: "-".join(map(str, o.values())))
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(arch="coupled"),
+        dict(arch="coupled", model="sage", hidden=24),
+        dict(arch="coupled", model="gin", nn_layers=3),
+        dict(arch="decoupled", model="appnp"),
+        dict(arch="decoupled", norm="layer"),
+        dict(arch="coupled", offload="all", memory_budget="2MB"),
+        dict(arch="coupled", offload="topology", chunk_rows=64),
+    ],
+    ids=lambda o: "-".join(map(str, o.values())),
+)
 def test_a_streamed_nn_stage_trains_on_the_gpu_as_on_the_cpu(options: dict) -> None:
     """Blocks of 64 rows (five of them, the last short) on the GPU, its rows in pinned host memory: the losses of
     the in-memory stage on the CPU, dropout included (the blocks redraw the CPU's masks in the backward)."""
@@ -42,12 +52,16 @@ def test_a_streamed_nn_stage_trains_on_the_gpu_as_on_the_cpu(options: dict) -> N
     assert job.ctx.streams_rows and job.ctx.nn_device.type == "cpu" and job.x.is_pinned()
     assert all(p.is_cuda for p in job.model.parameters())
     cpu = {k: v for k, v in options.items() if k not in ("offload", "memory_budget", "chunk_rows")}
-    np.testing.assert_allclose([r.loss for r in job.history], [r.loss for r in _job(torch.device("cpu"), **cpu).history],
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        [r.loss for r in job.history], [r.loss for r in _job(torch.device("cpu"), **cpu).history], rtol=1e-4
+    )
 
 
-@pytest.mark.parametrize("options", [dict(arch="coupled"), dict(arch="coupled", precision="bf16"),
-                                     dict(arch="decoupled", nn_layers=3)], ids=lambda o: "-".join(map(str, o.values())))
+@pytest.mark.parametrize(
+    "options",
+    [dict(arch="coupled"), dict(arch="coupled", precision="bf16"), dict(arch="decoupled", nn_layers=3)],
+    ids=lambda o: "-".join(map(str, o.values())),
+)
 def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None:
     """100k rows in blocks of 10k: a step's device peak (above what lived before it) is at most the plan's parts
     but the topology, and a chunk; and well under the in-device stage's (the rows are on the host)."""
@@ -68,13 +82,30 @@ def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None
         torch.cuda.synchronize()
         measured[where] = torch.cuda.max_memory_allocated() - before
     topo = job.ctx.topology
-    parts = rank_resident_parts(cfg, num_nodes=100_000, num_edges=topo.num_edges, feature_dim=128, out_dim=8, world=1,
-                                params=sum(p.numel() for p in job.model.parameters()), nn_on_device=True,
-                                symmetric=topo.symmetric, row_block=10_000)
-    chunk = int(degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), job.ctx.slice_width,
-                             element_bytes=element_bytes(cfg.precision)).sum())
+    parts = rank_resident_parts(
+        cfg,
+        num_nodes=100_000,
+        num_edges=topo.num_edges,
+        feature_dim=128,
+        out_dim=8,
+        world=1,
+        params=sum(p.numel() for p in job.model.parameters()),
+        nn_on_device=True,
+        symmetric=topo.symmetric,
+        row_block=10_000,
+    )
+    chunk = int(
+        degree_costs(
+            topo.in_degrees().numpy(),
+            topo.out_degrees().numpy(),
+            job.ctx.slice_width,
+            element_bytes=element_bytes(cfg.precision),
+        ).sum()
+    )
     planned = sum(parts.values()) - parts["topology"] + chunk
-    print(f"streamed step {measured['stream'] / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB, in-device "
-          f"{measured['device'] / 1e6:.1f} MB ({options})")
+    print(
+        f"streamed step {measured['stream'] / 1e6:.1f} MB, planned {planned / 1e6:.1f} MB, in-device "
+        f"{measured['device'] / 1e6:.1f} MB ({options})"
+    )
     assert measured["stream"] <= planned, (measured, parts, chunk)
     assert measured["stream"] < 0.8 * measured["device"], measured

@@ -1,5 +1,6 @@
 """CUDA's transposing copy (a Triton kernel, for ``--offload all``'s slabs) without a GPU: run by Triton's interpreter
 on CPU tensors, and built for sm_90 by Triton's compiler. On a GPU, tests/ntp/test_cuda.py's offload cases run it."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,10 +44,20 @@ def test_the_kernel_builds_for_hopper_gpus() -> None:
     from triton.compiler import ASTSource
 
     for dtype in ("fp32", "bf16"):
-        signature = {"src": f"*{dtype}", "dst": f"*{dtype}", "rows": "i64", "cols": "i64", "src_col_stride": "i64",
-                     "dst_row_stride": "i64", "TILE": "constexpr"}
-        kernel = triton.compile(ASTSource(cuda_transpose._transpose_kernel, signature, {"TILE": cuda_transpose._TILE}),
-                                target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+        signature = {
+            "src": f"*{dtype}",
+            "dst": f"*{dtype}",
+            "rows": "i64",
+            "cols": "i64",
+            "src_col_stride": "i64",
+            "dst_row_stride": "i64",
+            "TILE": "constexpr",
+        }
+        kernel = triton.compile(
+            ASTSource(cuda_transpose._transpose_kernel, signature, {"TILE": cuda_transpose._TILE}),
+            target=GPUTarget("cuda", 90, 32),
+            options={"enable_fp_fusion": False},
+        )
         assert kernel.asm["cubin"]
 
 

@@ -1,4 +1,5 @@
 """Data parallel's halo plan (its exactness against single process is in test_exactness.py)."""
+
 from __future__ import annotations
 
 import torch

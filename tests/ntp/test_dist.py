@@ -1,4 +1,5 @@
 """The process-group lifecycle (ntp.engine.distributed.dist): leaving the job really tears the group down."""
+
 from __future__ import annotations
 
 import os

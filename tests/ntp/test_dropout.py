@@ -1,5 +1,6 @@
 """Dropout masks are a function of (stream, global row, column) alone: the same for every world size, in one
 vectorised pass, with the right keep rate and no visible structure."""
+
 from __future__ import annotations
 
 import threading
@@ -19,9 +20,12 @@ from tests.ntp.graphs import loader, random_graph
 CPU = torch.device("cpu")
 SINGLE = DistEnv(0, 1, 0, 1, CPU, None)
 GRAPH = random_graph(n=40, d=7, classes=3, seed=2)
-GENERATORS = {"numpy (CPU)": lambda rows, w, p, s: stream_keep_mask(rows, w, p, s),
-              "torch's ops (CUDA without its kernel; run here on CPU)":
-              lambda rows, w, p, s: device_keep_mask(rows, w, p, s, CPU)}
+GENERATORS = {
+    "numpy (CPU)": lambda rows, w, p, s: stream_keep_mask(rows, w, p, s),
+    "torch's ops (CUDA without its kernel; run here on CPU)": lambda rows, w, p, s: device_keep_mask(
+        rows, w, p, s, CPU
+    ),
+}
 
 
 #: drop rates whose CPU masks take 1, 8 and 16 bits per element
@@ -43,6 +47,7 @@ def test_the_cpu_mask_reads_splitmix64_words() -> None:
     from the key (computed here with Python's integers), and element ``e`` reads the ``bits`` bits from bit
     ``e * bits``, lowest first: the definition numpy's and the kernel's draws share, so a change of either shows here
     first."""
+
     def splitmix(state: int) -> int:
         z = state & (2**64 - 1)
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & (2**64 - 1)
@@ -54,8 +59,13 @@ def test_the_cpu_mask_reads_splitmix64_words() -> None:
     assert masks.stream_key(stream) == key
     for p in RATES:
         bits, threshold = masks.field(p)
-        expected = [[(splitmix(key + (e * bits // 64 + 1) * 0x9E3779B97F4A7C15) >> (e * bits % 64)) % 2**bits
-                     >= threshold for e in range(r * width, (r + 1) * width)] for r in range(*rows)]
+        expected = [
+            [
+                (splitmix(key + (e * bits // 64 + 1) * 0x9E3779B97F4A7C15) >> (e * bits % 64)) % 2**bits >= threshold
+                for e in range(r * width, (r + 1) * width)
+            ]
+            for r in range(*rows)
+        ]
         assert stream_keep_mask(rows, width, p, stream).tolist() == expected, p
 
 
@@ -81,8 +91,9 @@ def test_the_cpu_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads:
         torch.set_num_threads(threads)
         assert torch.equal(stream_keep_mask(rows, width, p, stream), one)
         drawn_by, draw = [], masks._stream_block
-        monkeypatch.setattr(masks, "_stream_block",
-                            lambda *a: (drawn_by.append(threading.current_thread().name), draw(*a)))
+        monkeypatch.setattr(
+            masks, "_stream_block", lambda *a: (drawn_by.append(threading.current_thread().name), draw(*a))
+        )
         assert torch.equal(stream_keep_mask(rows, width, p, stream), one)
         assert len(set(drawn_by)) == len(drawn_by) == threads, f"blocks not drawn at once: {drawn_by}"
         assert torch.equal(stream_keep_mask((13, 14), width, p, stream), one[:1]), "fewer rows than threads"
@@ -142,8 +153,9 @@ LAYOUTS = [(1013, 37, 17, 0, None), (333, 20, 0, 5, 41), (64, 64, 3, 0, None), (
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("p", RATES)
-def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(monkeypatch, layout, dtype, relu,
-                                                                         p: float) -> None:
+def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(
+    monkeypatch, layout, dtype, relu, p: float
+) -> None:
     """The C kernel draws each keep flag from the same field of the stream :func:`stream_keep_mask` reads, so ``drop``
     equals ``dropped(x, keep_mask(...))``: values (NaN, infinities and -0 included) and gradients, for any cut of
     the rows among threads, strided rows, and a column slice of a wider mask; it keeps one boolean mask for the
@@ -164,7 +176,9 @@ def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(monkey
         for one_pass in (True, False):
             leaf = base.clone().requires_grad_()
             x = leaf[:, 1 : w + 1]
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((one_pass, t.dtype)) or t, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append((one_pass, t.dtype)) or t, lambda t: t
+            ):
                 y = drop(x, p, stream, row, relu, column=col, width=width) if one_pass else dropped(x, keep, p, relu)
             y.backward(grad)
             results.append((y.detach(), leaf.grad))
@@ -182,8 +196,10 @@ def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(monkey
 def test_every_world_size_drops_the_same_elements_in_one_pass(world: int) -> None:
     n, width, stream = 1013, 37, 77
     x = torch.randn(n, width)
-    parts = [drop(x[slice(*Partition(n, world, r).rows())], 0.4, stream, Partition(n, world, r).rows()[0], True)
-             for r in range(world)]
+    parts = [
+        drop(x[slice(*Partition(n, world, r).rows())], 0.4, stream, Partition(n, world, r).rows()[0], True)
+        for r in range(world)
+    ]
     assert torch.equal(torch.cat(parts), drop(x, 0.4, stream, 0, True))
 
 
@@ -192,8 +208,9 @@ def test_every_world_size_drops_the_same_elements_in_one_pass(world: int) -> Non
 @pytest.mark.parametrize("p", RATES)
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("strided", [False, True], ids=["rows", "column-slice"])
-def test_the_dropout_runs_inside_the_product(monkeypatch, hidden: bool, bias: bool, p: float, threads: int,
-                                            strided: bool) -> None:
+def test_the_dropout_runs_inside_the_product(
+    monkeypatch, hidden: bool, bias: bool, p: float, threads: int, strided: bool
+) -> None:
     """``RowDropout.linear`` is ``linear(dropout(x))`` block by block of rows, for the features (no gradient) and for
     a hidden layer (ReLU in the mask, ``x``'s gradient too): the same values and gradients, and no dropped copy or
     mask kept: only ``x`` itself, the weight and the keep flags packed a bit an element are saved for the backward,
@@ -219,8 +236,14 @@ def test_the_dropout_runs_inside_the_product(monkeypatch, hidden: bool, bias: bo
                 else:
                     y = lin(layer(leaf, ctx, relu=hidden))
             y.backward(grad)
-            results.append((y.detach(), lin.weight.grad, lin.bias.grad if bias else torch.zeros(()),
-                            leaf.grad if hidden else torch.zeros(())))
+            results.append(
+                (
+                    y.detach(),
+                    lin.weight.grad,
+                    lin.bias.grad if bias else torch.zeros(()),
+                    leaf.grad if hidden else torch.zeros(()),
+                )
+            )
     finally:
         torch.set_num_threads(before)
     for a, b in zip(*results):  # the weight's gradient sums the blocks in another order
@@ -228,8 +251,9 @@ def test_the_dropout_runs_inside_the_product(monkeypatch, hidden: bool, bias: bo
     if hidden:
         assert (results[0][3] == 0).float().mean() > p, "ReLU and the dropout both mask x's gradient"
     flags = [t for fused, t in saved if fused and all(t.data_ptr() != k.data_ptr() for k in kept)]
-    assert len(flags) == 1 and flags[0].dtype == torch.uint8 and flags[0].numel() == (1013 * 37 + 7) // 8, \
+    assert len(flags) == 1 and flags[0].dtype == torch.uint8 and flags[0].numel() == (1013 * 37 + 7) // 8, (
         "no dropped copy or mask kept: the flags, a bit an element"
+    )
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -265,8 +289,9 @@ def test_input_dropout_is_its_own_rate(arch: str, model: str) -> None:
     """One layer: its input is all that is dropped. With --input-dropout 0 training computes what evaluation does
     (PyG's and OGB's models drop only between layers); left out, the input's rate is --dropout's."""
     for input_dropout, drops in ((0.0, False), (None, True)):
-        cfg = TrainConfig(model=model, arch=arch, nn_layers=1, hidden=8, dropout=0.5, input_dropout=input_dropout,
-                          mode="single")
+        cfg = TrainConfig(
+            model=model, arch=arch, nn_layers=1, hidden=8, dropout=0.5, input_dropout=input_dropout, mode="single"
+        )
         job = setup(cfg, SINGLE, loader(GRAPH))
         train, evaluate = job.model.train()(job.x, job.ctx), job.model.eval()(job.x, job.ctx)
         assert torch.allclose(train, evaluate) != drops

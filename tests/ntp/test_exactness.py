@@ -1,5 +1,6 @@
 """Tensor parallel and data parallel == single process: losses over epochs, every gradient, final predictions
 (world sizes 1-4)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,16 +16,22 @@ BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.05,
 CONFIGS = (
     [dict(BASE, model=m, arch="decoupled") for m in ("gcn", "sgc", "appnp", "sage", "gin", "gat")]
     + [dict(BASE, model=m, arch="coupled") for m in ("gcn", "sage", "gin", "gat")]
-    + [dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch"),
-       dict(BASE, model="gat", arch="coupled", nn_layers=3, heads=3, hidden=9),
-       dict(BASE, model="gcn", arch="coupled", hidden=24)]  # wider than the 17 features: propagates them first
+    + [
+        dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch"),
+        dict(BASE, model="gat", arch="coupled", nn_layers=3, heads=3, hidden=9),
+        dict(BASE, model="gcn", arch="coupled", hidden=24),
+    ]  # wider than the 17 features: propagates them first
 )
 GRAPHS = {"directed": random_graph(directed=True, seed=1), "symmetric": random_graph(directed=False, seed=2)}
 
 
 def _name(c: dict) -> str:
-    return f"{c['arch']}-{c['model']}" + (f"-L{c['nn_layers']}" if c["nn_layers"] != 2 else "") + (
-        f"-{c.get('norm')}" if c.get("norm") else "") + (f"-h{c['hidden']}" if c["hidden"] != BASE["hidden"] else "")
+    return (
+        f"{c['arch']}-{c['model']}"
+        + (f"-L{c['nn_layers']}" if c["nn_layers"] != 2 else "")
+        + (f"-{c.get('norm')}" if c.get("norm") else "")
+        + (f"-h{c['hidden']}" if c["hidden"] != BASE["hidden"] else "")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +49,13 @@ def test_parallel_equals_single(mode: str, world: int, graph_name: str, referenc
         ranks = [r[i] for r in per_rank]
         where = f"{mode} {_name(cfg)} on {graph_name} graph, world {world}"
         for rank_result in ranks:
-            torch.testing.assert_close(torch.tensor(rank_result["losses"]), torch.tensor(ref["losses"]),
-                                       rtol=1e-5, atol=1e-6, msg=lambda m: f"losses differ: {where}\n{m}")
+            torch.testing.assert_close(
+                torch.tensor(rank_result["losses"]),
+                torch.tensor(ref["losses"]),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"losses differ: {where}\n{m}",
+            )
             for name, g in ref["grads"].items():
                 assert_close_to_scale(rank_result["grads"][name], g, f"gradient of {name}: {where}")
             if mode == "data":
@@ -51,8 +63,9 @@ def test_parallel_equals_single(mode: str, world: int, graph_name: str, referenc
                 assert world == 1 or rank_result["bytes"].get(HALO, 0) > 0, f"no halo bytes counted: {where}"
         # after every epoch's update: batch norm divides by a batch's spread and so magnifies the layouts' rounding
         # (up to 1.1e-5 of the scale, data mode on 3 ranks; 7.6e-6 on one)
-        assert_close_to_scale(torch.cat([r["logits"] for r in ranks]), ref["logits"], f"final predictions: {where}",
-                              rtol=2e-5)
+        assert_close_to_scale(
+            torch.cat([r["logits"] for r in ranks]), ref["logits"], f"final predictions: {where}", rtol=2e-5
+        )
 
 
 def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = 1e-5) -> None:

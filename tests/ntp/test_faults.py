@@ -1,5 +1,6 @@
 """Faults of the reliability issue, each on real stores, checkpoints and files: resume checks, damaged checkpoints,
 evaluation on another store, graphs with nothing to train on, output paths that cannot be written."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,18 @@ SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
 def _synthetic(root, seed: int) -> str:
     from storage import prepare
 
-    return str(prepare("synthetic", nodes=120, avg_degree=4.0, features=6, classes=3, seed=seed,
-                       out=root / f"synthetic-{seed}", progress=lambda s: None))
+    return str(
+        prepare(
+            "synthetic",
+            nodes=120,
+            avg_degree=4.0,
+            features=6,
+            classes=3,
+            seed=seed,
+            out=root / f"synthetic-{seed}",
+            progress=lambda s: None,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +45,9 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 def _cfg(store: str, tmp_path, **kw) -> TrainConfig:
-    base = dict(store=store, epochs=6, hidden=8, eval_every=2, checkpoint_every=2,
-                checkpoint_dir=str(tmp_path / "ckpt"))
+    base = dict(
+        store=store, epochs=6, hidden=8, eval_every=2, checkpoint_every=2, checkpoint_dir=str(tmp_path / "ckpt")
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -49,8 +61,10 @@ def _preflight(cfg: TrainConfig) -> None:
 
 
 # -- 1. resume checks the checkpoint's config and store -------------------------------------------------------------
-@pytest.mark.parametrize("change, shown", [(dict(lr=0.05), "--lr 0.01 -> 0.05"),
-                                           (dict(model="sage", dropout=0.2), "--model 'gcn' -> 'sage'")])
+@pytest.mark.parametrize(
+    "change, shown",
+    [(dict(lr=0.05), "--lr 0.01 -> 0.05"), (dict(model="sage", dropout=0.2), "--model 'gcn' -> 'sage'")],
+)
 def test_resume_refuses_a_changed_option_before_and_inside_the_rank(stores, tmp_path, change, shown) -> None:
     _train(_cfg(stores[0], tmp_path, epochs=4))
     changed = _cfg(stores[0], tmp_path, epochs=8, resume=True, **change)
@@ -64,9 +78,20 @@ def test_resume_refuses_a_changed_option_before_and_inside_the_rank(stores, tmp_
 
 def test_resume_allows_options_that_only_steer_the_run(stores, tmp_path) -> None:
     _train(_cfg(stores[0], tmp_path, epochs=4))
-    steer = _cfg(stores[0], tmp_path, epochs=6, resume=True, eval_every=3, patience=5, threads=1, chunk_rows=50,
-                 checkpoint_every=3, collective_timeout_s=60, results=str(tmp_path / "r.jsonl"),
-                 model_out=str(tmp_path / "m.pt"))
+    steer = _cfg(
+        stores[0],
+        tmp_path,
+        epochs=6,
+        resume=True,
+        eval_every=3,
+        patience=5,
+        threads=1,
+        chunk_rows=50,
+        checkpoint_every=3,
+        collective_timeout_s=60,
+        results=str(tmp_path / "r.jsonl"),
+        model_out=str(tmp_path / "m.pt"),
+    )
     _preflight(steer)
     job, _ = _train(steer)
     assert [r.epoch for r in job.history] == list(range(6))
@@ -153,9 +178,16 @@ def unlabelled_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(prepare("unlabelled", edges=edges, nodes=40, out=root / "store", progress=lambda s: None))
 
 
-@pytest.mark.parametrize("model, arch, mode", [("gat", "decoupled", "single"), ("gat", "coupled", "single"),
-                                               ("gat", "decoupled", "data"), ("gcn", "decoupled", "single"),
-                                               ("sage", "coupled", "data")])
+@pytest.mark.parametrize(
+    "model, arch, mode",
+    [
+        ("gat", "decoupled", "single"),
+        ("gat", "coupled", "single"),
+        ("gat", "decoupled", "data"),
+        ("gcn", "decoupled", "single"),
+        ("sage", "coupled", "data"),
+    ],
+)
 def test_graph_without_training_labels_is_refused_for_every_model(unlabelled_store, model, arch, mode) -> None:
     cfg = TrainConfig(store=unlabelled_store, model=model, arch=arch, mode=mode, epochs=1)
     for attempt in (lambda: _preflight(cfg), lambda: setup(cfg, SINGLE)):
@@ -164,12 +196,15 @@ def test_graph_without_training_labels_is_refused_for_every_model(unlabelled_sto
 
 
 # -- 5. output paths are checked before training --------------------------------------------------------------------
-@pytest.mark.parametrize("option, make, shown", [
-    ("model_out", "dir", "is an existing directory"),
-    ("model_out", "under_file", "is a file"),
-    ("checkpoint_dir", "file", "is an existing file"),
-    ("results", "dir", "is an existing directory"),
-])
+@pytest.mark.parametrize(
+    "option, make, shown",
+    [
+        ("model_out", "dir", "is an existing directory"),
+        ("model_out", "under_file", "is a file"),
+        ("checkpoint_dir", "file", "is an existing file"),
+        ("results", "dir", "is an existing directory"),
+    ],
+)
 def test_unwritable_output_path_is_refused_before_training(stores, tmp_path, option, make, shown) -> None:
     target = tmp_path / "out"
     if make == "dir":

@@ -1,5 +1,6 @@
 """The models' dense products (ntp.engine.kernels.linear) compute what ``F.linear`` does, value and gradients, on oneDNN where
 it pays and on torch's product elsewhere."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,11 +20,14 @@ def _value_and_grads(f, x, w, b, grad):
 
 
 @needs_onednn
-@pytest.mark.parametrize("rows, in_dim, out_dim, bias, input_grad, strided", [
-    (5000, 64, 32, True, True, False),   # a hidden layer
-    (4000, 128, 7, False, False, True),  # input features (no gradient), a column slice of a wider block
-    (3000, 16, 200, True, True, True),   # widening
-])
+@pytest.mark.parametrize(
+    "rows, in_dim, out_dim, bias, input_grad, strided",
+    [
+        (5000, 64, 32, True, True, False),  # a hidden layer
+        (4000, 128, 7, False, False, True),  # input features (no gradient), a column slice of a wider block
+        (3000, 16, 200, True, True, True),  # widening
+    ],
+)
 def test_onednn_linear_equals_torch_value_and_gradients(rows, in_dim, out_dim, bias, input_grad, strided) -> None:
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 2 * in_dim, generator=g)[:, ::2] if strided else torch.randn(rows, in_dim, generator=g)
@@ -60,8 +64,10 @@ def test_torch_product_where_onednn_does_not_pay() -> None:
 def test_matmul_and_the_module() -> None:
     a, b = torch.randn(3000, 48, requires_grad=True), torch.randn(48, 40, requires_grad=True)
     grad = torch.randn(3000, 40)
-    ours, theirs = _value_and_grads(lambda a, b, _: matmul(a, b), a, b, None, grad), \
-        _value_and_grads(lambda a, b, _: a @ b, a, b, None, grad)
+    ours, theirs = (
+        _value_and_grads(lambda a, b, _: matmul(a, b), a, b, None, grad),
+        _value_and_grads(lambda a, b, _: a @ b, a, b, None, grad),
+    )
     for u, v in zip(ours, theirs):
         assert torch.allclose(u, v, rtol=1e-5, atol=1e-5 * float(v.detach().abs().max()))
     layer = Linear(48, 40)

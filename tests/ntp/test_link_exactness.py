@@ -1,5 +1,6 @@
 """Link prediction, tensor parallel == one process (world sizes 1-4): losses of every epoch, every gradient (the
 sliced embeddings' slices put side by side), the scores of validation pairs, metrics and the saved state."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,9 @@ from tests.ntp.spawn import run_on_ranks
 from tests.ntp.test_exactness import assert_close_to_scale
 
 EPOCHS = 2
-BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=2, dropout=0.5, lr=0.02, seed=5, link_batch=37,
-            weight_decay=0.0)
+BASE = dict(
+    hidden=10, heads=2, nn_layers=2, prop_steps=2, dropout=0.5, lr=0.02, seed=5, link_batch=37, weight_decay=0.0
+)
 CONFIGS = [  # (config, with node features)
     (dict(BASE, model="gcn", arch="decoupled", decoder="mlp"), False),
     (dict(BASE, model="gcn", arch="coupled", decoder="dot", clip_grad=0.5, input_dropout=0.0), False),
@@ -40,8 +42,13 @@ def test_link_prediction_tp_equals_single(world: int, reference: list[dict]) -> 
         ref, ranks = reference[i], [r[i] for r in per_rank]
         where = f"{_name(cfg, features)}, world {world}"
         for r in ranks:
-            torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"losses differ: {where}\n{m}")
+            torch.testing.assert_close(
+                torch.tensor(r["losses"]),
+                torch.tensor(ref["losses"]),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"losses differ: {where}\n{m}",
+            )
             assert_close_to_scale(r["scores"], ref["scores"], f"validation scores: {where}")
             # Hits@K jumps where a positive and the K-th negative are (nearly) tied: summation-order noise in the
             # scores (checked tightly above) may flip one of the 20 positives of a split, no more
@@ -71,8 +78,12 @@ def test_training_learns() -> None:
     neg = rng.integers(0, n, (200, 2))
     neg = neg[group[neg[:, 0]] != group[neg[:, 1]]][:60]
     splits = {"train": (pairs[:-60], None), "valid": (pairs[-60:-30], neg[:30]), "test": (pairs[-30:], neg[30:])}
-    graph = {"n": n, "edge_index": np.concatenate([pairs[:-60], pairs[:-60, ::-1]]).T, "splits": splits,
-             "x": np.zeros((n, 1), np.float32)}
+    graph = {
+        "n": n,
+        "edge_index": np.concatenate([pairs[:-60], pairs[:-60, ::-1]]).T,
+        "splits": splits,
+        "x": np.zeros((n, 1), np.float32),
+    }
     cfg = dict(BASE, model="gcn", arch="coupled", decoder="mlp", dropout=0.0, lr=0.01, link_batch=64, mode="single")
     res = trace_all([(cfg, False)], graph, 30)[0]
     assert res["losses"][-1] < 0.7 * res["losses"][0], res["losses"]

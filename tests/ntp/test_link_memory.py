@@ -4,6 +4,7 @@ the gradient of the encoder's output, a chunk of pairs in the decoder and the ed
 link job's budget counted the propagation's parts only (41 MB of a step that allocates 83 MB: docs/benchmarks.md,
 section 7). The ranks and the launcher's preflight plan alike, and the launcher refuses a budget too small before any
 rank starts, naming the link step's parts."""
+
 from __future__ import annotations
 
 import re
@@ -28,15 +29,19 @@ from tests.ntp.spawn import run_on_ranks
 N, FEATURES = 8_000, 48
 SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
 #: (options, whether the graph has features); 4096 positives and as many negatives a batch: a chunk of pairs
-CASES = [(dict(model="gcn", hidden=96, link_batch=4096), True),
-         (dict(model="gcn", hidden=96, link_batch=4096), False),  # learned embeddings
-         (dict(model="sage", hidden=96, link_batch=4096, decoder="dot"), True),
-         (dict(model="sage", hidden=64, link_batch=4096, decoder_layers=3), False),
-         (dict(model="gin", hidden=64, link_batch=4096, dropout=0.0), True),
-         (dict(model="gcn", hidden=96, link_batch=4096, precision="bf16"), True),  # the encoder in bfloat16
-         (dict(model="sage", hidden=64, link_batch=4096, precision="bf16"), False)]
-IDS = [f"{o['model']}-{o.get('decoder', 'mlp')}-{'features' if f else 'learned'}-{o.get('precision', 'fp32')}"
-       for o, f in CASES]
+CASES = [
+    (dict(model="gcn", hidden=96, link_batch=4096), True),
+    (dict(model="gcn", hidden=96, link_batch=4096), False),  # learned embeddings
+    (dict(model="sage", hidden=96, link_batch=4096, decoder="dot"), True),
+    (dict(model="sage", hidden=64, link_batch=4096, decoder_layers=3), False),
+    (dict(model="gin", hidden=64, link_batch=4096, dropout=0.0), True),
+    (dict(model="gcn", hidden=96, link_batch=4096, precision="bf16"), True),  # the encoder in bfloat16
+    (dict(model="sage", hidden=64, link_batch=4096, precision="bf16"), False),
+]
+IDS = [
+    f"{o['model']}-{o.get('decoder', 'mlp')}-{'features' if f else 'learned'}-{o.get('precision', 'fp32')}"
+    for o, f in CASES
+]
 
 
 def _graph() -> dict:
@@ -82,12 +87,14 @@ def _two_rank_worker(cases: list) -> list[tuple[int, int]]:
 def test_the_plan_covers_a_link_step_on_each_of_two_ranks() -> None:
     for rank, results in enumerate(run_on_ranks(_two_rank_worker, 2, CASES[:2] + CASES[3:4], timeout=300)):
         for (options, features), (measured, planned) in zip(CASES[:2] + CASES[3:4], results):
-            assert measured <= planned < 2 * measured, f"rank {rank}, {options}, features {features}: " \
-                                                         f"the plan counts {planned}, a step allocates {measured}"
+            assert measured <= planned < 2 * measured, (
+                f"rank {rank}, {options}, features {features}: the plan counts {planned}, a step allocates {measured}"
+            )
 
 
-@pytest.mark.parametrize("options", [dict(decoder="dot"), dict(decoder_layers=2), dict(decoder_layers=4)],
-                         ids=["dot", "mlp-2", "mlp-4"])
+@pytest.mark.parametrize(
+    "options", [dict(decoder="dot"), dict(decoder_layers=2), dict(decoder_layers=4)], ids=["dot", "mlp-2", "mlp-4"]
+)
 def test_a_chunk_of_pairs_holds_what_the_plan_counts(options: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """The decoder's pass over a batch holds the gradient of the encoder's output and one chunk at a time: a chunk's
     tensors die before the next chunk's are made (they lived on through the loop: six copies of a chunk where the
@@ -127,8 +134,14 @@ def test_a_budget_too_small_names_the_link_steps_parts_and_the_minimum_it_names_
     with pytest.raises(MemoryPlanError) as err:
         _job(dict(options, memory_budget="5MB"), features=False).ctx.plan
     message = str(err.value)
-    for part in ("cannot hold this rank", "NN stage", "node embeddings", "pair chunk", "raise --memory-budget",
-                 "--link-batch"):
+    for part in (
+        "cannot hold this rank",
+        "NN stage",
+        "node embeddings",
+        "pair chunk",
+        "raise --memory-budget",
+        "--link-batch",
+    ):
         assert part in message, message
     assert "--nn-device" not in message  # a link rank's encoder stays on its device
     minimum = re.search(r"at least ([0-9.]+[KMG]B)", message).group(1)
@@ -141,8 +154,13 @@ def link_store(tmp_path_factory: pytest.TempPathFactory):
     from tests.ntp.test_link_run import _community_folder
 
     tmp = tmp_path_factory.mktemp("link")
-    return prepare("communities", from_dir=_community_folder(tmp / "folder", n=400), out=tmp / "store",
-                   symmetrize=True, progress=lambda line: None)
+    return prepare(
+        "communities",
+        from_dir=_community_folder(tmp / "folder", n=400),
+        out=tmp / "store",
+        symmetrize=True,
+        progress=lambda line: None,
+    )
 
 
 def test_the_launcher_plans_a_link_job_as_its_ranks_do(link_store) -> None:
@@ -161,8 +179,15 @@ def test_an_encoder_on_the_host_leaves_the_gpu_the_link_step() -> None:
     """``--nn-device cpu`` (or "auto" where the encoder does not fit): a GPU rank's plan leaves the encoder's rows
     out and keeps the rest (the topology, the column slice, the embeddings' slice, the output's gradient, the pairs),
     which stay on the GPU."""
-    shape = dict(num_nodes=N, num_edges=120_000, feature_dim=0, splits=split_shapes(_graph()["splits"]), world=2,
-                 params=10_000, device_type="cuda")
+    shape = dict(
+        num_nodes=N,
+        num_edges=120_000,
+        feature_dim=0,
+        splits=split_shapes(_graph()["splits"]),
+        world=2,
+        params=10_000,
+        device_type="cuda",
+    )
     cfg = TrainConfig(model="sage", hidden=64, link_batch=4096)
     on_gpu = link_memory.resident_parts(cfg, **shape)
     on_host = link_memory.resident_parts(cfg, **shape, nn_on_device=False)

@@ -1,6 +1,7 @@
 """Link prediction's parts on their own: metrics equal OGB's Evaluator, negatives avoid edges and are seeded, the
 sliced embeddings start from the same matrix for every world size, the reduce-scatter's backward is an all-gather,
 the chunked loss and gradients equal autograd over a whole batch."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,10 @@ from ntp.engine.tasks.link.task import _member, sample_negatives
 from tests.ntp.spawn import run_on_ranks
 
 
-@pytest.mark.parametrize("metric,name", [("hits@20", "ogbl-ddi"), ("hits@50", "ogbl-collab"),
-                                         ("hits@100", "ogbl-ppa"), ("mrr", "ogbl-citation2")])
+@pytest.mark.parametrize(
+    "metric,name",
+    [("hits@20", "ogbl-ddi"), ("hits@50", "ogbl-collab"), ("hits@100", "ogbl-ppa"), ("mrr", "ogbl-citation2")],
+)
 def test_metrics_equal_ogb_evaluator(metric: str, name: str) -> None:
     g = torch.Generator().manual_seed(0)
     pos = torch.randn(500, generator=g) + 1.5
@@ -119,10 +122,17 @@ def test_mrr_scores_its_pairs_a_block_of_sources_at_a_time(monkeypatch: pytest.M
 
     monkeypatch.setattr(link_pairs, "CPU_CHUNK", 16)  # 16 // 5: blocks of 3 sources
     graph, rng = link_graph(seed=3), np.random.default_rng(4)
-    splits = {k: (p, rng.integers(0, graph["n"], (len(p), 5)) if q is not None else None)
-              for k, (p, q) in graph["splits"].items()}
-    data = lambda cfg, world, rank: link_from_arrays(graph["edge_index"], graph["n"], splits, graph["x"],  # noqa: E731
-                                                      metric="mrr")
+    splits = {
+        k: (p, rng.integers(0, graph["n"], (len(p), 5)) if q is not None else None)
+        for k, (p, q) in graph["splits"].items()
+    }
+    data = lambda cfg, world, rank: link_from_arrays(
+        graph["edge_index"],
+        graph["n"],
+        splits,
+        graph["x"],  # noqa: E731
+        metric="mrr",
+    )
     env = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
     job = setup(TrainConfig(model="gcn", hidden=8, seed=1, mode="single"), env, data)
     job.model.eval()

@@ -1,6 +1,7 @@
 """Link prediction with learned node embeddings, sliced over ranks, resumes from a checkpoint as if never stopped:
 the checkpoint holds the whole embedding matrix and the whole optimiser state of it, so a 2-rank run resumes on 2
 ranks (the same numbers) and on 3 (the same up to summation order)."""
+
 from __future__ import annotations
 
 import shutil
@@ -14,8 +15,21 @@ from tests.ntp.link_worker import fit_run, link_graph
 from tests.ntp.spawn import run_on_ranks
 
 GRAPH = link_graph()
-BASE = dict(model="gcn", arch="coupled", decoder="mlp", hidden=10, nn_layers=2, dropout=0.5, lr=0.02, seed=3,
-            link_batch=37, weight_decay=0.0, eval_every=1, epochs=5, mode="tp")
+BASE = dict(
+    model="gcn",
+    arch="coupled",
+    decoder="mlp",
+    hidden=10,
+    nn_layers=2,
+    dropout=0.5,
+    lr=0.02,
+    seed=3,
+    link_batch=37,
+    weight_decay=0.0,
+    eval_every=1,
+    epochs=5,
+    mode="tp",
+)
 
 
 def test_two_rank_link_run_resumes_like_an_uninterrupted_one(tmp_path: Path) -> None:
@@ -24,8 +38,9 @@ def test_two_rank_link_run_resumes_like_an_uninterrupted_one(tmp_path: Path) -> 
     run_on_ranks(fit_run, 2, {**BASE, "epochs": 2, "checkpoint_dir": str(first)}, GRAPH)  # stopped after 2 epochs
     state = checkpoint.load(checkpoint.latest_checkpoint(first))
     assert state["epoch"] == 1
-    moments = [v for s in state["optimizer"]["state"].values() for v in s.values() if v.dim() == 2
-               and v.shape[0] == GRAPH["n"]]  # the embeddings' Adam moments: whole, not rank 0's columns
+    moments = [
+        v for s in state["optimizer"]["state"].values() for v in s.values() if v.dim() == 2 and v.shape[0] == GRAPH["n"]
+    ]  # the embeddings' Adam moments: whole, not rank 0's columns
     assert moments and all(v.shape == (GRAPH["n"], BASE["hidden"]) for v in moments)
 
     for world in (2, 3):  # the same ranks, and a checkpoint of 2 ranks resliced for 3

@@ -1,5 +1,6 @@
 """Link prediction end to end: a store without features from an OGB link folder, a 2-rank torchrun job, the saved
 model evaluated in one process (ntp evaluate), the task type in the results, MLflow and the Prefect parameters."""
+
 from __future__ import annotations
 
 import gzip
@@ -34,8 +35,11 @@ def _community_folder(root: Path, n: int = 120, seed: int = 0) -> Path:
         f.writelines(f"{u},{v}\n" for u, v in train)
     with gzip.open(root / "raw/num-node-list.csv.gz", "wt") as f:
         f.write(f"{n}\n")
-    for part, d in {"train": {"edge": train}, "valid": {"edge": pairs[-80:-40], "edge_neg": neg[:60]},
-                    "test": {"edge": pairs[-40:], "edge_neg": neg[60:]}}.items():
+    for part, d in {
+        "train": {"edge": train},
+        "valid": {"edge": pairs[-80:-40], "edge_neg": neg[:60]},
+        "test": {"edge": pairs[-40:], "edge_neg": neg[60:]},
+    }.items():
         torch.save(d, root / "split" / "random" / f"{part}.pt")
     return root
 
@@ -43,14 +47,31 @@ def _community_folder(root: Path, n: int = 120, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def link_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("link")
-    return prepare("communities", from_dir=_community_folder(tmp / "folder"), out=tmp / "store", symmetrize=True,
-                   progress=lambda line: None)
+    return prepare(
+        "communities",
+        from_dir=_community_folder(tmp / "folder"),
+        out=tmp / "store",
+        symmetrize=True,
+        progress=lambda line: None,
+    )
 
 
 def test_two_ranks_train_and_one_process_evaluates(link_store: Path, tmp_path: Path) -> None:
-    cfg = TrainConfig(store=str(link_store), model="gcn", arch="coupled", hidden=16, epochs=30, lr=0.01, dropout=0.0,
-                      weight_decay=0.0, eval_every=5, link_batch=200, results=str(tmp_path / "r.jsonl"),
-                      model_out=str(tmp_path / "m.pt"), mode="tp")
+    cfg = TrainConfig(
+        store=str(link_store),
+        model="gcn",
+        arch="coupled",
+        hidden=16,
+        epochs=30,
+        lr=0.01,
+        dropout=0.0,
+        weight_decay=0.0,
+        eval_every=5,
+        link_batch=200,
+        results=str(tmp_path / "r.jsonl"),
+        model_out=str(tmp_path / "m.pt"),
+        mode="tp",
+    )
     lines: list[str] = []
     launch_training(resolve(cfg, nproc=2, device="cpu", job_timeout_s=300), on_line=lines.append)
     assert not [line for line in lines if "Warning" in line]
@@ -109,18 +130,31 @@ def test_mode_data_is_refused(link_store: Path) -> None:
 
 def test_mlflow_and_prefect_carry_the_task(link_store: Path, tmp_path: Path) -> None:
     meta = open_store(link_store).meta.to_dict()
-    with tracking.start_training_run({"model": "gcn", "store": str(link_store)}, world_size=2, store_meta=meta,
-                                     store_path=link_store, system_metrics=False) as run:
+    with tracking.start_training_run(
+        {"model": "gcn", "store": str(link_store)},
+        world_size=2,
+        store_meta=meta,
+        store_path=link_store,
+        system_metrics=False,
+    ) as run:
         pass
     got = run.client.get_run(run.run_id).data
     assert got.tags["ntp.task_type"] == "link" and got.params["data.metric"] == "hits@20"
-    rid = tracking.log_evaluation(None, {"train": 0.5, "valid": 0.4, "test": 0.3, "metric": "hits@20",
-                                         "task_type": "link"}, model_path=tmp_path / "m.pt", store=link_store)
+    rid = tracking.log_evaluation(
+        None,
+        {"train": 0.5, "valid": 0.4, "test": 0.3, "metric": "hits@20", "task_type": "link"},
+        model_path=tmp_path / "m.pt",
+        store=link_store,
+    )
     assert run.client.get_run(rid).data.tags["eval.task_type"] == "link"
 
     from flows.params import DatasetOptions
 
-    opts = DatasetOptions(name="cora", from_dir="../shared/datasets/ogb-layout/cora", link_split="0.05,0.1",
-                          out=str(tmp_path / "cora-link"))
+    opts = DatasetOptions(
+        name="cora",
+        from_dir="../shared/datasets/ogb-layout/cora",
+        link_split="0.05,0.1",
+        out=str(tmp_path / "cora-link"),
+    )
     store = open_store(prepare(opts.name, progress=lambda line: None, **opts.prepare_kwargs()))
     assert store.meta.task_type == "link" and store.meta.metric == "hits@20"

@@ -4,6 +4,7 @@ tensor by tensor, for every architecture, with and without dropout, in float32 a
 and for GAT's edge tensors (on a denser graph, where they outweigh the rest). An estimate below it would let a budget
 admit a run that then runs out of device memory; the tests/ntp/live_bytes.py count matched the H200's measured peak
 at products scale within 4 %."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,20 +16,26 @@ from tests.ntp.graphs import random_graph
 from tests.ntp.spawn import run_on_ranks
 
 N, FEATURES, CLASSES = 3_000, 150, 7
-CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5),
-           dict(arch="coupled", model="sage", hidden=32, nn_layers=3, dropout=0.5),
-           dict(arch="coupled", model="gcn", hidden=128, dropout=0.0),
-           dict(arch="decoupled", model="gcn", hidden=64, nn_layers=3, dropout=0.5),
-           dict(arch="coupled", model="sage", hidden=64, dropout=0.5),
-           dict(arch="coupled", model="gin", hidden=64, dropout=0.5)]  # its MLPs: ntp.engine.memory.parts.inner_width
+CONFIGS = [
+    dict(arch="coupled", model="gcn", hidden=64, dropout=0.5),
+    dict(arch="coupled", model="sage", hidden=32, nn_layers=3, dropout=0.5),
+    dict(arch="coupled", model="gcn", hidden=128, dropout=0.0),
+    dict(arch="decoupled", model="gcn", hidden=64, nn_layers=3, dropout=0.5),
+    dict(arch="coupled", model="sage", hidden=64, dropout=0.5),
+    dict(arch="coupled", model="gin", hidden=64, dropout=0.5),
+]  # its MLPs: ntp.engine.memory.parts.inner_width
 #: bfloat16 on a CPU, whose products sum a float32 copy into a float32 output
-BF16_CONFIGS = [dict(arch="coupled", model="gcn", hidden=64, dropout=0.5, precision="bf16"),
-                dict(arch="coupled", model="sage", hidden=64, dropout=0.5, precision="bf16")]
+BF16_CONFIGS = [
+    dict(arch="coupled", model="gcn", hidden=64, dropout=0.5, precision="bf16"),
+    dict(arch="coupled", model="sage", hidden=64, dropout=0.5, precision="bf16"),
+]
 #: GAT's edge tensors grow with the edges: at 64 per vertex they are 3-4x the rest of a step
-ATTENTION_CONFIGS = [dict(arch="coupled", model="gat", hidden=64, heads=4, dropout=0.5),
-                     dict(arch="coupled", model="gat", hidden=64, heads=8, dropout=0.0),
-                     dict(arch="coupled", model="gat", hidden=32, heads=4, nn_layers=3, dropout=0.5),
-                     dict(arch="decoupled", model="gat", hidden=64, heads=4, prop_steps=3, dropout=0.5)]
+ATTENTION_CONFIGS = [
+    dict(arch="coupled", model="gat", hidden=64, heads=4, dropout=0.5),
+    dict(arch="coupled", model="gat", hidden=64, heads=8, dropout=0.0),
+    dict(arch="coupled", model="gat", hidden=32, heads=4, nn_layers=3, dropout=0.5),
+    dict(arch="decoupled", model="gat", hidden=64, heads=4, prop_steps=3, dropout=0.5),
+]
 DENSE = 64
 
 
@@ -36,8 +43,9 @@ def _graph(avg_degree: int, features: int = FEATURES) -> dict:
     return random_graph(n=N, d=features, classes=CLASSES, avg_degree=avg_degree, seed=3)
 
 
-def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
-                           features: int = FEATURES) -> tuple[int, int]:
+def measured_and_estimated(
+    options: dict, env=None, device_type: str = "cuda", features: int = FEATURES
+) -> tuple[int, int]:
     """A training step's peak live bytes plus the features it starts from, and the plan's estimate of both for a
     rank on a ``device_type`` device (GAT's pattern is built in the first step and so is not counted on either
     side)."""
@@ -56,9 +64,17 @@ def measured_and_estimated(options: dict, env=None, device_type: str = "cuda",
     live = LiveBytes()
     with live:
         train_step(job, 1)
-    parts = rank_resident_parts(cfg, num_nodes=N, num_edges=graph["edge_index"].shape[1], feature_dim=features,
-                                out_dim=CLASSES, world=env.world, nn_on_device=True, device_type=device_type,
-                                params=sum(p.numel() for p in job.model.parameters()))
+    parts = rank_resident_parts(
+        cfg,
+        num_nodes=N,
+        num_edges=graph["edge_index"].shape[1],
+        feature_dim=features,
+        out_dim=CLASSES,
+        world=env.world,
+        nn_on_device=True,
+        device_type=device_type,
+        params=sum(p.numel() for p in job.model.parameters()),
+    )
     estimate = sum(parts.values()) - parts["topology"]  # the topology is the only part made before the step
     return live.peak + job.x.numel() * job.x.element_size(), estimate
 
@@ -95,17 +111,26 @@ def test_the_estimate_covers_a_bfloat16_step_on_one_cpu_rank(options: dict) -> N
 def test_the_estimate_covers_a_training_step_on_each_of_two_ranks() -> None:
     cases = [(o, "cuda") for o in CONFIGS[:2] + CONFIGS[-1:] + ATTENTION_CONFIGS[:1]] + [(BF16_CONFIGS[0], "cpu")]
     for options, device_type in cases:
-        for rank, (measured, estimate) in enumerate(run_on_ranks(_two_rank_worker, 2, options, device_type,
-                                                                 timeout=180)):
-            assert estimate >= measured, f"rank {rank}, {options}: the plan counts {estimate}, a step allocates {measured}"
+        for rank, (measured, estimate) in enumerate(
+            run_on_ranks(_two_rank_worker, 2, options, device_type, timeout=180)
+        ):
+            assert estimate >= measured, (
+                f"rank {rank}, {options}: the plan counts {estimate}, a step allocates {measured}"
+            )
 
 
 KERNEL = pytest.mark.skipif(native.library() is None, reason="the C kernel is not built")
 
 
-@pytest.mark.parametrize("model, dropout, device_type", [
-    pytest.param("gcn", 0.5, "cpu", marks=KERNEL), pytest.param("sage", 0.5, "cpu", marks=KERNEL),
-    ("gcn", 0.0, "cpu"), ("gcn", 0.0, "cuda")])
+@pytest.mark.parametrize(
+    "model, dropout, device_type",
+    [
+        pytest.param("gcn", 0.5, "cpu", marks=KERNEL),
+        pytest.param("sage", 0.5, "cpu", marks=KERNEL),
+        ("gcn", 0.0, "cpu"),
+        ("gcn", 0.0, "cuda"),
+    ],
+)
 def test_features_without_a_dropped_copy_are_counted_once(model: str, dropout: float, device_type: str) -> None:
     """A CPU float32 rank drops features of 8 MB or more inside the first product, and at ``--dropout 0`` no device
     copies them: the plan counts them once there, and still covers the step; a coupled GraphSAGE, whose two products
@@ -113,6 +138,7 @@ def test_features_without_a_dropped_copy_are_counted_once(model: str, dropout: f
     input_dropped_in_product). 14.4 MB of features are most of this step: a copy kept by the model would outgrow the
     estimate, one counted by the plan would exceed the step by more than half the features."""
     wide = 1_200
-    measured, estimate = measured_and_estimated(dict(arch="coupled", model=model, hidden=16, dropout=dropout),
-                                                device_type=device_type, features=wide)
+    measured, estimate = measured_and_estimated(
+        dict(arch="coupled", model=model, hidden=16, dropout=dropout), device_type=device_type, features=wide
+    )
     assert measured <= estimate < measured + 4 * N * wide // 2, (measured, estimate)

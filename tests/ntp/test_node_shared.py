@@ -1,4 +1,5 @@
 """The ranks of a node hold one copy of the topology, not one each, and leave nothing behind."""
+
 from __future__ import annotations
 
 import os
@@ -29,9 +30,13 @@ def shared_topology_worker(store: str) -> dict:
     with distributed(60, "cpu") as env:
         data = load_shared(open_store(store), env)
         topo = data.topology
-        return {"indices": _mapping_of(topo.indices.data_ptr()), "t_indices": _mapping_of(topo.t_indices.data_ptr()),
-                "sum": int(topo.indices.long().sum()) + int(topo.t_indices.long().sum()),
-                "dtype": str(topo.indices.dtype), "edges": topo.num_edges}
+        return {
+            "indices": _mapping_of(topo.indices.data_ptr()),
+            "t_indices": _mapping_of(topo.t_indices.data_ptr()),
+            "sum": int(topo.indices.long().sum()) + int(topo.t_indices.long().sum()),
+            "dtype": str(topo.indices.dtype),
+            "edges": topo.num_edges,
+        }
 
 
 def test_local_ranks_map_one_copy_of_the_topology(tmp_path: Path, cora_store: str, monkeypatch) -> None:

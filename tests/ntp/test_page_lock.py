@@ -1,4 +1,5 @@
 """Which host tensors ``--offload`` locks for a GPU to read in place: those whose pages hold nothing else."""
+
 from __future__ import annotations
 
 import numpy as np

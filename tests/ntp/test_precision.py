@@ -4,6 +4,7 @@ node classification, link prediction and R-GCN.
 bf16 runs are compared with a tolerance, not exactly: a Linear layer's weight gradient is a bfloat16 product per
 rank (autocast), summed across ranks in float32, so its rounding depends on the row split. fp32 stays exact
 (tests/ntp/test_exactness.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,12 @@ EPOCHS = 3
 # A small lr: Adam's first step moves each weight by lr * sign(gradient + weight decay), so where the two nearly cancel
 # the split's rounding can flip a step (with lr 0.05, 4 of 28 seeds' GAT ended 2-10 % of the logits' scale apart)
 BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.005, seed=3, precision="bf16")
-CONFIGS = [dict(BASE, model="gcn", arch="decoupled"), dict(BASE, model="sage", arch="coupled"),
-           dict(BASE, model="gat", arch="coupled"), dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch")]
+CONFIGS = [
+    dict(BASE, model="gcn", arch="decoupled"),
+    dict(BASE, model="sage", arch="coupled"),
+    dict(BASE, model="gat", arch="coupled"),
+    dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="batch"),
+]
 GRAPH = random_graph(directed=True, seed=1)
 LINK_GRAPH = link_graph()
 
@@ -57,8 +62,13 @@ def test_bf16_tensor_parallel_matches_one_process(world: int, single: list[dict]
     for i, cfg in enumerate(CONFIGS):
         where = f"bf16 {cfg['arch']} {cfg['model']} (norm {cfg.get('norm', 'none')}), world {world}"
         ref = single[i]
-        torch.testing.assert_close(torch.tensor(per_rank[0][i]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3,
-                                   atol=0, msg=lambda m: f"losses: {where}\n{m}")
+        torch.testing.assert_close(
+            torch.tensor(per_rank[0][i]["losses"]),
+            torch.tensor(ref["losses"]),
+            rtol=1e-3,
+            atol=0,
+            msg=lambda m: f"losses: {where}\n{m}",
+        )
         _grads_within(per_rank[0][i]["grads"], ref["grads"], 0.02, where)
         _within(torch.cat([r[i]["logits"] for r in per_rank]), ref["logits"], 0.03, f"predictions: {where}")
         assert per_rank[0][i]["logits"].dtype == torch.float32, "models return float32 outputs under bf16"
@@ -89,7 +99,9 @@ def test_bf16_products_sum_in_float32() -> None:
 
 
 def test_memory_plan_counts_bf16_elements() -> None:
-    sizes = dict(num_nodes=10_000, num_edges=100_000, feature_dim=64, out_dim=8, world=2, params=5_000, nn_on_device=True)
+    sizes = dict(
+        num_nodes=10_000, num_edges=100_000, feature_dim=64, out_dim=8, world=2, params=5_000, nn_on_device=True
+    )
     fp32 = rank_resident_parts(TrainConfig(hidden=64), **sizes)
     bf16_gpu = rank_resident_parts(TrainConfig(hidden=64, precision="bf16"), **sizes)
     bf16_cpu = rank_resident_parts(TrainConfig(hidden=64, precision="bf16"), **sizes, device_type="cpu")
@@ -119,10 +131,22 @@ def test_bf16_on_a_gpu_keeps_cublas_sums_in_float32() -> None:
 
 
 # Link prediction: the encoder in bfloat16, the learned embeddings, the decoder and its pairs in float32
-LINK_BASE = dict(hidden=10, heads=2, nn_layers=2, prop_steps=2, dropout=0.5, lr=0.005, seed=5, link_batch=37,
-                 weight_decay=0.0, precision="bf16")
-LINK_CONFIGS = [(dict(LINK_BASE, model="gcn", arch="decoupled", decoder="mlp"), False),  # learned embeddings
-                (dict(LINK_BASE, model="sage", arch="coupled", decoder="dot"), True)]
+LINK_BASE = dict(
+    hidden=10,
+    heads=2,
+    nn_layers=2,
+    prop_steps=2,
+    dropout=0.5,
+    lr=0.005,
+    seed=5,
+    link_batch=37,
+    weight_decay=0.0,
+    precision="bf16",
+)
+LINK_CONFIGS = [
+    (dict(LINK_BASE, model="gcn", arch="decoupled", decoder="mlp"), False),  # learned embeddings
+    (dict(LINK_BASE, model="sage", arch="coupled", decoder="dot"), True),
+]
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +156,23 @@ def link_single() -> list[dict]:
 
 def test_bf16_link_prediction_tensor_parallel_matches_one_process(link_single: list[dict]) -> None:
     world = 3
-    per_rank = run_on_ranks(link_trace_all, world, [(dict(c, mode="tp"), f) for c, f in LINK_CONFIGS], LINK_GRAPH,
-                            EPOCHS)
+    per_rank = run_on_ranks(
+        link_trace_all, world, [(dict(c, mode="tp"), f) for c, f in LINK_CONFIGS], LINK_GRAPH, EPOCHS
+    )
     for i, (cfg, features) in enumerate(LINK_CONFIGS):
         where = f"bf16 link {cfg['model']} {cfg['decoder']} ({'features' if features else 'learned'}), world {world}"
         ref, ranks = link_single[i], [r[i] for r in per_rank]
-        torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3, atol=0,
-                                   msg=lambda m: f"losses: {where}\n{m}")
-        grads = {n: torch.cat([r["grads"][n] for r in ranks], 1) if n == "embedding.weight" else g
-                 for n, g in ranks[0]["grads"].items()}  # the embeddings' column slices side by side
+        torch.testing.assert_close(
+            torch.tensor(ranks[0]["losses"]),
+            torch.tensor(ref["losses"]),
+            rtol=1e-3,
+            atol=0,
+            msg=lambda m: f"losses: {where}\n{m}",
+        )
+        grads = {
+            n: torch.cat([r["grads"][n] for r in ranks], 1) if n == "embedding.weight" else g
+            for n, g in ranks[0]["grads"].items()
+        }  # the embeddings' column slices side by side
         _grads_within(grads, ref["grads"], 0.02, where)
         _within(ranks[0]["scores"], ref["scores"], 0.03, f"validation scores: {where}")
         assert all(v.dtype == torch.float32 for v in ranks[0]["state"].values()), "parameters stay float32"
@@ -150,8 +182,9 @@ def test_bf16_link_prediction_halves_the_encoders_traffic_and_stays_close_to_fp3
     """The encoder's all-to-alls move bfloat16, its output's too; the decoder's exchanges of pairs stay float32. (With
     features: learned embeddings also gather their whole float32 matrices for the state dicts.)"""
     cfg, features = dict(LINK_CONFIGS[1][0], mode="tp"), LINK_CONFIGS[1][1]
-    fp32, bf16 = run_on_ranks(link_trace_all, 2, [(dict(cfg, precision="fp32"), features), (cfg, features)],
-                              LINK_GRAPH, EPOCHS)[0]
+    fp32, bf16 = run_on_ranks(
+        link_trace_all, 2, [(dict(cfg, precision="fp32"), features), (cfg, features)], LINK_GRAPH, EPOCHS
+    )[0]
     for kind in (SPLIT, GATHER):
         assert bf16["bytes"][kind] * 2 == fp32["bytes"][kind], f"{kind}: bf16 must move half of fp32's bytes"
     assert bf16["bytes"][LINK] == fp32["bytes"][LINK], "the decoder's pairs move in float32"
@@ -161,23 +194,32 @@ def test_bf16_link_prediction_halves_the_encoders_traffic_and_stays_close_to_fp3
 
 # R-GCN: per-type features and activations in bfloat16, embedding tables float32 (cast as they are read), float32 sums
 RGCN_BASE = dict(hidden=10, nn_layers=2, prop_steps=3, dropout=0.5, lr=0.005, seed=3, precision="bf16")
-RGCN_CONFIGS = [dict(RGCN_BASE, arch="coupled"), dict(RGCN_BASE, arch="decoupled"),
-                dict(RGCN_BASE, arch="coupled", featureless=True, decomposition="basis", num_bases=2)]
+RGCN_CONFIGS = [
+    dict(RGCN_BASE, arch="coupled"),
+    dict(RGCN_BASE, arch="decoupled"),
+    dict(RGCN_BASE, arch="coupled", featureless=True, decomposition="basis", num_bases=2),
+]
 HETERO_GRAPH = hetero_graph(seed=1)
 
 
 def test_bf16_rgcn_tensor_parallel_matches_one_process() -> None:
     world = 3
-    single = run_on_ranks(hetero_trace_all, 1, [dict(c, mode="single") for c in RGCN_CONFIGS], HETERO_GRAPH,
-                          EPOCHS)[0]
+    single = run_on_ranks(hetero_trace_all, 1, [dict(c, mode="single") for c in RGCN_CONFIGS], HETERO_GRAPH, EPOCHS)[0]
     per_rank = run_on_ranks(hetero_trace_all, world, [dict(c, mode="tp") for c in RGCN_CONFIGS], HETERO_GRAPH, EPOCHS)
     for i, cfg in enumerate(RGCN_CONFIGS):
         where = f"bf16 R-GCN {cfg['arch']}{' featureless' if cfg.get('featureless') else ''}, world {world}"
         ref, ranks = single[i], [r[i] for r in per_rank]
-        torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3, atol=0,
-                                   msg=lambda m: f"losses: {where}\n{m}")
-        grads = {n: torch.cat([r["grads"][n] for r in ranks], 1) if n in ranks[0]["sliced"] else g
-                 for n, g in ranks[0]["grads"].items()}  # the tables' column slices side by side
+        torch.testing.assert_close(
+            torch.tensor(ranks[0]["losses"]),
+            torch.tensor(ref["losses"]),
+            rtol=1e-3,
+            atol=0,
+            msg=lambda m: f"losses: {where}\n{m}",
+        )
+        grads = {
+            n: torch.cat([r["grads"][n] for r in ranks], 1) if n in ranks[0]["sliced"] else g
+            for n, g in ranks[0]["grads"].items()
+        }  # the tables' column slices side by side
         _grads_within(grads, ref["grads"], 0.02, where)
         _within(torch.cat([r["logits"] for r in ranks]), ref["logits"], 0.03, f"predictions: {where}")
         assert ranks[0]["logits"].dtype == torch.float32, "R-GCN returns float32 logits under bf16"
@@ -201,11 +243,15 @@ def test_bf16_rgcn_sums_rows_in_float32() -> None:
 
     torch.manual_seed(0)
     index = torch.randint(0, 4, (200,))
-    for y, source in ((torch.randn(4, 3), torch.randn(200, 3).bfloat16()),
-                      (torch.randn(4, 3).bfloat16(), torch.randn(200, 3))):
+    for y, source in (
+        (torch.randn(4, 3), torch.randn(200, 3).bfloat16()),
+        (torch.randn(4, 3).bfloat16(), torch.randn(200, 3)),
+    ):
         with pytest.raises(RuntimeError):
             y.index_add(0, index, source)
         expected = y.double().index_add(0, index, source.double()).to(y.dtype)
         out = add_rows(y, index, source)
         assert out.dtype == y.dtype
-        torch.testing.assert_close(out.double(), expected.double(), rtol=0, atol=1e-5 if y.dtype == torch.float32 else 0)
+        torch.testing.assert_close(
+            out.double(), expected.double(), rtol=0, atol=1e-5 if y.dtype == torch.float32 else 0
+        )

@@ -1,6 +1,7 @@
 """`ntp predict` and `ntp evaluate` on the training launcher: the same predictions for 1, 2 and 3 ranks (torchrun,
 chunked or not, Parquet or Zarr), equal to what training reported; link scores of given pairs; a model refused on a
 store it does not fit. (Embeddings: tests/pipeline/test_predict_flow.py.)"""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,16 @@ SINGLE = DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
 
 def _train(store: str, folder, **kw) -> tuple[str, object]:
     """A model trained in this process: its file and the final record training wrote."""
-    cfg = TrainConfig(**{"store": store, "epochs": 10, "hidden": 16, "model_out": str(folder / "model.pt"),
-                         "results": str(folder / "results.jsonl"), **kw})
+    cfg = TrainConfig(
+        **{
+            "store": store,
+            "epochs": 10,
+            "hidden": 16,
+            "model_out": str(folder / "model.pt"),
+            "results": str(folder / "results.jsonl"),
+            **kw,
+        }
+    )
     fit(setup(cfg, SINGLE))
     return cfg.model_out, read_results(cfg.results).final
 
@@ -49,8 +58,25 @@ def test_predictions_of_1_2_3_ranks_are_identical_and_match_training(trained, co
     assert ntp_main(["evaluate", *base, "--nproc", "2", "--out", str(tmp_path / "p2")]) == 0  # metrics + export
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # 3 ranks, chunked, into Zarr chunks of 500 rows that cross the ranks' row ranges (903, 903, 902 rows)
-    assert ntp_main(["predict", *base, "--nproc", "3", "--chunk-rows", "700", "--format", "zarr", "--row-group", "500",
-                     "--out", str(tmp_path / "p3")]) == 0
+    assert (
+        ntp_main(
+            [
+                "predict",
+                *base,
+                "--nproc",
+                "3",
+                "--chunk-rows",
+                "700",
+                "--format",
+                "zarr",
+                "--row-group",
+                "500",
+                "--out",
+                str(tmp_path / "p3"),
+            ]
+        )
+        == 0
+    )
     assert metrics["test"] == final.test_metric and metrics["valid"] == final.best_valid_metric
 
     import zarr
@@ -58,8 +84,9 @@ def test_predictions_of_1_2_3_ranks_are_identical_and_match_training(trained, co
     arrays = zarr.open_group(str(tmp_path / "p3"), mode="r")
     assert arrays["prob"].chunks == (500, 7)
     frames = [pd.read_parquet(tmp_path / f"p{n}") for n in (1, 2)]
-    frames.append(pd.DataFrame({"node_id": np.arange(2708), "pred": arrays["pred"][:],
-                                "prob": list(arrays["prob"][:])}))
+    frames.append(
+        pd.DataFrame({"node_id": np.arange(2708), "pred": arrays["pred"][:], "prob": list(arrays["prob"][:])})
+    )
     assert len(list((tmp_path / "p2").glob("part-*.parquet"))) == 2  # one file per rank
     store = open_store(cora_store)
     for frame in frames:
@@ -75,8 +102,18 @@ def test_predictions_of_1_2_3_ranks_are_identical_and_match_training(trained, co
 def _synthetic(root, seed: int, features: int) -> str:
     from storage import prepare
 
-    return str(prepare("synthetic", nodes=60, avg_degree=3.0, features=features, classes=3, seed=seed,
-                       out=root / f"synthetic-{seed}-{features}", progress=lambda s: None))
+    return str(
+        prepare(
+            "synthetic",
+            nodes=60,
+            avg_degree=3.0,
+            features=features,
+            classes=3,
+            seed=seed,
+            out=root / f"synthetic-{seed}-{features}",
+            progress=lambda s: None,
+        )
+    )
 
 
 def test_a_model_is_refused_on_a_store_it_does_not_fit(tmp_path, capsys) -> None:
@@ -107,8 +144,12 @@ def test_link_scores_of_given_pairs_match_the_model_for_1_and_2_ranks(link_store
     np.save(tmp_path / "pairs.npy", pairs)
     base = ["predict", "--model", model, "--store", str(link_store), "--export", "scores"]
     for n in (1, 2):
-        assert ntp_main([*base, "--pairs", str(tmp_path / "pairs.npy"), "--nproc", str(n),
-                         "--out", str(tmp_path / f"s{n}")]) == 0
+        assert (
+            ntp_main(
+                [*base, "--pairs", str(tmp_path / "pairs.npy"), "--nproc", str(n), "--out", str(tmp_path / f"s{n}")]
+            )
+            == 0
+        )
     one, two = (pd.read_parquet(tmp_path / f"s{n}").sort_values("pair", ignore_index=True) for n in (1, 2))
     assert one["pair"].tolist() == two["pair"].tolist() == list(range(len(pairs)))
     assert np.array_equal(two[["src", "dst"]].to_numpy(), pairs)

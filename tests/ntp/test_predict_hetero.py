@@ -1,5 +1,6 @@
 """`ntp predict` and `ntp evaluate` on an R-GCN model (the real IMDB folder): the rows are the target type's nodes,
 with their ids within that type, the same for 1, 2 and 3 ranks, and the metrics are the ones training reported."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,17 @@ def imdb(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, object]:
 
     root = tmp_path_factory.mktemp("imdb")
     store = str(prepare("imdb", from_dir=IMDB, out=root / "store", add_reverse=True, progress=lambda s: None))
-    cfg = TrainConfig(store=store, model="rgcn", arch="coupled", epochs=4, hidden=8, eval_every=1, seed=5,
-                      model_out=str(root / "model.pt"), results=str(root / "results.jsonl"))
+    cfg = TrainConfig(
+        store=store,
+        model="rgcn",
+        arch="coupled",
+        epochs=4,
+        hidden=8,
+        eval_every=1,
+        seed=5,
+        model_out=str(root / "model.pt"),
+        results=str(root / "results.jsonl"),
+    )
     fit(setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), None)))
     return store, cfg.model_out, read_results(cfg.results).final
 
@@ -70,6 +80,24 @@ def test_rgcn_embeddings_in_zarr_cover_the_target_type(imdb, tmp_path) -> None:
     meta = open_store(store_path).meta
     count = next(t["count"] for t in meta.hetero["node_types"] if t["name"] == meta.hetero["target"])
     out = tmp_path / "emb"
-    assert ntp_main(["predict", "--model", model, "--store", store_path, "--export", "embeddings", "--format", "zarr",
-                     "--nproc", "2", "--out", str(out)]) == 0
+    assert (
+        ntp_main(
+            [
+                "predict",
+                "--model",
+                model,
+                "--store",
+                store_path,
+                "--export",
+                "embeddings",
+                "--format",
+                "zarr",
+                "--nproc",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert zarr.open_group(str(out), mode="r")["embedding"].shape == (count, 8)  # the hidden layer (--hidden 8)

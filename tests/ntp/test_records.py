@@ -1,5 +1,6 @@
 """The results contract: typed records round-trip through the results file, the console shows each epoch, a
 follower delivers records as they are written, and a progress bar draws under the streamed output."""
+
 from __future__ import annotations
 
 import io
@@ -12,10 +13,24 @@ from ntp.run.tracking.live import ResultsFollower
 
 
 def _epoch(epoch: int, valid: float | None = None) -> EpochRecord:
-    worker = WorkerStats(rank=0, compute_s=0.5, comm_s={"split": 0.1}, bytes_sent={"split": 10},
-                         bytes_recv={"split": 10}, peak_mem_bytes=7, peak_mem_by_phase={"nn": 7})
-    return EpochRecord(epoch=epoch, loss=1.0 / (epoch + 1), epoch_s=0.25, train_metric=valid, valid_metric=valid,
-                       test_metric=valid, workers=[worker])
+    worker = WorkerStats(
+        rank=0,
+        compute_s=0.5,
+        comm_s={"split": 0.1},
+        bytes_sent={"split": 10},
+        bytes_recv={"split": 10},
+        peak_mem_bytes=7,
+        peak_mem_by_phase={"nn": 7},
+    )
+    return EpochRecord(
+        epoch=epoch,
+        loss=1.0 / (epoch + 1),
+        epoch_s=0.25,
+        train_metric=valid,
+        valid_metric=valid,
+        test_metric=valid,
+        workers=[worker],
+    )
 
 
 FINAL = FinalRecord(best_epoch=1, best_valid_metric=0.75, test_metric=0.7, metric="acc", world_size=1, epochs_run=3)

@@ -1,5 +1,6 @@
 """The single-process models equal independent implementations: PyG layers (coupled) and dense matrix math
 (decoupled), forward and backward, on a directed graph."""
+
 from __future__ import annotations
 
 import pytest
@@ -124,8 +125,13 @@ def _pyg_pair(model: str, job):
     if model == "gin":
         convs = []
         for layer in layers:
-            conv = GINConv(torch.nn.Sequential(torch.nn.Linear(layer.lin1.in_features, layer.lin1.out_features), torch.nn.ReLU(),
-                                               torch.nn.Linear(layer.lin2.in_features, layer.lin2.out_features)))
+            conv = GINConv(
+                torch.nn.Sequential(
+                    torch.nn.Linear(layer.lin1.in_features, layer.lin1.out_features),
+                    torch.nn.ReLU(),
+                    torch.nn.Linear(layer.lin2.in_features, layer.lin2.out_features),
+                )
+            )
             conv.nn[0].load_state_dict(layer.lin1.state_dict())  # after construction: GINConv re-initialises its nn
             conv.nn[2].load_state_dict(layer.lin2.state_dict())
             convs.append(conv)

@@ -1,5 +1,6 @@
 """The rendezvous store listens on the address it is given, not on every interface (the two-host version, with a
 second interface and a training job: tests/multinode/test_bound_rendezvous.py)."""
+
 from __future__ import annotations
 
 import socket
@@ -31,10 +32,13 @@ def test_the_store_listens_on_the_named_address_only_and_serves_clients() -> Non
     assert server.get("k") == b"v"
 
 
-@pytest.mark.parametrize("host, message", [
-    ("0.0.0.0", "means every interface"),
-    ("192.0.2.1", "this node must own the address"),  # TEST-NET-1: never an address of this machine
-])
+@pytest.mark.parametrize(
+    "host, message",
+    [
+        ("0.0.0.0", "means every interface"),
+        ("192.0.2.1", "this node must own the address"),  # TEST-NET-1: never an address of this machine
+    ],
+)
 def test_a_store_that_cannot_be_bound_as_asked_is_refused_with_the_fix(host: str, message: str) -> None:
     with pytest.raises((ValueError, RuntimeError), match=message):
         bound_store(host, 0, is_server=True, timeout=timedelta(seconds=5))

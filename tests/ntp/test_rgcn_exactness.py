@@ -2,6 +2,7 @@
 rank's column slice of the single-process gradient), the target type's predictions, the saved embeddings. Coupled
 (full, basis, block-diagonal weights; mean, total and plain-sum normalisation; chunked), decoupled, and with no
 features at all (R-GCN's one-hot first layer)."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,8 +46,13 @@ def test_rgcn_tensor_parallel_equals_single(world: int, reference: list[dict]) -
         ref, ranks = reference[i], [r[i] for r in per_rank]
         where = f"{cfg} world {world}"
         for rank, res in enumerate(ranks):
-            torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"losses differ: {where}\n{m}")
+            torch.testing.assert_close(
+                torch.tensor(res["losses"]),
+                torch.tensor(ref["losses"]),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"losses differ: {where}\n{m}",
+            )
             for name, g in ref["grads"].items():
                 expected = g[:, _cols(g.shape[1], world, rank)] if name in res["sliced"] else g
                 assert_close_to_scale(res["grads"][name], expected, f"gradient of {name} (rank {rank}): {where}")

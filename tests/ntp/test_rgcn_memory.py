@@ -1,6 +1,7 @@
 """R-GCN's memory plan (ntp.engine.tasks.hetero.memory): it counts the model it will build, a budget too small fails before
 training with the budget, what stays resident and the smallest budget that works, and a feasible budget cuts every
 typed operator into blocks that fit it without changing training (1 and 2 ranks)."""
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,11 @@ def _graph(c: dict) -> dict:
     return featureless(GRAPH) if c.get("featureless") else GRAPH
 
 
-@pytest.mark.parametrize("c", CONFIGS, ids=lambda c: f"{c['arch']}-{c.get('decomposition', 'none')}"
-                                                     f"{'-featureless' if c.get('featureless') else ''}")
+@pytest.mark.parametrize(
+    "c",
+    CONFIGS,
+    ids=lambda c: f"{c['arch']}-{c.get('decomposition', 'none')}{'-featureless' if c.get('featureless') else ''}",
+)
 def test_plan_counts_the_model_and_operators_it_builds(c: dict) -> None:
     job = setup(_cfg(c), SINGLE, hetero_loader(_graph(c)))
     data, sliced = job.data, {id(p) for p in job.model.sliced()}
@@ -61,8 +65,14 @@ def test_a_budget_too_small_fails_before_training_with_the_minimum() -> None:
     with pytest.raises(MemoryPlanError) as err:
         setup(_cfg(c, memory_budget="20KB"), SINGLE, hetero_loader(GRAPH))
     message = str(err.value)
-    for part in ("memory budget 19.5KB cannot hold this rank", "typed operators", "activations", "embedding tables",
-                 "raise --memory-budget to at least", "more ranks"):
+    for part in (
+        "memory budget 19.5KB cannot hold this rank",
+        "typed operators",
+        "activations",
+        "embedding tables",
+        "raise --memory-budget to at least",
+        "more ranks",
+    ):
         assert part in message
     assert "--offload" not in message  # R-GCN has no offload
     minimum = re.search(r"at least ([0-9.]+KB)", message).group(1)
@@ -93,9 +103,14 @@ def test_budgeted_training_equals_unbudgeted(world: int) -> None:
     budgeted = [dict(c, memory_budget=hetero_budget(CHUNK_BYTES, c, GRAPH, world)) for c in configs]
     runs = run_on_ranks(trace_all, world, configs + budgeted, GRAPH, 2)
     for ranks in runs:
-        for c, ref, ours in zip(configs, ranks[: len(configs)], ranks[len(configs):]):
-            torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=1e-5,
-                                       atol=1e-6, msg=lambda m: f"losses with a budget: {c}\n{m}")
+        for c, ref, ours in zip(configs, ranks[: len(configs)], ranks[len(configs) :]):
+            torch.testing.assert_close(
+                torch.tensor(ours["losses"]),
+                torch.tensor(ref["losses"]),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"losses with a budget: {c}\n{m}",
+            )
             torch.testing.assert_close(ours["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
 
 
@@ -111,7 +126,13 @@ def test_preflight_refuses_an_impossible_budget_and_plans_a_feasible_one(tmp_pat
     cfg = TrainConfig(store=str(store), model="rgcn", arch="coupled", hidden=8, memory_budget="2KB")
     with pytest.raises(MemoryPlanError, match=r"memory budget 1.95KB cannot hold this rank: .*raise --memory-budget"):
         check_launch(resolve(cfg, nproc=2, device="cpu"))
-    minimum = re.search(r"at least ([0-9.]+KB)", str(pytest.raises(MemoryPlanError, check_launch, resolve(
-        cfg.replace(memory_budget="3KB"), nproc=2, device="cpu")).value)).group(1)
+    minimum = re.search(
+        r"at least ([0-9.]+KB)",
+        str(
+            pytest.raises(
+                MemoryPlanError, check_launch, resolve(cfg.replace(memory_budget="3KB"), nproc=2, device="cpu")
+            ).value
+        ),
+    ).group(1)
     plan = check_launch(resolve(cfg.replace(memory_budget=minimum), nproc=2, device="cpu"))
     assert plan is not None and "R-GCN" in plan.reason

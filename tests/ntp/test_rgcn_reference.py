@@ -1,6 +1,7 @@
 """One R-GCN layer against PyTorch Geometric's RGCNConv (forward and backward; full, basis and block-diagonal
 weights) and against dense matrix math for the normalisations PyG does not have; the graph is directed and its types
 have different sizes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,7 +30,7 @@ def _setup(norm: str):
 
 
 def _ours(layer: RGCNLayer, hc: HeteroContext, offsets: dict, x: torch.Tensor) -> torch.Tensor:
-    feats = {t: x[offsets[t]:offsets[t] + hc.counts[t]] for t in hc.types}
+    feats = {t: x[offsets[t] : offsets[t] + hc.counts[t]] for t in hc.types}
     out = layer(feats, feats, hc, hc.types)
     return torch.cat([out[t] for t in hc.types])
 
@@ -46,12 +47,23 @@ def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int, stacked: 
     data, hc, offsets, x = _setup("mean")
     layer = RGCNLayer(hc.num_relations, IN, OUT, decomposition, num_bases).double()
     dst_local = [np.repeat(np.arange(len(r.indptr) - 1), np.diff(r.indptr)) for r in data.relations]
-    edge_index = torch.from_numpy(np.stack([
-        np.concatenate([np.asarray(r.indices, np.int64) + offsets[r.src] for r in data.relations]),
-        np.concatenate([d + offsets[r.dst] for d, r in zip(dst_local, data.relations)])]))
+    edge_index = torch.from_numpy(
+        np.stack(
+            [
+                np.concatenate([np.asarray(r.indices, np.int64) + offsets[r.src] for r in data.relations]),
+                np.concatenate([d + offsets[r.dst] for d, r in zip(dst_local, data.relations)]),
+            ]
+        )
+    )
     edge_type = torch.from_numpy(np.concatenate([np.full(len(r.indices), i) for i, r in enumerate(data.relations)]))
-    conv = RGCNConv(IN, OUT, len(data.relations), num_bases=num_bases if decomposition == "basis" else None,
-                    num_blocks=num_bases if decomposition == "block" else None, aggr="mean").double()
+    conv = RGCNConv(
+        IN,
+        OUT,
+        len(data.relations),
+        num_bases=num_bases if decomposition == "basis" else None,
+        num_blocks=num_bases if decomposition == "block" else None,
+        aggr="mean",
+    ).double()
     with torch.no_grad():
         if decomposition == "basis":
             conv.weight.copy_(layer.rel.bases)
@@ -72,8 +84,9 @@ def test_layer_equals_pyg_rgcnconv(decomposition: str, num_bases: int, stacked: 
         torch.testing.assert_close(layer.rel.bases.grad, conv.weight.grad)
         torch.testing.assert_close(layer.rel.comp.grad, conv.comp.grad)
     else:
-        torch.testing.assert_close((layer.rel.blocks if decomposition == "block" else layer.rel.weight).grad,
-                                   conv.weight.grad)
+        torch.testing.assert_close(
+            (layer.rel.blocks if decomposition == "block" else layer.rel.weight).grad, conv.weight.grad
+        )
 
 
 @pytest.mark.parametrize("norm", ["total", "sum"])
@@ -84,7 +97,7 @@ def test_layer_equals_dense_math(norm: str) -> None:
     adj = torch.zeros(len(data.relations), n, n, dtype=torch.float64)  # adj[r, v, u]: edges u -> v of relation r
     for i, r in enumerate(data.relations):
         for v in range(len(r.indptr) - 1):
-            for u in r.indices[r.indptr[v]:r.indptr[v + 1]]:
+            for u in r.indices[r.indptr[v] : r.indptr[v + 1]]:
                 adj[i, offsets[r.dst] + v, offsets[r.src] + int(u)] += 1
     if norm == "total":
         adj = adj / adj.sum(dim=(0, 2)).clamp(min=1)[None, :, None]
@@ -129,10 +142,12 @@ def test_rowwise_adam_updates_only_rows_with_a_gradient_and_is_adam_there() -> N
     torch.manual_seed(0)
     table, dense = torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(4))
     ref_table, ref_dense = torch.nn.Parameter(table.detach().clone()), torch.nn.Parameter(dense.detach().clone())
-    opt = RowwiseAdam([{"params": [dense]}, {"params": [table], "rowwise": True, "weight_decay": 0.0}], lr=0.1,
-                      weight_decay=0.01)
-    ref = torch.optim.Adam([{"params": [ref_dense]}, {"params": [ref_table], "weight_decay": 0.0}], lr=0.1,
-                           weight_decay=0.01)
+    opt = RowwiseAdam(
+        [{"params": [dense]}, {"params": [table], "rowwise": True, "weight_decay": 0.0}], lr=0.1, weight_decay=0.01
+    )
+    ref = torch.optim.Adam(
+        [{"params": [ref_dense]}, {"params": [ref_table], "weight_decay": 0.0}], lr=0.1, weight_decay=0.01
+    )
     for step in range(3):
         g = torch.randn(5, 3)
         g[1] = 0  # row 1 never gets a gradient; row 3 only from step 1 on

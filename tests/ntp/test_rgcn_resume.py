@@ -2,6 +2,7 @@
 ranks, resumes from a checkpoint as if never stopped: the checkpoint holds every whole table and its whole optimiser
 state (Adam, and the row-wise Adam of --sparse-embeddings), so a 2-rank run resumes on 2 ranks (the same numbers)
 and on 3 (the same up to summation order)."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,13 +16,24 @@ from tests.ntp.hetero_worker import fit_runs, hetero_graph
 from tests.ntp.spawn import run_on_ranks
 
 GRAPH = hetero_graph(seed=2)  # (hidden 11: uneven column slices on 2 and 3 ranks)
-BASE = dict(arch="coupled", hidden=11, nn_layers=2, dropout=0.5, lr=0.05, seed=3, weight_decay=0.0, eval_every=1,
-            epochs=5, mode="tp")
+BASE = dict(
+    arch="coupled",
+    hidden=11,
+    nn_layers=2,
+    dropout=0.5,
+    lr=0.05,
+    seed=3,
+    weight_decay=0.0,
+    eval_every=1,
+    epochs=5,
+    mode="tp",
+)
 CONFIGS = {
     "topic-table-adam": dict(BASE),  # papers and authors have features, topics an embedding table
     "one-hot-rowwise": dict(BASE, featureless=True, sparse_embeddings=True),  # stacked relation tables
-    "one-hot-basis-adamw": dict(BASE, featureless=True, decomposition="basis", num_bases=2, optimizer="adamw",
-                                weight_decay=0.01),
+    "one-hot-basis-adamw": dict(
+        BASE, featureless=True, decomposition="basis", num_bases=2, optimizer="adamw", weight_decay=0.01
+    ),
 }
 #: the state dict's keys of embedding tables
 TABLES = ("input.embeddings.", "first.root.", "first.tables.", "first.bases.")
@@ -38,8 +50,12 @@ def test_rgcn_with_learned_embeddings_resumes_like_an_uninterrupted_run(tmp_path
         state = checkpoint.load(checkpoint.latest_checkpoint(tmp_path / "first" / name))
         assert state["epoch"] == 1
         tables = [v.shape for k, v in state["model"].items() if any(t in k for t in TABLES)]
-        moments = [v.shape for s in state["optimizer"]["state"].values() for v in s.values() if v.dim() == 2
-                   and v.shape in tables]  # the tables' Adam moments: whole, not rank 0's columns
+        moments = [
+            v.shape
+            for s in state["optimizer"]["state"].values()
+            for v in s.values()
+            if v.dim() == 2 and v.shape in tables
+        ]  # the tables' Adam moments: whole, not rank 0's columns
         assert tables and all(s[1] == BASE["hidden"] for s in tables), name
         assert len(moments) == 2 * len(tables), name
 
@@ -52,5 +68,6 @@ def test_rgcn_with_learned_embeddings_resumes_like_an_uninterrupted_run(tmp_path
             assert res["losses"] == pytest.approx(ref["losses"], rel=rel), f"losses: {where}"
             assert res["best"][0] == ref["best"][0], where
             for key, w in ref["state"].items():
-                torch.testing.assert_close(res["state"][key], w, rtol=rel * 10, atol=1e-6,
-                                           msg=lambda m: f"{key}: {where}\n{m}")
+                torch.testing.assert_close(
+                    res["state"][key], w, rtol=rel * 10, atol=1e-6, msg=lambda m: f"{key}: {where}\n{m}"
+                )

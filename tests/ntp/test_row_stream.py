@@ -2,6 +2,7 @@
 stage computes: losses, every gradient and the predictions, for every model that streams, both architectures,
 1-3 ranks, blocks of a size that divides nothing. On a CPU the blocks are views (the GPU's copies are
 tests/ntp/test_cuda_stream.py's)."""
+
 from __future__ import annotations
 
 import re
@@ -21,8 +22,10 @@ CONFIGS = (
     [dict(BASE, model=m, arch="decoupled") for m in ("gcn", "sgc", "appnp", "sage", "gin")]
     + [dict(BASE, model=m, arch="coupled") for m in ("gcn", "sage", "gin")]
     + [dict(BASE, model=m, arch="coupled", hidden=24) for m in ("gcn", "sage")]  # wider than the features
-    + [dict(BASE, model="gin", arch="coupled", nn_layers=3),
-       dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="layer")]
+    + [
+        dict(BASE, model="gin", arch="coupled", nn_layers=3),
+        dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="layer"),
+    ]
 )
 GRAPHS = {"directed": random_graph(directed=True, seed=1), "symmetric": random_graph(directed=False, seed=2)}
 STREAMED = dict(nn_device="stream", nn_block_rows=7)  # 100 rows: 15 blocks, the last of 2 rows
@@ -37,15 +40,23 @@ def in_memory() -> dict:
 @pytest.mark.parametrize("graph_name", list(GRAPHS))
 def test_a_streamed_nn_stage_equals_the_in_memory_one(world: int, graph_name: str, in_memory: dict) -> None:
     mode = "single" if world == 1 else "tp"
-    per_rank = run_on_ranks(trace_all, world, [dict(c, mode=mode, **STREAMED) for c in CONFIGS], GRAPHS[graph_name],
-                            EPOCHS)
+    per_rank = run_on_ranks(
+        trace_all, world, [dict(c, mode=mode, **STREAMED) for c in CONFIGS], GRAPHS[graph_name], EPOCHS
+    )
     for i, cfg in enumerate(CONFIGS):
         ref, ranks = in_memory[graph_name][i], [r[i] for r in per_rank]
-        where = f"{cfg['arch']} {cfg['model']} (hidden {cfg['hidden']}, {cfg['nn_layers']} layers) on the " \
-                f"{graph_name} graph, world {world}"
+        where = (
+            f"{cfg['arch']} {cfg['model']} (hidden {cfg['hidden']}, {cfg['nn_layers']} layers) on the "
+            f"{graph_name} graph, world {world}"
+        )
         for rank_result in ranks:
-            torch.testing.assert_close(torch.tensor(rank_result["losses"]), torch.tensor(ref["losses"]),
-                                       rtol=1e-5, atol=1e-6, msg=lambda m: f"losses differ: {where}\n{m}")
+            torch.testing.assert_close(
+                torch.tensor(rank_result["losses"]),
+                torch.tensor(ref["losses"]),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"losses differ: {where}\n{m}",
+            )
             for name, g in ref["grads"].items():
                 assert_close_to_scale(rank_result["grads"][name], g, f"gradient of {name}: {where}")
         assert_close_to_scale(torch.cat([r["logits"] for r in ranks]), ref["logits"], f"predictions: {where}")
@@ -78,11 +89,14 @@ def test_a_segment_sees_its_blocks_global_rows_and_returns_gradients_of_inputs_a
     torch.testing.assert_close(ignored.grad, torch.zeros(10, 2))
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(model="gat"), "--model gat computes on its edges"),
-    (dict(norm="batch"), "--norm batch needs statistics over all rows"),
-    (dict(nn_device="cpu", nn_block_rows=64), "--nn-block-rows sizes the blocks of --nn-device stream"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(model="gat"), "--model gat computes on its edges"),
+        (dict(norm="batch"), "--norm batch needs statistics over all rows"),
+        (dict(nn_device="cpu", nn_block_rows=64), "--nn-block-rows sizes the blocks of --nn-device stream"),
+    ],
+)
 def test_what_cannot_stream_is_refused_with_its_fix(options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig(**{"nn_device": "stream", **options})
@@ -118,13 +132,19 @@ def test_a_streamed_link_encoder_equals_the_in_memory_one(world: int) -> None:
 
     graph, mode = link_graph(), "single" if world == 1 else "tp"
     ref = run_on_ranks(link_trace_all, world, [(dict(c, mode=mode), f) for c, f in LINK_CONFIGS], graph, EPOCHS)
-    streamed = run_on_ranks(link_trace_all, world, [(dict(c, mode=mode, **STREAMED), f) for c, f in LINK_CONFIGS],
-                            graph, EPOCHS)
+    streamed = run_on_ranks(
+        link_trace_all, world, [(dict(c, mode=mode, **STREAMED), f) for c, f in LINK_CONFIGS], graph, EPOCHS
+    )
     for i, (cfg, features) in enumerate(LINK_CONFIGS):
         where = f"{cfg['arch']} {cfg['model']} ({'features' if features else 'embeddings'}), world {world}"
         for r, s in zip(ref, streamed):
-            torch.testing.assert_close(torch.tensor(s[i]["losses"]), torch.tensor(r[i]["losses"]), rtol=1e-5,
-                                       atol=1e-6, msg=lambda m: f"losses differ: {where}\n{m}")
+            torch.testing.assert_close(
+                torch.tensor(s[i]["losses"]),
+                torch.tensor(r[i]["losses"]),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"losses differ: {where}\n{m}",
+            )
             assert_close_to_scale(s[i]["scores"], r[i]["scores"], f"validation scores: {where}")
             for name, g in r[i]["grads"].items():
                 assert_close_to_scale(s[i]["grads"][name], g, f"gradient of {name}: {where}")

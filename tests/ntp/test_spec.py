@@ -1,4 +1,5 @@
 """The launch spec: defaults decided once, contradictions refused with their fix, and the two bugs it fixed."""
+
 from __future__ import annotations
 
 import json
@@ -30,31 +31,37 @@ def test_defaults_follow_the_machine_and_the_process_count() -> None:
     assert (two_nodes.world_size, two_nodes.mode) == (4, "tp")
 
 
-@pytest.mark.parametrize("config, launch, message", [
-    (dict(mode="single"), dict(nproc=2), "--mode single runs one process"),
-    (dict(), dict(nproc=2, device="cuda", gpus=1), "NCCL cannot run two ranks on one GPU"),
-    (dict(), dict(device="cuda", gpus=0), "no CUDA GPU is visible"),
-    (dict(), dict(nproc=0), "--nproc 0 must be at least 1"),
-    (dict(), dict(nnodes=0), "--nnodes 0 must be at least 1"),
-    (dict(), dict(nnodes=2), "needs --rdzv-endpoint"),
-    (dict(), dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "--node-rank 2 must be in [0, --nnodes 2)"),
-    (dict(), dict(job_timeout_s=0), "--job-timeout 0 must be positive"),
-    (dict(), dict(nnodes=2, rdzv_endpoint="0.0.0.0:29500"), "names every interface"),
-    (dict(), dict(nnodes=2, rdzv_endpoint="[::]:29500"), "give the address of the interface"),
-])
+@pytest.mark.parametrize(
+    "config, launch, message",
+    [
+        (dict(mode="single"), dict(nproc=2), "--mode single runs one process"),
+        (dict(), dict(nproc=2, device="cuda", gpus=1), "NCCL cannot run two ranks on one GPU"),
+        (dict(), dict(device="cuda", gpus=0), "no CUDA GPU is visible"),
+        (dict(), dict(nproc=0), "--nproc 0 must be at least 1"),
+        (dict(), dict(nnodes=0), "--nnodes 0 must be at least 1"),
+        (dict(), dict(nnodes=2), "needs --rdzv-endpoint"),
+        (dict(), dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "--node-rank 2 must be in [0, --nnodes 2)"),
+        (dict(), dict(job_timeout_s=0), "--job-timeout 0 must be positive"),
+        (dict(), dict(nnodes=2, rdzv_endpoint="0.0.0.0:29500"), "names every interface"),
+        (dict(), dict(nnodes=2, rdzv_endpoint="[::]:29500"), "give the address of the interface"),
+    ],
+)
 def test_contradictory_launches_are_refused_with_the_fix(config: dict, launch: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         resolve(TrainConfig(store="s", **config), **{"gpus": 0, **launch})
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(arch="coupled", norm="batch"), "coupled layers have none"),
-    (dict(model="gat", overlap=True), "attention (--model gat)"),
-    (dict(mode="data", overlap=True), "--mode data has none"),
-    (dict(model="rgcn", input_dropout=0.0), "drop --input-dropout"),
-    (dict(input_dropout=1.0), "--input-dropout 1.0 must be in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(arch="coupled", norm="batch"), "coupled layers have none"),
+        (dict(model="gat", overlap=True), "attention (--model gat)"),
+        (dict(mode="data", overlap=True), "--mode data has none"),
+        (dict(model="rgcn", input_dropout=0.0), "drop --input-dropout"),
+        (dict(input_dropout=1.0), "--input-dropout 1.0 must be in [0, 1)"),
+    ],
+)
 def test_options_the_model_would_ignore_are_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         TrainConfig(**kwargs)
@@ -89,8 +96,9 @@ def _records(path) -> list[dict]:
 def test_ntp_train_without_nproc_runs_the_documented_default(cora_store: str, tmp_path, capsys) -> None:
     """Bug: `ntp train --store S` ran ONE process although --help promises all GPUs, else 2."""
     results = tmp_path / "r.jsonl"
-    code = ntp_main(["train", "--store", cora_store, "--epochs", "2", "--no-track", "--device", "cpu",
-                     "--results", str(results)])
+    code = ntp_main(
+        ["train", "--store", cora_store, "--epochs", "2", "--no-track", "--device", "cpu", "--results", str(results)]
+    )
     assert code == 0
     expected = min(2, os.cpu_count() or 1)
     records = _records(results)
@@ -104,9 +112,20 @@ def test_a_config_file_mode_survives_torchrun(cora_store: str, tmp_path) -> None
     """Bug: `torchrun -m ... --config run.yaml` with `mode: data` silently trained tensor parallel."""
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(f"mode: data\nstore: {cora_store}\nepochs: 2\nresults: {tmp_path / 'r.jsonl'}\n")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--log-dir={tmp_path / 'torchrun'}", "-m", "ntp.run.worker",
-           "--config", str(cfg_file), "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={tmp_path / 'torchrun'}",
+        "-m",
+        "ntp.run.worker",
+        "--config",
+        str(cfg_file),
+        "--device",
+        "cpu",
+    ]
     subprocess.run(cmd, check=True, timeout=300, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     records = _records(tmp_path / "r.jsonl")
     assert records[-1]["config"]["mode"] == "data"
@@ -115,8 +134,14 @@ def test_a_config_file_mode_survives_torchrun(cora_store: str, tmp_path) -> None
 
 def test_every_node_derives_the_same_job_id_from_the_same_command() -> None:
     def job(node_rank, **config) -> str:
-        return resolve(TrainConfig(store="s", **config), nproc=2, nnodes=2, node_rank=node_rank,
-                       rdzv_endpoint="10.0.0.1:29500", gpus=0).job_id
+        return resolve(
+            TrainConfig(store="s", **config),
+            nproc=2,
+            nnodes=2,
+            node_rank=node_rank,
+            rdzv_endpoint="10.0.0.1:29500",
+            gpus=0,
+        ).job_id
 
     assert job(0) == job(1) == job(None) and job(0).startswith("gcn-")
     assert job(0, lr=0.02) != job(0), "another configuration is another job"

@@ -1,4 +1,5 @@
 """The training loop on a real store: accuracy, torchrun launch, failures, resume, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -57,11 +58,21 @@ def test_memory_bounded_options_reach_torchrun_workers_and_keep_results(cora_sto
     ref = _launch(cfg.replace(mode="single", results=str(tmp_path / "ref.jsonl")), 1)
     lines: list[str] = []
     budget = store_budget(cora_store, 300_000, **{**cfg.to_dict(), "offload": "all"})
-    bounded = cfg.replace(mode="tp", results=str(tmp_path / "tp.jsonl"), memory_budget=budget, offload="all",
-                          nn_device="cpu", overlap=True, threads=1)
+    bounded = cfg.replace(
+        mode="tp",
+        results=str(tmp_path / "tp.jsonl"),
+        memory_budget=budget,
+        offload="all",
+        nn_device="cpu",
+        overlap=True,
+        threads=1,
+    )
     ours = _launch(bounded, 2, job_timeout_s=300, on_line=lines.append)
-    np.testing.assert_allclose([r["loss"] for r in _records(ours.results_path)[:-1]],
-                               [r["loss"] for r in _records(ref.results_path)[:-1]], rtol=1e-5)
+    np.testing.assert_allclose(
+        [r["loss"] for r in _records(ours.results_path)[:-1]],
+        [r["loss"] for r in _records(ref.results_path)[:-1]],
+        rtol=1e-5,
+    )
     worker = _records(ours.results_path)[1]["workers"][1]
     assert worker["chunks"] > 1 and worker["offload"] == "all" and worker["nn_device"] == "cpu"
     assert worker["overlapped"] and worker["cpu_s"] > 0 and set(worker["peak_mem_by_phase"]) == {"nn", "propagate"}
@@ -70,8 +81,15 @@ def test_memory_bounded_options_reach_torchrun_workers_and_keep_results(cora_sto
 
 
 def test_crashed_rank_fails_the_job_promptly_with_its_traceback(cora_store: str, tmp_path) -> None:
-    cfg = TrainConfig(store=cora_store, mode="tp", epochs=50, fail_rank=1, fail_at_epoch=2, collective_timeout_s=30,
-                      results=str(tmp_path / "r.jsonl"))
+    cfg = TrainConfig(
+        store=cora_store,
+        mode="tp",
+        epochs=50,
+        fail_rank=1,
+        fail_at_epoch=2,
+        collective_timeout_s=30,
+        results=str(tmp_path / "r.jsonl"),
+    )
     t0 = time.perf_counter()
     with pytest.raises(WorkerFailed) as err:
         _launch(cfg, 2, job_timeout_s=120)
@@ -96,8 +114,13 @@ def test_resume_ends_like_an_uninterrupted_run(tmp_path) -> None:
     whole = fit(setup(TrainConfig(**base, results=str(tmp_path / "a.jsonl")), SINGLE, loader(graph)))
     ckpt = str(tmp_path / "ckpt")
     fit(setup(TrainConfig(**{**base, "epochs": 5}, checkpoint_dir=ckpt), SINGLE, loader(graph)))  # "interrupted"
-    resumed = fit(setup(TrainConfig(**base, checkpoint_dir=ckpt, resume=True, results=str(tmp_path / "b.jsonl")),
-                        SINGLE, loader(graph)))
+    resumed = fit(
+        setup(
+            TrainConfig(**base, checkpoint_dir=ckpt, resume=True, results=str(tmp_path / "b.jsonl")),
+            SINGLE,
+            loader(graph),
+        )
+    )
     a, b = _records(tmp_path / "a.jsonl"), _records(tmp_path / "b.jsonl")
     assert [r["epoch"] for r in b[:-1]] == list(range(8))
     assert [r["loss"] for r in b[:-1]] == pytest.approx([r["loss"] for r in a[:-1]], rel=1e-6)
@@ -121,8 +144,14 @@ def test_graph_without_training_labels_is_refused() -> None:
 def test_saved_model_evaluates_to_the_training_result(cora_store: str, tmp_path) -> None:
     from ntp.engine.infer.inference import evaluate_model
 
-    cfg = TrainConfig(store=cora_store, epochs=20, hidden=16, model_out=str(tmp_path / "model.pt"),
-                      checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=20)
+    cfg = TrainConfig(
+        store=cora_store,
+        epochs=20,
+        hidden=16,
+        model_out=str(tmp_path / "model.pt"),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=20,
+    )
     job = setup(cfg, SINGLE)
     final = fit(job)
     metrics = evaluate_model(tmp_path / "model.pt", cora_store)
@@ -132,13 +161,16 @@ def test_saved_model_evaluates_to_the_training_result(cora_store: str, tmp_path)
     assert last["test"] == pytest.approx(job.history[-1].test_metric)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(model="gcnx"), "--model 'gcnx' is not valid; choose one of"),
-    (dict(model="appnp", arch="coupled"), "use --arch decoupled"),
-    (dict(dropout=1.0), "--dropout 1.0 must be in [0, 1)"),
-    (dict(epochs=0), "--epochs 0 must be at least 1"),
-    (dict(resume=True), "--resume needs --checkpoint-dir"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(model="gcnx"), "--model 'gcnx' is not valid; choose one of"),
+        (dict(model="appnp", arch="coupled"), "use --arch decoupled"),
+        (dict(dropout=1.0), "--dropout 1.0 must be in [0, 1)"),
+        (dict(epochs=0), "--epochs 0 must be at least 1"),
+        (dict(resume=True), "--resume needs --checkpoint-dir"),
+    ],
+)
 def test_bad_config_says_how_to_fix_it(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         TrainConfig(**kwargs)

@@ -1,4 +1,5 @@
 """Pipeline test fixtures (the session's private Prefect/MLflow/data environment is set in tests/conftest.py)."""
+
 from __future__ import annotations
 
 import importlib.util

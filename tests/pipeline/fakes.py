@@ -1,4 +1,5 @@
 """Hand-written results files for the parsing, plotting and MLflow-logging tests (no training)."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,16 @@ def epoch_record(epoch: int, ranks: int = 2, evaluated: bool = True) -> dict:
             "bytes_sent": {"split": 1000 * (r + 1), "gather": 2000, "allreduce": 64},
             "bytes_recv": {"split": 1000, "gather": 2000 * (r + 1), "allreduce": 64},
             "peak_mem_bytes": 100_000_000 + r,
-            "chunks": 4, "overlap_s": 0.01 * r, "cpu_s": 0.2, "nn_device": "cpu", "offload": "none",
-            "overlapped": r == 1, "peak_mem_by_phase": {"nn": 90_000_000, "propagate": 100_000_000 + r},
-            "host_pss_bytes": 300_000 + r, "topology_bytes": 8_000, "device_topology_bytes": 0,
+            "chunks": 4,
+            "overlap_s": 0.01 * r,
+            "cpu_s": 0.2,
+            "nn_device": "cpu",
+            "offload": "none",
+            "overlapped": r == 1,
+            "peak_mem_by_phase": {"nn": 90_000_000, "propagate": 100_000_000 + r},
+            "host_pss_bytes": 300_000 + r,
+            "topology_bytes": 8_000,
+            "device_topology_bytes": 0,
             "host": f"node-{r // 2}",  # two ranks per machine
         }
         for r in range(ranks)
@@ -35,9 +43,20 @@ def epoch_record(epoch: int, ranks: int = 2, evaluated: bool = True) -> dict:
 def write_results(path: Path, epochs: int = 3, ranks: int = 2, final: bool = True, truncated: bool = False) -> Path:
     lines = [json.dumps(epoch_record(e, ranks, evaluated=(e % 2 == 0 or e == epochs - 1))) for e in range(epochs)]
     if final:
-        lines.append(json.dumps({"final": True, "best_epoch": epochs - 1, "best_valid_metric": 0.6,
-                                 "test_metric": 0.55, "metric": "acc", "world_size": ranks, "epochs_run": epochs,
-                                 "config": {"model": "gcn", "epochs": epochs}}))
+        lines.append(
+            json.dumps(
+                {
+                    "final": True,
+                    "best_epoch": epochs - 1,
+                    "best_valid_metric": 0.6,
+                    "test_metric": 0.55,
+                    "metric": "acc",
+                    "world_size": ranks,
+                    "epochs_run": epochs,
+                    "config": {"model": "gcn", "epochs": epochs},
+                }
+            )
+        )
     text = "\n".join(lines) + "\n"
     if truncated:
         text += '{"epoch": 99, "loss": 1.'

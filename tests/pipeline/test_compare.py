@@ -1,4 +1,5 @@
 """`ntp compare`: side-by-side table of training runs."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,10 +16,14 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     tmp = tmp_path_factory.mktemp("compare")
     ids = []
     for ranks in (2, 4):
-        with tracking.start_training_run({"model": "gcn", "mode": "tp", "nn_layers": 2, "prop_steps": 2},
-                                         world_size=ranks, store_meta={"name": "cmp-graph", "fingerprint": "x"},
-                                         experiment="compare-test", run_name=f"tp{ranks}",
-                                         system_metrics=False) as run:
+        with tracking.start_training_run(
+            {"model": "gcn", "mode": "tp", "nn_layers": 2, "prop_steps": 2},
+            world_size=ranks,
+            store_meta={"name": "cmp-graph", "fingerprint": "x"},
+            experiment="compare-test",
+            run_name=f"tp{ranks}",
+            system_metrics=False,
+        ) as run:
             run.log_results(write_results(tmp / f"r{ranks}.jsonl", epochs=3, ranks=ranks))
         ids.append(run.run_id)
     return ids
@@ -29,8 +34,13 @@ def test_compare_run_ids(two_runs: list[str], capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert two_runs[0][:8] in lines[0] and two_runs[1][:8] in lines[0]
-    for label in ("epoch time median (s)", "bytes per rank per epoch", "compute balance (max/min)",
-                  "bytes balance (max/min)", "final test metric"):
+    for label in (
+        "epoch time median (s)",
+        "bytes per rank per epoch",
+        "compute balance (max/min)",
+        "bytes balance (max/min)",
+        "final test metric",
+    ):
         assert any(line.startswith(label) for line in lines), label
     world = next(line for line in lines if line.startswith("world size")).split()
     assert world[-2:] == ["2", "4"]

@@ -3,6 +3,7 @@
 Every process started here runs in its own session (process group) and is stopped, with its descendants,
 in a finally block.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,15 @@ def _free_port() -> int:
 @contextmanager
 def _started(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=PROJECT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             yield proc
         finally:
@@ -44,8 +52,16 @@ def _started(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subpro
 
 
 def _prefect(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
-    out = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=PROJECT, env=env, capture_output=True,
-                         text=True, timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "prefect", *args],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert out.returncode == 0, f"prefect {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
     return out.stdout + out.stderr
 
@@ -75,23 +91,38 @@ def test_deployment_loop(tmp_path: Path) -> None:
     api = f"http://127.0.0.1:{port}/api"
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({
-        "PREFECT_HOME": str(tmp_path / "prefect"),
-        "PREFECT_API_URL": api,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_UI_ENABLED": "false",
-        "MLFLOW_TRACKING_URI": mlflow_uri,
-        "NTP_DATA_DIR": str(tmp_path / "data"),
-    })
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_API_URL": api,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_UI_ENABLED": "false",
+            "MLFLOW_TRACKING_URI": mlflow_uri,
+            "NTP_DATA_DIR": str(tmp_path / "data"),
+        }
+    )
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
-    params = {"params": {
-        "dataset": {"name": "cora", "from_dir": str(CORA)},
-        "training": {"epochs": 2, "hidden": 16, "eval_every": 1},
-        "launch": {"nproc": 2, "device": "cpu", "job_timeout_s": 120},
-        "experiment": "deployment-test",
-    }}
-    server_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                  "--no-ui", "--analytics-off"]
+    params = {
+        "params": {
+            "dataset": {"name": "cora", "from_dir": str(CORA)},
+            "training": {"epochs": 2, "hidden": 16, "eval_every": 1},
+            "launch": {"nproc": 2, "device": "cpu", "job_timeout_s": 120},
+            "experiment": "deployment-test",
+        }
+    }
+    server_cmd = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-ui",
+        "--analytics-off",
+    ]
     with _started(server_cmd, server_env, tmp_path / "server.log") as server:
         _wait_healthy(api, server, tmp_path / "server.log")
         _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
@@ -115,8 +146,9 @@ def test_deployment_loop(tmp_path: Path) -> None:
         nightly = _get(f"{api}/deployments/name/pipeline/nightly-arxiv")
         assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
         assert _get(f"{api}/deployments/name/train/train")["work_pool_name"] == "gpu-pool"
-        assert Path(deployment["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"]) \
-            == PROJECT
+        assert (
+            Path(deployment["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"]) == PROJECT
+        )
 
     from mlflow.tracking import MlflowClient
 

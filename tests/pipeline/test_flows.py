@@ -1,4 +1,5 @@
 """Flows in ephemeral mode with real training runs on Cora (2 ranks, tensor parallel, a few epochs)."""
+
 from __future__ import annotations
 
 import time
@@ -22,10 +23,14 @@ def pipeline_result() -> dict[str, Any]:
     from flows.params import PipelineParams
     from flows.pipeline import pipeline
 
-    params = PipelineParams(dataset={"name": "cora", "from_dir": str(CORA)}, training=TINY,
-                            launch={"nproc": 2, "device": "cpu", "job_timeout_s": 120},
-                            experiment="pipeline-test", registered_model="cora-pipeline",
-                            embeddings_out=str(ROOT / "cora-embeddings"))
+    params = PipelineParams(
+        dataset={"name": "cora", "from_dir": str(CORA)},
+        training=TINY,
+        launch={"nproc": 2, "device": "cpu", "job_timeout_s": 120},
+        experiment="pipeline-test",
+        registered_model="cora-pipeline",
+        embeddings_out=str(ROOT / "cora-embeddings"),
+    )
     return pipeline(params)
 
 
@@ -37,8 +42,18 @@ def test_pipeline_tracks_parent_children_metrics_plots_model(pipeline_result: di
     assert run.data.params["weight_decay"] == "0.0005", "the value the ranks train with, not the option left out"
     assert run.data.params["store_fingerprint"] and run.data.tags.get(tracking.TAG_FLOW_RUN)
     assert len(c.get_metric_history(run.info.run_id, "loss")) == 3
-    for key in ("valid_metric", "final_test_metric", "epoch_s_median", "compute_s_max", "bytes_sent_per_epoch_min",
-                "comm_bytes_per_edge", "peak_mem_bytes_per_edge", "eval/train", "eval/valid", "eval/test"):
+    for key in (
+        "valid_metric",
+        "final_test_metric",
+        "epoch_s_median",
+        "compute_s_max",
+        "bytes_sent_per_epoch_min",
+        "comm_bytes_per_edge",
+        "peak_mem_bytes_per_edge",
+        "eval/train",
+        "eval/valid",
+        "eval/test",
+    ):
         assert key in run.data.metrics, key
     assert not any(k.startswith("workers/") for k in run.data.metrics), "per-worker series are in the child runs"
     assert 0.0 <= run.data.metrics["eval/test"] <= 1.0
@@ -46,10 +61,19 @@ def test_pipeline_tracks_parent_children_metrics_plots_model(pipeline_result: di
     children = tracking.TrainingRun(run.info.run_id, run.info.experiment_id, c, tracking.tracking_uri()).children()
     assert sorted(ch.data.tags["ntp.rank"] for ch in children) == ["0", "1"]
     assert all(len(c.get_metric_history(ch.info.run_id, "compute_s")) == 3 for ch in children)
-    paths = {a.path for d in ("plots", "timing", "tables", "model", "config")
-             for a in c.list_artifacts(run.info.run_id, d)}
-    assert {"plots/curves.png", "plots/workers.png", "plots/memory.png", "timing/worker_timing.parquet",
-            "timing/worker_timing.csv", "tables/worker_summary.json", "model/model.json", "config/config.yaml"} <= paths
+    paths = {
+        a.path for d in ("plots", "timing", "tables", "model", "config") for a in c.list_artifacts(run.info.run_id, d)
+    }
+    assert {
+        "plots/curves.png",
+        "plots/workers.png",
+        "plots/memory.png",
+        "timing/worker_timing.parquet",
+        "timing/worker_timing.csv",
+        "tables/worker_summary.json",
+        "model/model.json",
+        "config/config.yaml",
+    } <= paths
     assert any(p.startswith("model/") and not p.endswith(".json") for p in paths)
     assert run.inputs.dataset_inputs[0].dataset.name == "cora"
 
@@ -74,7 +98,7 @@ def test_pipeline_registers_the_model_and_publishes_embeddings(pipeline_result: 
     import mlflow
     import pandas as pd
 
-    version, = tracking.client().search_model_versions("name = 'cora-pipeline'")
+    (version,) = tracking.client().search_model_versions("name = 'cora-pipeline'")
     assert version.run_id == pipeline_result["run_id"]
     served = mlflow.pyfunc.load_model("models:/cora-pipeline/1")
     assert served.predict(pd.DataFrame({"node_id": [0, 1]}))["pred"].between(0, 6).all()
@@ -107,8 +131,12 @@ def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: st
 
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as err:
-        train(store=cora_store, training=TrainingOptions(**{**TINY, "fail_rank": 1, "fail_at_epoch": 1}),
-              launch=LaunchOptions(nproc=2, device="cpu", job_timeout_s=120), experiment="crash-test")
+        train(
+            store=cora_store,
+            training=TrainingOptions(**{**TINY, "fail_rank": 1, "fail_at_epoch": 1}),
+            launch=LaunchOptions(nproc=2, device="cpu", job_timeout_s=120),
+            experiment="crash-test",
+        )
     elapsed = time.monotonic() - start
     assert elapsed < 60, f"the crash took {elapsed:.0f} s to fail the flow"
     assert "Traceback" in str(err.value) and "rank 1" in str(err.value).lower()
@@ -122,17 +150,56 @@ def test_crashed_rank_fails_flow_with_traceback_and_mlflow_failed(cora_store: st
 def test_pipeline_command_line(cora_store: str, capsys: pytest.CaptureFixture[str]) -> None:
     from flows.pipeline_cli import main
 
-    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--device", "cpu", "--epochs", "2",
-                 "--hidden", "16", "--experiment", "cli-test"])
+    code = main(
+        [
+            "pipeline",
+            "cora",
+            "--from-dir",
+            str(CORA),
+            "--nproc",
+            "2",
+            "--device",
+            "cpu",
+            "--epochs",
+            "2",
+            "--hidden",
+            "16",
+            "--experiment",
+            "cli-test",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     run_id = next(line.split()[-1] for line in out.out.splitlines() if line.startswith("mlflow run:"))
     assert tracking.client().get_run(run_id).info.status == "FINISHED"
     assert f"store: {cora_store}" in out.out
 
-    code = main(["pipeline", "cora", "--from-dir", str(CORA), "--nproc", "2", "--device", "cpu", "--epochs", "3",
-                 "--hidden", "16", "--fail-rank", "1", "--fail-at-epoch", "1", "--retries", "1", "--retry-delay", "0",
-                 "--experiment", "cli-fail"])
+    code = main(
+        [
+            "pipeline",
+            "cora",
+            "--from-dir",
+            str(CORA),
+            "--nproc",
+            "2",
+            "--device",
+            "cpu",
+            "--epochs",
+            "3",
+            "--hidden",
+            "16",
+            "--fail-rank",
+            "1",
+            "--fail-at-epoch",
+            "1",
+            "--retries",
+            "1",
+            "--retry-delay",
+            "0",
+            "--experiment",
+            "cli-fail",
+        ]
+    )
     assert code == 1 and "injected failure on rank 1" in capsys.readouterr().err
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("cli-fail").experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
@@ -146,8 +213,12 @@ def test_job_timeout_kills_training_and_fails_run(cora_store: str) -> None:
 
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match="timed out"):
-        train(store=cora_store, training=TrainingOptions(epochs=100000, hidden=16, eval_every=1000),
-              launch=LaunchOptions(nproc=2, device="cpu", job_timeout_s=8), experiment="timeout-test")
+        train(
+            store=cora_store,
+            training=TrainingOptions(epochs=100000, hidden=16, eval_every=1000),
+            launch=LaunchOptions(nproc=2, device="cpu", job_timeout_s=8),
+            experiment="timeout-test",
+        )
     assert time.monotonic() - start < 60, "the job outlived its timeout by far"
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("timeout-test").experiment_id])
@@ -164,8 +235,12 @@ def test_input_errors_fail_at_once_and_are_never_retried(cora_store: str) -> Non
 
     start = time.monotonic()
     with pytest.raises(MemoryPlanError, match="raise --memory-budget"):
-        train(store=cora_store, training=TrainingOptions(epochs=2, memory_budget="1KB"),
-              launch=LaunchOptions(nproc=2, device="cpu", retries=2, retry_delay_s=0), experiment="plan-test")
+        train(
+            store=cora_store,
+            training=TrainingOptions(epochs=2, memory_budget="1KB"),
+            launch=LaunchOptions(nproc=2, device="cpu", retries=2, retry_delay_s=0),
+            experiment="plan-test",
+        )
     assert time.monotonic() - start < 30
     c = tracking.client()
     runs = c.search_runs([c.get_experiment_by_name("plan-test").experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")
@@ -176,7 +251,11 @@ def test_single_mode_runs_one_process(cora_store: str) -> None:
     from flows.params import LaunchOptions, TrainingOptions
     from flows.train import train
 
-    out = train(store=cora_store, training=TrainingOptions(mode="single", epochs=2, hidden=8),
-                launch=LaunchOptions(), experiment="single-test")
+    out = train(
+        store=cora_store,
+        training=TrainingOptions(mode="single", epochs=2, hidden=8),
+        launch=LaunchOptions(),
+        experiment="single-test",
+    )
     run = tracking.client().get_run(out["run_id"])
     assert run.data.params["mode"] == "single" and run.data.params["world_size"] == "1"

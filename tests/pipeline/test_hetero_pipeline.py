@@ -1,5 +1,6 @@
 """The Prefect pipeline on a heterogeneous OGB folder: prepare (with reverse relations) -> R-GCN on 2 ranks ->
 evaluate, tracked in MLflow with the target type the metric is about."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,9 +18,12 @@ def test_pipeline_trains_rgcn_and_names_the_target_type(tmp_path: Path) -> None:
     from flows.pipeline import pipeline
 
     folder = tiny_folder(tmp_path / "tiny")
-    params = PipelineParams(dataset={"name": "tiny-hetero", "from_dir": str(folder), "add_reverse": True},
-                            training={"model": "rgcn", "arch": "coupled", "epochs": 2, "hidden": 4, "dropout": 0.0},
-                            launch={"nproc": 2, "device": "cpu", "job_timeout_s": 120}, experiment="hetero-test")
+    params = PipelineParams(
+        dataset={"name": "tiny-hetero", "from_dir": str(folder), "add_reverse": True},
+        training={"model": "rgcn", "arch": "coupled", "epochs": 2, "hidden": 4, "dropout": 0.0},
+        launch={"nproc": 2, "device": "cpu", "job_timeout_s": 120},
+        experiment="hetero-test",
+    )
     result = pipeline(params)
     run = tracking.client().get_run(result["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["model"] == "rgcn"

@@ -1,4 +1,5 @@
 """Plain `ntp train` is tracked like the pipeline, and MLflow shows the curves while the job runs."""
+
 from __future__ import annotations
 
 import threading
@@ -25,8 +26,25 @@ def test_ntp_train_logs_epochs_to_mlflow_as_they_happen(cora_store: str, capsys)
     watcher = threading.Thread(target=_watch, args=("live-test", stop, seen), daemon=True)
     watcher.start()
     try:
-        code = ntp_main(["train", "--store", cora_store, "--nproc", "2", "--device", "cpu", "--epochs", str(EPOCHS),
-                         "--hidden", "16", "--eval-every", "10", "--experiment", "live-test"])
+        code = ntp_main(
+            [
+                "train",
+                "--store",
+                cora_store,
+                "--nproc",
+                "2",
+                "--device",
+                "cpu",
+                "--epochs",
+                str(EPOCHS),
+                "--hidden",
+                "16",
+                "--eval-every",
+                "10",
+                "--experiment",
+                "live-test",
+            ]
+        )
     finally:
         time.sleep(0.5)
         stop.set()
@@ -37,8 +55,9 @@ def test_ntp_train_logs_epochs_to_mlflow_as_they_happen(cora_store: str, capsys)
     partial = [n for status, n in seen if status == "RUNNING" and 0 < n < EPOCHS]
     assert partial, f"no partial curve seen while running: {seen[:5]} ... {seen[-5:]}"
     c = tracking.client()
-    run = c.search_runs([c.get_experiment_by_name("live-test").experiment_id],
-                        f"tags.`{tracking.TAG_KIND}` = 'train'")[0]
+    run = c.search_runs([c.get_experiment_by_name("live-test").experiment_id], f"tags.`{tracking.TAG_KIND}` = 'train'")[
+        0
+    ]
     assert run.info.status == "FINISHED" and run.info.run_name.startswith("gcn-decoupled-tp-2-")
     assert [m.step for m in c.get_metric_history(run.info.run_id, "loss")] == list(range(EPOCHS)), "each epoch once"
     assert run.data.metrics["final_test_metric"] > 0.5

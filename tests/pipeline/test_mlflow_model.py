@@ -1,6 +1,7 @@
 """The model's life in MLflow (real sqlite store): `ntp train --register` logs the best model as a pyfunc model
 (node ids -> predictions) and registers it; `ntp evaluate --run-id --register` logs the evaluation table, per-class
 metrics and confusion matrix computed from the exported predictions, and a new version."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,18 @@ from ntp.run.tracking import client
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     from storage import prepare
 
-    return str(prepare("synthetic", nodes=80, avg_degree=4.0, features=5, classes=3, seed=3,
-                       out=tmp_path_factory.mktemp("mlflow-model") / "synthetic", progress=lambda s: None))
+    return str(
+        prepare(
+            "synthetic",
+            nodes=80,
+            avg_degree=4.0,
+            features=5,
+            classes=3,
+            seed=3,
+            out=tmp_path_factory.mktemp("mlflow-model") / "synthetic",
+            progress=lambda s: None,
+        )
+    )
 
 
 def _last_json(text: str) -> dict:
@@ -30,12 +41,34 @@ def test_registered_model_predicts_node_ids_and_evaluation_is_logged(store, tmp_
     import mlflow
 
     model = str(tmp_path / "model.pt")
-    assert ntp_main(["train", "--store", store, "--nproc", "1", "--epochs", "8", "--hidden", "8", "--model-out", model,
-                     "--results", str(tmp_path / "r.jsonl"), "--experiment", "registry", "--register", "ntp-test"]) == 0
+    assert (
+        ntp_main(
+            [
+                "train",
+                "--store",
+                store,
+                "--nproc",
+                "1",
+                "--epochs",
+                "8",
+                "--hidden",
+                "8",
+                "--model-out",
+                model,
+                "--results",
+                str(tmp_path / "r.jsonl"),
+                "--experiment",
+                "registry",
+                "--register",
+                "ntp-test",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "registered ntp-test version 1" in out
     c = client()
-    run, = c.search_runs([c.get_experiment_by_name("registry").experiment_id], "tags.`ntp.kind` = 'train'")
+    (run,) = c.search_runs([c.get_experiment_by_name("registry").experiment_id], "tags.`ntp.kind` = 'train'")
     final = json.loads((tmp_path / "r.jsonl").read_text().strip().splitlines()[-1])
 
     served = mlflow.pyfunc.load_model("models:/ntp-test/1")
@@ -50,14 +83,34 @@ def test_registered_model_predicts_node_ids_and_evaluation_is_logged(store, tmp_
         served.predict(pd.DataFrame({"node_id": [80]}))
 
     capsys.readouterr()
-    assert ntp_main(["evaluate", "--model", model, "--store", store, "--nproc", "2", "--run-id", run.info.run_id,
-                     "--register", "ntp-test"]) == 0
+    assert (
+        ntp_main(
+            [
+                "evaluate",
+                "--model",
+                model,
+                "--store",
+                store,
+                "--nproc",
+                "2",
+                "--run-id",
+                run.info.run_id,
+                "--register",
+                "ntp-test",
+            ]
+        )
+        == 0
+    )
     result = _last_json(capsys.readouterr().out)
     assert result["run_id"] == run.info.run_id and int(result["version"]) == 2
     assert result["test"] == final["test_metric"]
     paths = {a.path for d in ("tables", "plots") for a in c.list_artifacts(run.info.run_id, d)}
-    assert {"tables/evaluation.json", "tables/per_class_test.json", "plots/confusion_test.png",
-            "plots/curves.png"} <= paths
+    assert {
+        "tables/evaluation.json",
+        "tables/per_class_test.json",
+        "plots/confusion_test.png",
+        "plots/curves.png",
+    } <= paths
     table = c.load_table(run.info.experiment_id, "tables/evaluation.json", run_ids=[run.info.run_id])
     assert table.set_index("split").loc["test", "value"] == final["test_metric"]  # recomputed from the export
     per_class = c.load_table(run.info.experiment_id, "tables/per_class_test.json", run_ids=[run.info.run_id])

@@ -1,4 +1,5 @@
 """Flow parameters, the `ntp pipeline` command line, prefect.yaml and import hygiene (no Prefect engine)."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,15 @@ def test_pipeline_schema_is_a_typed_form() -> None:
     schema = PipelineParams.model_json_schema()
     defs = schema["$defs"]
     assert schema["required"] == ["dataset"]
-    assert defs["TrainingOptions"]["properties"]["model"]["enum"] == ["gcn", "sgc", "appnp", "sage", "gin", "gat",
-                                                                         "rgcn"]
+    assert defs["TrainingOptions"]["properties"]["model"]["enum"] == [
+        "gcn",
+        "sgc",
+        "appnp",
+        "sage",
+        "gin",
+        "gat",
+        "rgcn",
+    ]
     assert defs["TrainingOptions"]["properties"]["epochs"]["default"] == 100
     assert all(p.get("description") for d in defs.values() for p in d["properties"].values())
     with pytest.raises(ValueError):
@@ -60,8 +68,11 @@ def test_form_hides_test_hooks_but_runs_accept_them() -> None:
         assert not {"fail_at_epoch", "fail_rank"} & set(form["properties"]), flow.name
         assert "epochs" in form["properties"] and form["additionalProperties"] is False
     schema = pipeline.parameters.model_dump_for_openapi()
-    validate({"params": {"dataset": {"name": "cora"}, "training": {"fail_rank": 1, "fail_at_epoch": 2}}}, schema,
-             raise_on_error=True)
+    validate(
+        {"params": {"dataset": {"name": "cora"}, "training": {"fail_rank": 1, "fail_at_epoch": 2}}},
+        schema,
+        raise_on_error=True,
+    )
     for bad in ({"fail_rank": "one"}, {"bogus": 1}):
         with pytest.raises(ValidationError, match="fail_rank|bogus"):
             validate({"params": {"dataset": {"name": "cora"}, "training": bad}}, schema, raise_on_error=True)
@@ -73,9 +84,31 @@ def test_pipeline_command_line_to_params() -> None:
 
     parser = argparse.ArgumentParser()
     add_pipeline_command(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["pipeline", "synthetic", "--nodes", "500", "--data-seed", "3", "--symmetrize",
-                              "--epochs", "5", "--seed", "7", "--model", "sage", "--nproc", "2", "--retries", "1",
-                              "--job-timeout", "60", "--experiment", "exp"])
+    args = parser.parse_args(
+        [
+            "pipeline",
+            "synthetic",
+            "--nodes",
+            "500",
+            "--data-seed",
+            "3",
+            "--symmetrize",
+            "--epochs",
+            "5",
+            "--seed",
+            "7",
+            "--model",
+            "sage",
+            "--nproc",
+            "2",
+            "--retries",
+            "1",
+            "--job-timeout",
+            "60",
+            "--experiment",
+            "exp",
+        ]
+    )
     p = params_from_args(args)
     assert p.dataset == DatasetOptions(name="synthetic", nodes=500, seed=3, symmetrize=True)
     assert (p.training.epochs, p.training.seed, p.training.model, p.training.mode) == (5, 7, "sage", None)
@@ -86,10 +119,12 @@ def test_pipeline_command_line_to_params() -> None:
 
 
 def test_packages_do_not_import_prefect_eagerly() -> None:
-    code = ("import sys, argparse, flows, flows.pipeline_cli, ntp.run.tracking, ntp.run.compare;"
-            "p = argparse.ArgumentParser(); s = p.add_subparsers();"
-            "flows.pipeline_cli.add_pipeline_command(s); ntp.run.compare.add_compare_command(s);"
-            "assert not [m for m in sys.modules if m.split('.')[0] in ('prefect', 'mlflow')], 'eager import'")
+    code = (
+        "import sys, argparse, flows, flows.pipeline_cli, ntp.run.tracking, ntp.run.compare;"
+        "p = argparse.ArgumentParser(); s = p.add_subparsers();"
+        "flows.pipeline_cli.add_pipeline_command(s); ntp.run.compare.add_compare_command(s);"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('prefect', 'mlflow')], 'eager import'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PROJECT, timeout=120)
 
 

@@ -6,6 +6,7 @@ on a pseudo-terminal, typing nothing, so a prompt fails the test), with a privat
 MLflow database; the server and the worker are stopped with everything they started. The first test (reading the
 README only) is fast; the second is a `deployment` test.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -47,9 +48,15 @@ def test_readme_prefect_section_runs_in_fresh_shells() -> None:
             assert deployment["work_pool_name"] == "gpu-pool" and deployment["schedules"] == []
 
             # prefect deploy --all again, with no stdin at all: no question, no failure
-            redeploy = subprocess.run(["bash", "-c", session.shell("prefect deploy --all")], cwd=PROJECT,
-                                      env=session.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                      timeout=120)
+            redeploy = subprocess.run(
+                ["bash", "-c", session.shell("prefect deploy --all")],
+                cwd=PROJECT,
+                env=session.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert redeploy.returncode == 0, redeploy.stdout + redeploy.stderr
 
             from mlflow.tracking import MlflowClient

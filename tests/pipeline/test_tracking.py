@@ -1,4 +1,5 @@
 """ntp.run.tracking: results parsing, summaries, plots and MLflow runs from hand-written results files."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,9 +22,23 @@ def test_timing_table_and_summary(tmp_path: Path) -> None:
     res = read_results(write_results(tmp_path / "r.jsonl", epochs=4, ranks=2))
     table = tracking.timing_table(res)
     assert len(table) == 8
-    assert {"epoch", "rank", "compute_s", "comm_s_split", "comm_s_gather", "comm_s_total", "bytes_sent_split",
-            "bytes_recv_gather", "bytes_sent_total", "peak_mem_bytes", "chunks", "overlap_s", "cpu_s",
-            "peak_mem_nn", "peak_mem_propagate"} <= set(table.columns)
+    assert {
+        "epoch",
+        "rank",
+        "compute_s",
+        "comm_s_split",
+        "comm_s_gather",
+        "comm_s_total",
+        "bytes_sent_split",
+        "bytes_recv_gather",
+        "bytes_sent_total",
+        "peak_mem_bytes",
+        "chunks",
+        "overlap_s",
+        "cpu_s",
+        "peak_mem_nn",
+        "peak_mem_propagate",
+    } <= set(table.columns)
     s = tracking.summarize(res)
     assert s["epochs_run"] == 4
     assert s["compute_s_max"] == pytest.approx(0.11) and s["compute_s_min"] == pytest.approx(0.10)
@@ -71,8 +86,10 @@ def test_memory_peaks_by_phase_per_rank(tmp_path: Path) -> None:
     from ntp.run.tracking.plots import memory_peaks
 
     res = read_results(write_results(tmp_path / "r.jsonl", ranks=2))
-    assert memory_peaks(res) == {0: {"nn": 90_000_000, "propagate": 100_000_000},
-                                 1: {"nn": 90_000_000, "propagate": 100_000_001}}
+    assert memory_peaks(res) == {
+        0: {"nn": 90_000_000, "propagate": 100_000_000},
+        1: {"nn": 90_000_000, "propagate": 100_000_001},
+    }
     res.epochs[0].workers[0].peak_mem_by_phase = {}
     res.epochs = res.epochs[:1]
     assert memory_peaks(res)[0] == {"epoch": 100_000_000}, "no phases measured: the epoch's peak"
@@ -86,9 +103,14 @@ def test_training_run_logs_parent_children_artifacts(tmp_path: Path) -> None:
     model = tmp_path / "model.pt"
     model.write_bytes(b"weights")
     meta = {"name": "fake-graph", "fingerprint": "f" * 16, "num_nodes": 10, "num_edges": 1000}
-    with tracking.start_training_run({"model": "gcn", "epochs": 3, "store": str(tmp_path)}, world_size=2,
-                                     store_meta=meta, store_path=tmp_path, flow_run_id="flow-123",
-                                     system_metrics_interval_s=0.5) as run:
+    with tracking.start_training_run(
+        {"model": "gcn", "epochs": 3, "store": str(tmp_path)},
+        world_size=2,
+        store_meta=meta,
+        store_path=tmp_path,
+        flow_run_id="flow-123",
+        system_metrics_interval_s=0.5,
+    ) as run:
         run.log_epochs(read_results(results).epochs)  # live, while a real job runs
         summary = run.log_results(results)
         run.log_model(model, config={"model": "gcn"}, store_meta=meta)
@@ -111,9 +133,19 @@ def test_training_run_logs_parent_children_artifacts(tmp_path: Path) -> None:
         for key in ("compute_s", "comm_s/gather", "bytes_sent_total", "peak_mem_bytes"):
             assert len(c.get_metric_history(child.info.run_id, key)) == 3, key
     paths = {a.path for d in ("plots", "timing", "tables", "model", "config") for a in c.list_artifacts(run.run_id, d)}
-    assert {"plots/curves.png", "plots/workers.png", "plots/memory.png", "timing/worker_timing.parquet",
-            "timing/worker_timing.csv", "tables/worker_summary.json", "tables/worker_timing.json",
-            "model/model.pt", "model/model.json", "config/config.json", "config/config.yaml"} <= paths
+    assert {
+        "plots/curves.png",
+        "plots/workers.png",
+        "plots/memory.png",
+        "timing/worker_timing.parquet",
+        "timing/worker_timing.csv",
+        "tables/worker_summary.json",
+        "tables/worker_timing.json",
+        "model/model.pt",
+        "model/model.json",
+        "config/config.json",
+        "config/config.yaml",
+    } <= paths
     ds = parent.inputs.dataset_inputs[0].dataset
     assert ds.digest == "f" * 16 and ds.name == "fake-graph" and str(tmp_path) in ds.source
     from tests.pipeline.conftest import ROOT
@@ -135,8 +167,7 @@ def test_tables_are_native_mlflow_tables(tmp_path: Path) -> None:
     import json
 
     results = write_results(tmp_path / "r.jsonl", epochs=3, ranks=2)
-    with tracking.start_training_run({"model": "gcn"}, world_size=2, experiment="tables",
-                                     system_metrics=False) as run:
+    with tracking.start_training_run({"model": "gcn"}, world_size=2, experiment="tables", system_metrics=False) as run:
         run.log_results(results)
         run.log_results(results)  # again (partial, then final results): the tables are replaced, not appended
     logged = json.loads(run.client.get_run(run.run_id).data.tags["mlflow.loggedArtifacts"])
@@ -161,8 +192,7 @@ def test_failed_training_leaves_run_failed(tmp_path: Path) -> None:
 
 
 def test_log_evaluation_into_run_or_new_run(tmp_path: Path) -> None:
-    with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="evals",
-                                     system_metrics=False) as run:
+    with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="evals", system_metrics=False) as run:
         pass
     metrics = {"train": 0.9, "valid": 0.8, "test": 0.7, "metric": "acc"}
     assert tracking.log_evaluation(run.run_id, metrics) == run.run_id
@@ -194,8 +224,7 @@ def test_experiments_are_marked_model_training(tmp_path: Path) -> None:
 
 
 def test_run_url_uses_the_ui_address_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="links",
-                                     system_metrics=False) as run:
+    with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="links", system_metrics=False) as run:
         pass
     page = f"/#/experiments/{run.experiment_id}/runs/{run.run_id}?workflowType=machine_learning"
     monkeypatch.delenv(tracking.UI_URL_ENV, raising=False)
@@ -231,8 +260,9 @@ def test_system_metrics_without_a_gpu() -> None:
 
     from ntp.run.tracking.runs import _monitor
 
-    with tracking.start_training_run({"model": "gcn"}, world_size=1, experiment="sysmetrics",
-                                     system_metrics=False) as run:
+    with tracking.start_training_run(
+        {"model": "gcn"}, world_size=1, experiment="sysmetrics", system_metrics=False
+    ) as run:
         monitor = _monitor(run.run_id, run.uri, 0.1)
         assert monitor is not None
         deadline = time.time() + 20

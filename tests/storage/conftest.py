@@ -40,8 +40,7 @@ def shared_datasets() -> Path:
 def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small synthetic store with several chunks per array (do not modify: copy it)."""
     out = tmp_path_factory.mktemp("small") / "store"
-    prepare("synthetic", nodes=1000, avg_degree=6, features=20, classes=4, out=out, progress=quiet,
-            layout=SMALL_CHUNKS)
+    prepare("synthetic", nodes=1000, avg_degree=6, features=20, classes=4, out=out, progress=quiet, layout=SMALL_CHUNKS)
     return out
 
 

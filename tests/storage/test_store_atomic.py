@@ -13,14 +13,22 @@ from store_helpers import REPO, quiet
 from storage import StoreError, open_store, prepare
 from storage.paths import temp_prefix
 
-BUILD = ("import sys; from storage import prepare; "
-         "print(prepare('synthetic', nodes=int(sys.argv[2]), avg_degree=20, features=64, out=sys.argv[1]))")
+BUILD = (
+    "import sys; from storage import prepare; "
+    "print(prepare('synthetic', nodes=int(sys.argv[2]), avg_degree=20, features=64, out=sys.argv[1]))"
+)
 
 
 def start_build(target, nodes: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", BUILD, str(target), str(nodes)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", BUILD, str(target), str(nodes)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("marker", ["edges read", "scattering", "writing topology", "writing features"])
@@ -52,8 +60,9 @@ def test_concurrent_builders_end_with_one_store(tmp_path):
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     assert {out.strip().splitlines()[-1] for out, _ in results} == {str(target)}
-    built = sum("store ready" in err and "another process" not in err and "already built" not in err
-                for _, err in results)
+    built = sum(
+        "store ready" in err and "another process" not in err and "already built" not in err for _, err in results
+    )
     assert built == 1, [err for _, err in results]
     store = open_store(target)
     store.verify()

@@ -15,13 +15,25 @@ from storage.cli import add_data_commands, main
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "storage.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "storage.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_prepare_then_info(tmp_path):
-    res = run_cli("data", "prepare", "synthetic", "--nodes", "400", "--features", "4", "--classes", "3",
-                  "--data-dir", str(tmp_path))
+    res = run_cli(
+        "data",
+        "prepare",
+        "synthetic",
+        "--nodes",
+        "400",
+        "--features",
+        "4",
+        "--classes",
+        "3",
+        "--data-dir",
+        str(tmp_path),
+    )
     assert res.returncode == 0, res.stderr
     path = res.stdout.strip().splitlines()[-1]
     assert path.startswith(str(tmp_path / "stores" / "synthetic-"))

@@ -34,8 +34,9 @@ def test_valid_copy_opens(store_copy):
 
 def test_missing_array(store_copy):
     shutil.rmtree(store_copy / "features")
-    expect_error(store_copy, "'features'", "missing", "Fix: rebuild it with `ntp data prepare synthetic",
-                 f"--out {store_copy}")
+    expect_error(
+        store_copy, "'features'", "missing", "Fix: rebuild it with `ntp data prepare synthetic", f"--out {store_copy}"
+    )
 
 
 def test_missing_chunk(store_copy):
@@ -89,8 +90,10 @@ def test_not_a_directory(tmp_path):
     expect_error(tmp_path / "nothing", "no such store directory", "ntp data prepare")
 
 
-@pytest.mark.parametrize("delta, fragment", [(1, "num_classes is 5 but the labels use 4 classes"),
-                                             (-1, "num_classes is 3 but the labels range over [0, 3]")])
+@pytest.mark.parametrize(
+    "delta, fragment",
+    [(1, "num_classes is 5 but the labels use 4 classes"), (-1, "num_classes is 3 but the labels range over [0, 3]")],
+)
 def test_verify_recomputes_num_classes(store_copy, delta, fragment):
     edit_attrs(store_copy, num_classes=4 + delta)
     store = open_store(store_copy)  # shapes still agree: only reading the labels tells

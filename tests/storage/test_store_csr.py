@@ -20,7 +20,7 @@ EDGES = [(0, 1), (0, 2), (2, 1), (1, 1), (0, 1)]
 
 def rows(store) -> list[list[int]]:
     indptr, indices = store.indptr(), store.indices()
-    return [indices[indptr[v]:indptr[v + 1]].tolist() for v in range(store.meta.num_nodes)]
+    return [indices[indptr[v] : indptr[v + 1]].tolist() for v in range(store.meta.num_nodes)]
 
 
 @pytest.fixture
@@ -30,14 +30,17 @@ def edge_csv(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("options, expected", [
-    ({}, [[], [0, 0, 1, 2], [0], [], []]),
-    ({"dedup": True}, [[], [0, 1, 2], [0], [], []]),
-    ({"drop_self_loops": True}, [[], [0, 0, 2], [0], [], []]),
-    ({"self_loops": True}, [[0], [0, 0, 1, 2], [0, 2], [3], [4]]),
-    ({"symmetrize": True}, [[1, 2], [0, 1, 2], [0, 1], [], []]),
-    ({"symmetrize": True, "drop_self_loops": True}, [[1, 2], [0, 2], [0, 1], [], []]),
-])
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ({}, [[], [0, 0, 1, 2], [0], [], []]),
+        ({"dedup": True}, [[], [0, 1, 2], [0], [], []]),
+        ({"drop_self_loops": True}, [[], [0, 0, 2], [0], [], []]),
+        ({"self_loops": True}, [[0], [0, 0, 1, 2], [0, 2], [3], [4]]),
+        ({"symmetrize": True}, [[1, 2], [0, 1, 2], [0, 1], [], []]),
+        ({"symmetrize": True, "drop_self_loops": True}, [[1, 2], [0, 2], [0, 1], [], []]),
+    ],
+)
 def test_preprocessing(options, expected, edge_csv, tmp_path):
     store = open_store(prepare("toy", edges=edge_csv, nodes=5, data_dir=tmp_path, progress=quiet, **options))
     assert rows(store) == expected
@@ -102,7 +105,7 @@ def test_streaming_matches_reference(flags, tmp_path, monkeypatch):
     prep = Preprocessing(symmetrize=flags[0], dedup=flags[1], self_loops=flags[2])
     builder = CsrBuilder(n, "int32", tmp_path, True, prep, quiet)
     for start in range(0, e, 23):
-        builder.add(src[start:start + 23], dst[start:start + 23], w[start:start + 23])
+        builder.add(src[start : start + 23], dst[start : start + 23], w[start : start + 23])
     got = builder.finish()
     ref = reference_rows(src, dst, w, n, prep)
     assert got.indptr.tolist() == np.cumsum([0] + [len(r) for r in ref]).tolist()
@@ -113,8 +116,9 @@ def test_streaming_matches_reference(flags, tmp_path, monkeypatch):
 
 def test_edgelist_with_everything(tmp_path):
     n = 6
-    pq.write_table(pa.table({"src": [0, 1, 2, 0], "dst": [1, 2, 3, 1], "weight": [0.5, 1.0, 2.0, 9.0]}),
-                   tmp_path / "e.parquet")
+    pq.write_table(
+        pa.table({"src": [0, 1, 2, 0], "dst": [1, 2, 3, 1], "weight": [0.5, 1.0, 2.0, 9.0]}), tmp_path / "e.parquet"
+    )
     x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", np.array([0, 1, 2, -1, 1, 0]))
@@ -122,9 +126,18 @@ def test_edgelist_with_everything(tmp_path):
     np.save(tmp_path / "splits" / "train.npy", np.array([2, 0]))
     (tmp_path / "splits" / "valid.csv").write_text("1\n4\n")
     (tmp_path / "splits" / "test.txt").write_text("5\n")
-    store = open_store(prepare("edgelist", edges=tmp_path / "e.parquet", node_features=tmp_path / "x.npy",
-                               labels=tmp_path / "y.npy", splits=tmp_path / "splits", dedup=True,
-                               data_dir=tmp_path, progress=quiet))
+    store = open_store(
+        prepare(
+            "edgelist",
+            edges=tmp_path / "e.parquet",
+            node_features=tmp_path / "x.npy",
+            labels=tmp_path / "y.npy",
+            splits=tmp_path / "splits",
+            dedup=True,
+            data_dir=tmp_path,
+            progress=quiet,
+        )
+    )
     m = store.meta
     assert (m.num_nodes, m.num_edges, m.feature_dim, m.num_classes, m.has_edge_weights) == (6, 3, 3, 3, True)
     assert rows(store) == [[], [0], [1], [2], [], []]  # vertices 4, 5 isolated
@@ -138,13 +151,13 @@ def test_edgelist_with_everything(tmp_path):
 def test_edgelist_rows_must_match(tmp_path, edge_csv):
     np.save(tmp_path / "x.npy", np.zeros((4, 2), np.float32))
     with pytest.raises(StoreError, match="node_features has 4 rows but the graph has 5"):
-        prepare("toy", edges=edge_csv, node_features=tmp_path / "x.npy", nodes=5, data_dir=tmp_path,
-                progress=quiet)
+        prepare("toy", edges=edge_csv, node_features=tmp_path / "x.npy", nodes=5, data_dir=tmp_path, progress=quiet)
 
 
 def test_ogb_name_from_dir_uses_ogb_metadata(shared_datasets, tmp_path):
     """Cora's files under OGB's products name: products adds inverse edges, so the store is symmetrised."""
     import shutil
+
     folder = tmp_path / "products"
     shutil.copytree(shared_datasets / "ogb-layout" / "cora", folder)
     (folder / "split" / "public").rename(folder / "split" / "sales_ranking")

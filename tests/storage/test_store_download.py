@@ -75,8 +75,7 @@ def test_dead_server_times_out(tmp_path, monkeypatch):
     start = time.monotonic()
     try:
         with pytest.raises(StoreError, match="cannot download"):
-            prepare("ogbn-arxiv", mirror=f"http://127.0.0.1:{sock.getsockname()[1]}",
-                    data_dir=tmp_path, progress=quiet)
+            prepare("ogbn-arxiv", mirror=f"http://127.0.0.1:{sock.getsockname()[1]}", data_dir=tmp_path, progress=quiet)
     finally:
         sock.close()
     assert time.monotonic() - start < 10
@@ -95,12 +94,14 @@ def test_count_mismatch_is_reported(shared_datasets, tmp_path):
     folder = tmp_path / "cora"
     shutil.copytree(shared_datasets / "ogb-layout" / "cora", folder)
     import gzip
+
     with gzip.open(folder / "raw" / "num-edge-list.csv.gz", "wt") as f:
         f.write("10557\n")
     with pytest.raises(StoreError, match="10556 edges but the dataset says 10557"):
         prepare("cora", from_dir=folder, data_dir=tmp_path, progress=quiet)
     assert not (tmp_path / "stores").exists() or not any(
-        p.name.startswith("cora") for p in (tmp_path / "stores").iterdir())
+        p.name.startswith("cora") for p in (tmp_path / "stores").iterdir()
+    )
 
 
 def test_heterogeneous_dataset_downloads_its_own_zip(http_root, tmp_path):
@@ -132,8 +133,12 @@ def test_killed_download_leaves_nothing_behind(http_root, shared_datasets, tmp_p
     sock = stalling_server(stop)
     data, raw = tmp_path / "data", tmp_path / "data" / "raw"
     code = "import sys; from storage import prepare; prepare('ogbn-arxiv', mirror=sys.argv[1], data_dir=sys.argv[2])"
-    proc = subprocess.Popen([sys.executable, "-c", code, f"http://127.0.0.1:{sock.getsockname()[1]}", str(data)],
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, f"http://127.0.0.1:{sock.getsockname()[1]}", str(data)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not [p for p in raw.glob("arxiv.zip.part-*") if p.stat().st_size] and time.monotonic() < deadline:

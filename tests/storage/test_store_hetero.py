@@ -1,5 +1,6 @@
 """Heterogeneous stores from OGB's heterogeneous layout: the real AIFB and IMDB folders, --add-reverse, `ntp data
 info`, and bad folders (each error names the file and the fix)."""
+
 from __future__ import annotations
 
 import gzip
@@ -47,8 +48,9 @@ def tiny_folder(root: Path) -> Path:
 def aifb_store(tmp_path_factory: pytest.TempPathFactory):
     if not AIFB.is_dir():
         pytest.skip(f"shared data not found at {AIFB}")
-    return open_store(prepare("aifb", from_dir=AIFB, out=tmp_path_factory.mktemp("h") / "aifb", add_reverse=True,
-                              **quiet))
+    return open_store(
+        prepare("aifb", from_dir=AIFB, out=tmp_path_factory.mktemp("h") / "aifb", add_reverse=True, **quiet)
+    )
 
 
 def test_aifb_relations_labels_and_splits(aifb_store) -> None:
@@ -81,8 +83,9 @@ def test_imdb_per_type_features_and_info(tmp_path: Path, capsys: pytest.CaptureF
     with gzip.open(IMDB / "raw/node-feat/director/node-feat.csv.gz", "rt") as f:
         first = np.array([float(v) for v in f.readline().split(",")], np.float32)
     assert store.type_features("director").shape == (2081, 3066)
-    np.testing.assert_array_equal(store.type_features("director", rows=slice(0, 1), cols=slice(100, 200))[0],
-                                  first[100:200])
+    np.testing.assert_array_equal(
+        store.type_features("director", rows=slice(0, 1), cols=slice(100, 200))[0], first[100:200]
+    )
     movie0 = types["movie"]["offset"]
     y = store.labels()
     assert (y[:movie0] == -1).all() and (y[movie0:] >= 0).all()  # only the target type has labels
@@ -94,8 +97,9 @@ def test_imdb_per_type_features_and_info(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_tiny_folder_and_reverse_relations(tmp_path: Path) -> None:
-    store = open_store(prepare("tiny", from_dir=tiny_folder(tmp_path / "t"), out=tmp_path / "s", add_reverse=True,
-                               **quiet))
+    store = open_store(
+        prepare("tiny", from_dir=tiny_folder(tmp_path / "t"), out=tmp_path / "s", add_reverse=True, **quiet)
+    )
     rels = {r["key"]: r for r in store.meta.hetero["relations"]}
     assert rels["paper___rev_writes___author"]["reverse_of"] == "author___writes___paper"
     indptr, indices = store.relation_csr("author___writes___paper")
@@ -104,20 +108,35 @@ def test_tiny_folder_and_reverse_relations(tmp_path: Path) -> None:
     assert store.split("train").tolist() == [3, 4]  # global ids: authors first (num-node-dict's order)
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda r: _write(r / "raw/relations/paper___likes___paper/edge.csv.gz", ["0,1"]),
-     r"raw/relations/paper___likes___paper: unknown relation name.*Fix: add the relation to triplet-type-list"),
-    (lambda r: _write(r / "split/random/author/train.csv.gz", ["0"]),
-     r"split/random/author: a split on type 'author', which has no labels.*Fix: add that type's labels"),
-    (lambda r: _write(r / "raw/relations/author___writes___paper/num-edge-list.csv.gz", ["5"]),
-     r"author___writes___paper/num-edge-list.csv.gz: says \[5\] edges but edge.csv.gz has 3 \(mismatched counts\)"),
-    (lambda r: _write(r / "raw/relations/paper___cites___paper/edge.csv.gz", ["0,1", "1,4"]),
-     r"paper___cites___paper/edge.csv.gz: target ids range over \[1, 4\] but type 'paper' has 4 nodes"),
-    (lambda r: _write(r / "raw/node-feat/paper/node-feat.csv.gz", ["1,0", "0,1"]),
-     r"raw/node-feat/paper/node-feat.csv.gz: has 2 rows but num-node-dict says 4 nodes.*mismatched counts"),
-    (lambda r: _write(r / "raw/triplet-type-list.csv.gz", ["author,writes,paper", "paper,cites,venue"]),
-     r"relation paper___cites___venue names node type 'venue', which raw/num-node-dict.csv.gz does not list"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (
+            lambda r: _write(r / "raw/relations/paper___likes___paper/edge.csv.gz", ["0,1"]),
+            r"raw/relations/paper___likes___paper: unknown relation name.*Fix: add the relation to triplet-type-list",
+        ),
+        (
+            lambda r: _write(r / "split/random/author/train.csv.gz", ["0"]),
+            r"split/random/author: a split on type 'author', which has no labels.*Fix: add that type's labels",
+        ),
+        (
+            lambda r: _write(r / "raw/relations/author___writes___paper/num-edge-list.csv.gz", ["5"]),
+            r"author___writes___paper/num-edge-list.csv.gz: says \[5\] edges but edge.csv.gz has 3 \(mismatched counts\)",
+        ),
+        (
+            lambda r: _write(r / "raw/relations/paper___cites___paper/edge.csv.gz", ["0,1", "1,4"]),
+            r"paper___cites___paper/edge.csv.gz: target ids range over \[1, 4\] but type 'paper' has 4 nodes",
+        ),
+        (
+            lambda r: _write(r / "raw/node-feat/paper/node-feat.csv.gz", ["1,0", "0,1"]),
+            r"raw/node-feat/paper/node-feat.csv.gz: has 2 rows but num-node-dict says 4 nodes.*mismatched counts",
+        ),
+        (
+            lambda r: _write(r / "raw/triplet-type-list.csv.gz", ["author,writes,paper", "paper,cites,venue"]),
+            r"relation paper___cites___venue names node type 'venue', which raw/num-node-dict.csv.gz does not list",
+        ),
+    ],
+)
 def test_bad_folders_name_the_file_and_the_fix(tmp_path: Path, damage, message: str) -> None:
     root = tiny_folder(tmp_path / "t")
     damage(root)
@@ -131,8 +150,10 @@ def test_add_reverse_is_for_heterogeneous_graphs(tmp_path: Path) -> None:
         prepare("cora", from_dir=CORA, out=tmp_path / "c", add_reverse=True, **quiet)
     with pytest.raises(StoreError, match="already exists. Fix: drop --add-reverse"):
         root = tiny_folder(tmp_path / "t")
-        _write(root / "raw/triplet-type-list.csv.gz", ["author,writes,paper", "paper,cites,paper",
-                                                       "paper,rev_writes,author"])
+        _write(
+            root / "raw/triplet-type-list.csv.gz",
+            ["author,writes,paper", "paper,cites,paper", "paper,rev_writes,author"],
+        )
         _write(root / "raw/relations/paper___rev_writes___author/edge.csv.gz", ["0,0"])
         prepare("tiny", from_dir=root, out=tmp_path / "s", add_reverse=True, **quiet)
     shutil.rmtree(tmp_path / "t")

@@ -78,11 +78,19 @@ def test_digests_are_cached(shared_datasets, tmp_path, monkeypatch):
 
 def truncate(path) -> None:
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
+    path.write_bytes(data[: len(data) // 2])
 
 
-@pytest.mark.parametrize("rel", ["raw/edge.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz",
-                                 "raw/num-node-list.csv.gz", "split/public/train.csv.gz"])
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "raw/edge.csv.gz",
+        "raw/node-feat.csv.gz",
+        "raw/node-label.csv.gz",
+        "raw/num-node-list.csv.gz",
+        "split/public/train.csv.gz",
+    ],
+)
 def test_truncated_gzip_names_the_file(shared_datasets, tmp_path, rel):
     folder = writable_copy(shared_datasets / "ogb-layout" / "cora", tmp_path / "cora")
     truncate(folder / rel)
@@ -97,8 +105,7 @@ def test_truncated_npy_features_name_the_file(tmp_path):
     np.save(tmp_path / "x.npy", np.ones((2, 3), np.float32))
     truncate(tmp_path / "x.npy")
     with pytest.raises(StoreError, match=r"x.npy: cannot be read"):
-        prepare("toy", edges=tmp_path / "e.csv", node_features=tmp_path / "x.npy", data_dir=tmp_path,
-                progress=quiet)
+        prepare("toy", edges=tmp_path / "e.csv", node_features=tmp_path / "x.npy", data_dir=tmp_path, progress=quiet)
 
 
 def test_a_folder_given_as_edge_file(tmp_path):

@@ -33,8 +33,11 @@ def test_float_label_with_a_fraction_is_refused(tmp_path, edges):
 
 
 def test_huge_label_is_refused(tmp_path, edges):
-    with pytest.raises(StoreError, match=r"vertex 2 has label 5000000, which would make 5,000,001 classes "
-                                         r"for only 6 vertices.*--classes"):
+    with pytest.raises(
+        StoreError,
+        match=r"vertex 2 has label 5000000, which would make 5,000,001 classes "
+        r"for only 6 vertices.*--classes",
+    ):
         build(tmp_path, edges, [0, 1, 5_000_000, 1, 0, 1])
 
 
@@ -61,8 +64,9 @@ def test_parquet_labels_are_checked_too(tmp_path, edges):
         prepare("toy", edges=edges, labels=tmp_path / "y.parquet", data_dir=tmp_path, progress=quiet)
 
 
-@pytest.mark.parametrize("value, match", [("1.7", r"vertex 5 has label 1\.7"),
-                                          ("5000000", r"vertex 5 has label 5000000, which would make")])
+@pytest.mark.parametrize(
+    "value, match", [("1.7", r"vertex 5 has label 1\.7"), ("5000000", r"vertex 5 has label 5000000, which would make")]
+)
 def test_ogb_folder_labels_are_checked(shared_datasets, tmp_path, value, match):
     folder = writable_copy(shared_datasets / "ogb-layout" / "cora", tmp_path / "cora")
     path = folder / "raw" / "node-label.csv.gz"

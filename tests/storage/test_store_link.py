@@ -1,5 +1,6 @@
 """Link-prediction stores: OGB's link layout (ogbl-ddi as shipped, and small folders with bad input), safe loading of
 the .pt split files, and --link-split of any homogeneous graph."""
+
 from __future__ import annotations
 
 import datetime
@@ -54,9 +55,11 @@ def _pairs(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
 
 def _small_splits(n: int = 30) -> dict[str, dict]:
     rng = np.random.default_rng(0)
-    return {"train": {"edge": _pairs(rng, n, 60)},
-            "valid": {"edge": _pairs(rng, n, 10), "edge_neg": _pairs(rng, n, 12)},
-            "test": {"edge": _pairs(rng, n, 10), "edge_neg": _pairs(rng, n, 12)}}
+    return {
+        "train": {"edge": _pairs(rng, n, 60)},
+        "valid": {"edge": _pairs(rng, n, 10), "edge_neg": _pairs(rng, n, 12)},
+        "test": {"edge": _pairs(rng, n, 10), "edge_neg": _pairs(rng, n, 12)},
+    }
 
 
 def test_ogbl_ddi_as_shipped(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -83,8 +86,9 @@ def test_ogbl_ddi_as_shipped(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
 def test_pt_and_npz_splits_give_the_same_store(tmp_path: Path) -> None:
     splits = _small_splits()
     a = open_store(prepare("lp", from_dir=_folder(tmp_path / "pt", 30, splits), out=tmp_path / "a", progress=_quiet))
-    b = open_store(prepare("lp", from_dir=_folder(tmp_path / "npz", 30, splits, ".npz"), out=tmp_path / "b",
-                           progress=_quiet))
+    b = open_store(
+        prepare("lp", from_dir=_folder(tmp_path / "npz", 30, splits, ".npz"), out=tmp_path / "b", progress=_quiet)
+    )
     for s in ("train", "valid", "test"):
         for x, y, ref in zip(a.link_split(s), b.link_split(s), (splits[s]["edge"], splits[s].get("edge_neg"))):
             assert (x is None and ref is None) or (np.array_equal(x, ref) and np.array_equal(y, ref))
@@ -111,8 +115,9 @@ class _Boom:
         return (os.system, ("echo should-never-run",))
 
 
-@pytest.mark.parametrize("extra,needs", [(datetime.date(2020, 1, 1), "datetime.date"), (_Boom(), "posix.system")],
-                         ids=["date", "os.system"])
+@pytest.mark.parametrize(
+    "extra,needs", [(datetime.date(2020, 1, 1), "datetime.date"), (_Boom(), "posix.system")], ids=["date", "os.system"]
+)
 def test_pt_with_other_globals_is_refused(tmp_path: Path, extra: object, needs: str) -> None:
     path = tmp_path / "valid.pt"
     torch.save({"edge": np.zeros((2, 2), np.int64), "extra": extra}, path)
@@ -130,12 +135,15 @@ def test_pt_that_is_not_a_dict_is_refused(tmp_path: Path) -> None:
 
 
 def test_link_split_of_a_node_dataset(tmp_path: Path) -> None:
-    store = open_store(prepare("cora", from_dir=CORA, out=tmp_path / "a", link_split="0.05,0.1", seed=1,
-                               progress=_quiet))
-    again = open_store(prepare("cora", from_dir=CORA, out=tmp_path / "b", link_split="0.05,0.1", seed=1,
-                               progress=_quiet))
-    other = open_store(prepare("cora", from_dir=CORA, out=tmp_path / "c", link_split="0.05,0.1", seed=2,
-                               progress=_quiet))
+    store = open_store(
+        prepare("cora", from_dir=CORA, out=tmp_path / "a", link_split="0.05,0.1", seed=1, progress=_quiet)
+    )
+    again = open_store(
+        prepare("cora", from_dir=CORA, out=tmp_path / "b", link_split="0.05,0.1", seed=1, progress=_quiet)
+    )
+    other = open_store(
+        prepare("cora", from_dir=CORA, out=tmp_path / "c", link_split="0.05,0.1", seed=2, progress=_quiet)
+    )
     assert store.meta.task_type == "link" and store.meta.feature_dim == 1433
     pairs = {s: store.link_split(s) for s in ("train", "valid", "test")}
     undirected = 10556 // 2
@@ -161,5 +169,10 @@ def test_link_split_input_errors(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="sum below 1"):
         prepare("cora", from_dir=CORA, out=tmp_path / "a", link_split="0.5,0.6", progress=_quiet)
     with pytest.raises(StoreError, match="already a link-prediction dataset"):
-        prepare("lp", from_dir=_folder(tmp_path / "f", 30, _small_splits()), out=tmp_path / "s", link_split="0.1,0.1",
-                progress=_quiet)
+        prepare(
+            "lp",
+            from_dir=_folder(tmp_path / "f", 30, _small_splits()),
+            out=tmp_path / "s",
+            link_split="0.1,0.1",
+            progress=_quiet,
+        )

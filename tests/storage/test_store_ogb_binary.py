@@ -36,19 +36,31 @@ def make_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     node_label = rng.integers(0, CLASSES, size=(N, 1)).astype(np.float64)
     node_label[rng.random(N) < 0.3] = np.nan
     perm = rng.permutation(N)
-    return {"edge_index": edge_index, "node_feat": node_feat, "node_label": node_label,
-            "train": perm[:300], "valid": perm[300:400], "test": perm[400:450]}
+    return {
+        "edge_index": edge_index,
+        "node_feat": node_feat,
+        "node_label": node_label,
+        "train": perm[:300],
+        "valid": perm[300:400],
+        "test": perm[400:450],
+    }
 
 
-def make_binary_folder(root: Path, a: dict[str, np.ndarray], compressed: bool,
-                       split: str = "time", fortran_edges: bool = False) -> Path:
+def make_binary_folder(
+    root: Path, a: dict[str, np.ndarray], compressed: bool, split: str = "time", fortran_edges: bool = False
+) -> Path:
     """An unzipped folder as OGB ships papers100M-bin (what ogb's read_binary_graph_raw reads)."""
     (root / "raw").mkdir(parents=True, exist_ok=True)
     save = np.savez_compressed if compressed else np.savez
     edge_index = np.asfortranarray(a["edge_index"]) if fortran_edges else a["edge_index"]
-    save(root / "raw" / "data.npz", edge_index=edge_index, node_feat=a["node_feat"],
-         num_nodes_list=np.array([N]), num_edges_list=np.array([a["edge_index"].shape[1]]),
-         node_year=np.arange(N, dtype=np.int64)[:, None])
+    save(
+        root / "raw" / "data.npz",
+        edge_index=edge_index,
+        node_feat=a["node_feat"],
+        num_nodes_list=np.array([N]),
+        num_edges_list=np.array([a["edge_index"].shape[1]]),
+        node_year=np.arange(N, dtype=np.int64)[:, None],
+    )
     save(root / "raw" / "node-label.npz", node_label=a["node_label"])
     for part in ("train", "valid", "test"):
         write_csv(root / "split" / split / f"{part}.csv.gz", a[part])
@@ -86,11 +98,17 @@ def check_store(store, a: dict[str, np.ndarray]) -> None:
 def test_papers100m_from_dir(compressed, tmp_path):
     a = make_arrays()
     root = make_binary_folder(tmp_path / "papers100M-bin", a, compressed)
-    store = open_store(prepare("ogbn-papers100M", from_dir=root, data_dir=tmp_path, progress=quiet,
-                               layout=SMALL_CHUNKS))
+    store = open_store(
+        prepare("ogbn-papers100M", from_dir=root, data_dir=tmp_path, progress=quiet, layout=SMALL_CHUNKS)
+    )
     m = store.meta
     assert (m.ogb_name, m.task_type, m.metric, m.num_classes, m.num_tasks) == (
-        "ogbn-papers100M", "multiclass", "acc", CLASSES, 1)
+        "ogbn-papers100M",
+        "multiclass",
+        "acc",
+        CLASSES,
+        1,
+    )
     assert m.directed and m.source["split"] == "time" and m.source["format"] == "binary"
     check_store(store, a)
 
@@ -98,8 +116,16 @@ def test_papers100m_from_dir(compressed, tmp_path):
 def test_float16_features_kept(tmp_path):
     a = make_arrays(1)
     root = make_binary_folder(tmp_path / "p", a, compressed=True)
-    store = open_store(prepare("ogbn-papers100M", from_dir=root, data_dir=tmp_path, progress=quiet,
-                               feature_dtype="float16", layout=SMALL_CHUNKS))
+    store = open_store(
+        prepare(
+            "ogbn-papers100M",
+            from_dir=root,
+            data_dir=tmp_path,
+            progress=quiet,
+            feature_dtype="float16",
+            layout=SMALL_CHUNKS,
+        )
+    )
     np.testing.assert_array_equal(store.features(), a["node_feat"].astype(np.float32))
 
 
@@ -107,8 +133,9 @@ def test_float16_features_kept(tmp_path):
 def test_small_blocks_give_the_same_store(compressed, tmp_path, monkeypatch):
     a = make_arrays(2)
     root = make_binary_folder(tmp_path / "p", a, compressed, fortran_edges=compressed)
-    whole = open_store(prepare("ogbn-papers100M", from_dir=root, out=tmp_path / "big", progress=quiet,
-                               layout=SMALL_CHUNKS))
+    whole = open_store(
+        prepare("ogbn-papers100M", from_dir=root, out=tmp_path / "big", progress=quiet, layout=SMALL_CHUNKS)
+    )
     monkeypatch.setattr(npz_mod, "BLOCK_BYTES", 1000)  # odd size: blocks never align with chunks
     monkeypatch.setattr(ogb_binary, "EDGE_BLOCK_BYTES", 1000)
     source = ogb_binary_source(root, "ogbn-papers100M", ogb_info("ogbn-papers100M"))
@@ -116,8 +143,9 @@ def test_small_blocks_give_the_same_store(compressed, tmp_path, monkeypatch):
     feat_blocks = [len(b) for b in source.feature_blocks()]
     assert len(edge_blocks) > 10 and max(edge_blocks) <= 1000 // 16 and sum(edge_blocks) == E
     assert len(feat_blocks) > 10 and max(feat_blocks) <= 1000 // (2 * DIM) and sum(feat_blocks) == N
-    small = open_store(prepare("ogbn-papers100M", from_dir=root, out=tmp_path / "small", progress=quiet,
-                               layout=SMALL_CHUNKS))
+    small = open_store(
+        prepare("ogbn-papers100M", from_dir=root, out=tmp_path / "small", progress=quiet, layout=SMALL_CHUNKS)
+    )
     assert small.meta.fingerprint == whole.meta.fingerprint
     check_store(small, a)
 
@@ -159,8 +187,14 @@ def test_reading_memory_is_bounded(compressed, tmp_path):
     path = tmp_path / "big.npz"
     (np.savez_compressed if compressed else np.savez)(path, node_feat=arr)
     # a process of its own: tracemalloc counts every thread, and a test session has other threads allocating
-    out = subprocess.run([sys.executable, "-c", _PEAK_OF_READING, str(path)], capture_output=True, text=True,
-                         check=True, timeout=120, cwd=Path(__file__).resolve().parents[2]).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_OF_READING, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout.split()
     peak, total = int(out[0]), float(out[1])
     assert total == pytest.approx(float(arr[:, 0].astype(np.float64).sum()))
     assert peak < 256 << 10, f"peak {peak} bytes while reading a 1 MiB array in 16 KiB blocks"
@@ -179,12 +213,22 @@ def test_generic_binary_folder_inferred_metadata(tmp_path):
 def test_counts_are_checked_against_the_files(tmp_path):
     a = make_arrays(6)
     root = make_binary_folder(tmp_path / "p", a, compressed=False)
-    np.savez(root / "raw" / "data.npz", edge_index=a["edge_index"], node_feat=a["node_feat"],
-             num_nodes_list=np.array([N]), num_edges_list=np.array([E + 1]))
+    np.savez(
+        root / "raw" / "data.npz",
+        edge_index=a["edge_index"],
+        node_feat=a["node_feat"],
+        num_nodes_list=np.array([N]),
+        num_edges_list=np.array([E + 1]),
+    )
     with pytest.raises(StoreError, match=r"edge_index has shape \(2, 4000\) but num_edges_list says 4001"):
         prepare("ogbn-papers100M", from_dir=root, data_dir=tmp_path, progress=quiet)
-    np.savez(root / "raw" / "data.npz", edge_index=a["edge_index"], node_feat=a["node_feat"][:-1],
-             num_nodes_list=np.array([N]), num_edges_list=np.array([E]))
+    np.savez(
+        root / "raw" / "data.npz",
+        edge_index=a["edge_index"],
+        node_feat=a["node_feat"][:-1],
+        num_nodes_list=np.array([N]),
+        num_edges_list=np.array([E]),
+    )
     with pytest.raises(StoreError, match="node_feat has shape"):
         prepare("ogbn-papers100M", from_dir=root, data_dir=tmp_path, progress=quiet)
     (root / "raw" / "node-label.npz").unlink()

@@ -31,8 +31,13 @@ def test_proteins_like_layout(tmp_path):
         write_csv(root / f"split/species/{part}.csv.gz", ids)
     store = open_store(prepare("ogbn-proteins", from_dir=root, data_dir=tmp_path, progress=quiet))
     m = store.meta
-    assert (m.task_type, m.metric, m.num_tasks, m.ogb_name, m.directed) == ("binary", "rocauc", 112,
-                                                                            "ogbn-proteins", False)
+    assert (m.task_type, m.metric, m.num_tasks, m.ogb_name, m.directed) == (
+        "binary",
+        "rocauc",
+        112,
+        "ogbn-proteins",
+        False,
+    )
     assert m.num_edges == 6 and m.feature_dim == 8 and m.source["split"] == "species"
     y = store.labels()
     assert y.dtype == np.float32 and y.shape == (6, 112)

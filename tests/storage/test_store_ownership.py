@@ -39,9 +39,26 @@ def test_foreign_zarr_group_is_never_replaced(tmp_path, force):
 def test_cli_refuses_a_foreign_zarr_group(tmp_path):
     out = tmp_path / "results.zarr"
     user_zarr_group(out)
-    res = subprocess.run([sys.executable, "-m", "storage.cli", "data", "prepare", "synthetic", "--nodes", "100",
-                          "--out", str(out), "--force"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "storage.cli",
+            "data",
+            "prepare",
+            "synthetic",
+            "--nodes",
+            "100",
+            "--out",
+            str(out),
+            "--force",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "not a graph store" in res.stderr and "choose another --out" in res.stderr
     assert (out / "notes.txt").read_text() == "keep me" and (out / "results").is_dir()
@@ -55,14 +72,21 @@ def test_empty_directory_and_own_store_are_replaced(tmp_path):
     assert open_store(out).meta.source["seed"] == 3
 
 
-KILLED = ("import sys; from storage import prepare; "
-          "prepare('synthetic', nodes=150_000, avg_degree=20, features=64, out=sys.argv[1], force=True)")
+KILLED = (
+    "import sys; from storage import prepare; "
+    "prepare('synthetic', nodes=150_000, avg_degree=20, features=64, out=sys.argv[1], force=True)"
+)
 
 
 def kill_mid_build(target) -> None:
     """Run a build of `target` in a real process and SIGKILL it while it writes its temp dir."""
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(target)], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(target)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in proc.stderr:
             if "writing topology" in line:

@@ -16,8 +16,17 @@ from storage.resources import PADDING, available_memory, estimate
 from storage.sources.synthetic import SyntheticSpec, synthetic_source
 
 
-@pytest.mark.parametrize("kw", [dict(nodes=0), dict(nodes=-5), dict(features=0), dict(classes=0),
-                                dict(avg_degree=-1.0), dict(avg_degree=float("nan"))])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(nodes=0),
+        dict(nodes=-5),
+        dict(features=0),
+        dict(classes=0),
+        dict(avg_degree=-1.0),
+        dict(avg_degree=float("nan")),
+    ],
+)
 def test_non_positive_sizes_are_errors(tmp_path, kw):
     flag = "--" + next(iter(kw)).replace("_", "-")
     with pytest.raises(StoreError, match=rf"{flag} .* not a valid .*Fix:"):
@@ -36,13 +45,24 @@ def limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
 
-@pytest.mark.parametrize("args", [["--nodes", "2999999999", "--avg-degree", "1000", "--features", "4096"],
-                                  ["--nodes", "2000000000", "--avg-degree", "50", "--features", "1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nodes", "2999999999", "--avg-degree", "1000", "--features", "4096"],
+        ["--nodes", "2000000000", "--avg-degree", "50", "--features", "1"],
+    ],
+)
 def test_graph_that_cannot_fit_is_refused_up_front(tmp_path, args):
     out = tmp_path / "huge"
-    res = subprocess.run([sys.executable, "-m", "storage.cli", "data", "prepare", "synthetic", *args,
-                          "--out", str(out)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=120, preexec_fn=limit_memory)
+    res = subprocess.run(
+        [sys.executable, "-m", "storage.cli", "data", "prepare", "synthetic", *args, "--out", str(out)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit_memory,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     error = res.stderr.strip().splitlines()[-1]
     assert "GiB of" in error and ("disk" in error or "memory" in error) and "Fix:" in error, error
@@ -53,8 +73,16 @@ def test_graph_that_cannot_fit_is_refused_up_front(tmp_path, args):
 def test_estimate_matches_a_real_store(tmp_path):
     spec = SyntheticSpec(nodes=100_000, avg_degree=10, features=16, classes=5)
     est = estimate(synthetic_source(spec), Preprocessing(symmetrize=True), "float32")
-    path = prepare("synthetic", nodes=100_000, avg_degree=10, features=16, classes=5, symmetrize=True,
-                   out=tmp_path / "s", progress=quiet)
+    path = prepare(
+        "synthetic",
+        nodes=100_000,
+        avg_degree=10,
+        features=16,
+        classes=5,
+        symmetrize=True,
+        out=tmp_path / "s",
+        progress=quiet,
+    )
     actual = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     assert actual <= est.disk_bytes <= 1.3 * actual + PADDING, (est.disk_bytes, actual)
     assert open_store(path).meta.num_nodes == 100_000

@@ -21,12 +21,10 @@ def edge_set(store) -> set[tuple[int, int]]:
 @pytest.mark.parametrize("name", ["cora", "citeseer"])
 def test_round_trip(name, shared_datasets, tmp_path):
     ref = np.load(shared_datasets / "planetoid" / f"{name}.npz")
-    path = prepare(name, from_dir=shared_datasets / "ogb-layout" / name, data_dir=tmp_path,
-                   progress=quiet)
+    path = prepare(name, from_dir=shared_datasets / "ogb-layout" / name, data_dir=tmp_path, progress=quiet)
     store = open_store(path)
     m = store.meta
-    assert (m.num_nodes, m.num_edges, m.feature_dim) == (len(ref["y"]), ref["edge_index"].shape[1],
-                                                        ref["x"].shape[1])
+    assert (m.num_nodes, m.num_edges, m.feature_dim) == (len(ref["y"]), ref["edge_index"].shape[1], ref["x"].shape[1])
     assert m.num_classes == int(ref["y"].max()) + 1
     assert (m.task_type, m.metric, m.num_tasks, m.ogb_name) == ("multiclass", "acc", 1, None)
     assert m.source["split"] == "public" and m.directed
@@ -43,8 +41,15 @@ def test_round_trip(name, shared_datasets, tmp_path):
 
 def test_partial_reads(shared_datasets, tmp_path):
     ref = np.load(shared_datasets / "planetoid" / "cora.npz")
-    store = open_store(prepare("cora", from_dir=shared_datasets / "ogb-layout" / "cora",
-                               data_dir=tmp_path, progress=quiet, layout=CORA_CHUNKS))
+    store = open_store(
+        prepare(
+            "cora",
+            from_dir=shared_datasets / "ogb-layout" / "cora",
+            data_dir=tmp_path,
+            progress=quiet,
+            layout=CORA_CHUNKS,
+        )
+    )
     np.testing.assert_array_equal(store.features(rows=slice(100, 300)), ref["x"][100:300])
     np.testing.assert_array_equal(store.features(cols=slice(5, 50)), ref["x"][:, 5:50])
     np.testing.assert_array_equal(store.features(slice(7, 9), slice(1000, 1433)), ref["x"][7:9, 1000:])
@@ -52,7 +57,7 @@ def test_partial_reads(shared_datasets, tmp_path):
     block = store.topology(500, 1300)
     assert (block.row_start, block.row_stop, block.weights) == (500, 1300, None)
     np.testing.assert_array_equal(block.indptr, indptr[500:1301] - indptr[500])
-    np.testing.assert_array_equal(block.indices, indices[indptr[500]:indptr[1300]])
+    np.testing.assert_array_equal(block.indices, indices[indptr[500] : indptr[1300]])
     whole = store.topology()
     np.testing.assert_array_equal(whole.indices, indices)
     with pytest.raises(ValueError, match="row range"):
@@ -66,8 +71,9 @@ def test_partial_reads(shared_datasets, tmp_path):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_features(dtype, tmp_path):
     base = open_store(prepare("synthetic", nodes=300, features=12, out=tmp_path / "a", progress=quiet))
-    low = open_store(prepare("synthetic", nodes=300, features=12, out=tmp_path / "b", progress=quiet,
-                             feature_dtype=dtype))
+    low = open_store(
+        prepare("synthetic", nodes=300, features=12, out=tmp_path / "b", progress=quiet, feature_dtype=dtype)
+    )
     x, y = base.features(), low.features()
     assert y.dtype == np.float32 and low.meta.feature_dtype == dtype
     np.testing.assert_allclose(y, x, rtol=1e-2 if dtype == "float16" else 8e-3, atol=1e-3)

@@ -4,6 +4,7 @@ arrays and training losses; a read fetches only the chunks it needs; what goes w
 
 Skipped when the ``s3`` extra (s3fs) or moto's server is not installed.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,11 @@ moto_server = pytest.importorskip("moto.server", reason="moto's S3 server is not
 from storage import StoreError, open_store  # noqa: E402
 
 BUCKET = "ntp-test"
-_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secret",
-                "AWS_DEFAULT_REGION": "us-east-1"}
+_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "test-key",
+    "AWS_SECRET_ACCESS_KEY": "test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 class _Requests(logging.Handler):
@@ -89,8 +93,10 @@ def test_a_store_reads_the_same_from_s3_as_from_its_folder(remote_store: str, sm
     assert remote.meta == local.meta and str(remote.location) == remote_store
     np.testing.assert_array_equal(remote.indptr(), local.indptr())
     np.testing.assert_array_equal(remote.indices(), local.indices())
-    np.testing.assert_array_equal(remote.features(rows=slice(100, 700), cols=slice(3, 17)),
-                                  local.features(rows=slice(100, 700), cols=slice(3, 17)))
+    np.testing.assert_array_equal(
+        remote.features(rows=slice(100, 700), cols=slice(3, 17)),
+        local.features(rows=slice(100, 700), cols=slice(3, 17)),
+    )
     np.testing.assert_array_equal(remote.labels(), local.labels())
     np.testing.assert_array_equal(remote.split("train"), local.split("train"))
     block, expected = remote.topology(300, 600), local.topology(300, 600)
@@ -107,8 +113,12 @@ def test_a_read_fetches_only_the_chunks_it_needs(s3, remote_store: str) -> None:
 
 
 def test_ntp_data_info_reads_a_store_url(remote_store: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "ntp.run.cli", "data", "info", remote_store, "--json"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "ntp.run.cli", "data", "info", remote_store, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["path"] == remote_store and info["num_nodes"] == 1000
@@ -119,15 +129,19 @@ def test_a_damaged_or_missing_remote_store_names_the_fix(s3, small_store: Path) 
 
     url = _upload(small_store, "stores/damaged")
     s3fs.S3FileSystem().rm(f"{BUCKET}/stores/damaged/indices/c/3")
-    with pytest.raises(StoreError, match=r"chunk indices/c/3 of array 'indices' is missing.*upload the folder to "
-                                         rf"{url} again"):
+    with pytest.raises(
+        StoreError,
+        match=r"chunk indices/c/3 of array 'indices' is missing.*upload the folder to "
+        rf"{url} again",
+    ):
         open_store(url)
     with pytest.raises(StoreError, match="nothing is stored there"):
         open_store(f"s3://{BUCKET}/stores/none")
 
 
-def test_an_unreachable_object_store_fails_quickly_naming_the_settings(s3, small_store: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_object_store_fails_quickly_naming_the_settings(
+    s3, small_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
@@ -143,15 +157,37 @@ def _losses(results: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, results.read_text().splitlines()) if "epoch" in r]
 
 
-def test_training_on_a_store_url_equals_training_on_its_folder(remote_store: str, small_store: Path,
-                                                               tmp_path: Path) -> None:
+def test_training_on_a_store_url_equals_training_on_its_folder(
+    remote_store: str, small_store: Path, tmp_path: Path
+) -> None:
     losses = {}
     for name, store in (("local", str(small_store)), ("s3", remote_store)):
         results = tmp_path / f"{name}.jsonl"
-        out = subprocess.run([sys.executable, "-m", "ntp.run.cli", "train", "--store", store, "--nproc", "2",
-                              "--device", "cpu", "--epochs", "2", "--no-track", "--results", str(results),
-                              "--job-timeout", "240"],
-                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ntp.run.cli",
+                "train",
+                "--store",
+                store,
+                "--nproc",
+                "2",
+                "--device",
+                "cpu",
+                "--epochs",
+                "2",
+                "--no-track",
+                "--results",
+                str(results),
+                "--job-timeout",
+                "240",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         losses[name] = _losses(results)
     assert len(losses["s3"]) == 2 and losses["s3"] == losses["local"]

@@ -10,9 +10,13 @@ from storage.sources.synthetic import SyntheticSpec, synthetic_source
 
 
 def arrays(store) -> dict[str, bytes]:
-    return {"indptr": store.indptr().tobytes(), "indices": store.indices().tobytes(),
-            "features": store.features().tobytes(), "labels": store.labels().tobytes(),
-            **{s: store.split(s).tobytes() for s in store.meta.split_names}}
+    return {
+        "indptr": store.indptr().tobytes(),
+        "indices": store.indices().tobytes(),
+        "features": store.features().tobytes(),
+        "labels": store.labels().tobytes(),
+        **{s: store.split(s).tobytes() for s in store.meta.split_names},
+    }
 
 
 def test_same_seed_same_bytes(tmp_path):

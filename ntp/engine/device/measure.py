@@ -1,5 +1,6 @@
 """Measuring this process: peak memory per phase (device or host), host PSS, the C heap, and the clock of
 collectives in flight while this rank computes; all reported in the worker records."""
+
 from __future__ import annotations
 
 import ctypes

@@ -3,6 +3,7 @@ at the bus's speed without a staging copy. Only pages that hold nothing but the 
 them: a lock covers whole pages, and CUDA refuses, as "invalid argument", a copy from host memory that is partly
 locked and partly not (the driver's rule for cuMemcpy, which a page shared with another object, or the rest of a
 view's storage, would break for that object's copies)."""
+
 from __future__ import annotations
 
 import ctypes

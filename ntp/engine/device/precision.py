@@ -6,6 +6,7 @@ the bytes), while parameters, optimiser state, losses and every sum stay float32
 statistics and softmaxes are taken in float32, and a model returns float32 outputs. On a GPU the dense products'
 own sums stay float32 too (:func:`configure`).
 """
+
 from __future__ import annotations
 
 import contextlib

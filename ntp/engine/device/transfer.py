@@ -1,6 +1,7 @@
 """Copies between host and device memory for the offload modes: pinned host buffers, so copies run at the bus's
 speed and overlap with compute, and side streams that carry them while the compute stream works. On a CPU rank
 every helper reduces to an ordinary copy (host and device are the same memory)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -124,8 +125,14 @@ def stream_depth(topology_streams: bool) -> int:
     return 1 if topology_streams else 2
 
 
-def stream_columns(h: torch.Tensor, out: torch.Tensor, device: torch.device, blocks: list[tuple[int, int]],
-                   depth: int, compute: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+def stream_columns(
+    h: torch.Tensor,
+    out: torch.Tensor,
+    device: torch.device,
+    blocks: list[tuple[int, int]],
+    depth: int,
+    compute: Callable[[torch.Tensor, torch.Tensor], None],
+) -> None:
     """For each block ``(c0, c1)`` of columns, in order, ``compute(x, y)`` on ``device``, both laid out row by row:
     ``x`` holds the block of the column-major host tensor ``h``; what ``compute`` writes into ``y`` lands in the block
     of ``out`` (column-major, host) before this returns. On a GPU, blocks arrive on one side stream and leave on

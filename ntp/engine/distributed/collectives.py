@@ -9,6 +9,7 @@ Layouts (see ../shared/design/tensor-parallel.md): the row layout holds this ran
 the column layout holds every vertex row with this rank's column slice. Blocks are padded to equal sizes so that every
 rank sends and receives exactly the same number of bytes; the padding never reaches results.
 """
+
 from __future__ import annotations
 
 import torch
@@ -92,8 +93,9 @@ class Comm:
             return y
         c0, c1 = lay.cols(width)
         if y.shape != (lay.num_nodes, c1 - c0):
-            raise RuntimeError(f"rank {self.rank}: column block has shape {tuple(y.shape)}, "
-                               f"expected {(lay.num_nodes, c1 - c0)}")
+            raise RuntimeError(
+                f"rank {self.rank}: column block has shape {tuple(y.shape)}, expected {(lay.num_nodes, c1 - c0)}"
+            )
         rows_pad, cols_pad = lay.padded_rows, lay.padded_cols(width)
         send = y.new_zeros(m, rows_pad, cols_pad)
         for r in range(m):
@@ -156,12 +158,26 @@ class Comm:
             x.copy_(staged)
         return x
 
-    def all_to_all_uneven(self, recv: torch.Tensor, send: torch.Tensor, out_splits: list[int], in_splits: list[int],
-                          *, async_op: bool = False) -> dist.Work | None:
+    def all_to_all_uneven(
+        self,
+        recv: torch.Tensor,
+        send: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        *,
+        async_op: bool = False,
+    ) -> dist.Work | None:
         """All-to-all of flat blocks of different sizes (``in_splits[q]`` elements to rank ``q``). Untimed: callers
         time it, since with ``async_op`` only they know when it is waited for."""
-        return _collective(dist.all_to_all_single, recv, send, output_split_sizes=out_splits,
-                           input_split_sizes=in_splits, group=self.group, async_op=async_op)
+        return _collective(
+            dist.all_to_all_single,
+            recv,
+            send,
+            output_split_sizes=out_splits,
+            input_split_sizes=in_splits,
+            group=self.group,
+            async_op=async_op,
+        )
 
     def _check_rows(self, x: torch.Tensor) -> None:
         if x.shape[0] != self.part.num_rows():
@@ -199,7 +215,11 @@ class _SplitRowsToCols(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return ctx.comm.cols_to_rows(grad.contiguous(), ctx.width, GATHER if ctx.kind == SPLIT else ctx.kind), None, None
+        return (
+            ctx.comm.cols_to_rows(grad.contiguous(), ctx.width, GATHER if ctx.kind == SPLIT else ctx.kind),
+            None,
+            None,
+        )
 
 
 class _GatherColsToRows(torch.autograd.Function):

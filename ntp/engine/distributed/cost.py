@@ -4,6 +4,7 @@ Rows and columns are padded to multiples of the world size m (n' = m * ceil(n/m)
 rank sends exactly the same amount: 4 all-to-alls (split and gather, forward and backward), each sending
 n'/m * d'/m values to each of the m - 1 other ranks, i.e. n' * d'/m * (m-1)/m values.
 """
+
 from __future__ import annotations
 
 from ntp.engine.distributed.partition import ceil_div
@@ -25,5 +26,7 @@ def coupled_bytes(num_nodes: int, dims: list[int], world: int, bytes_per_value: 
     """Naive tensor parallelism over layers ``dims[i] -> dims[i + 1]`` (features first, classes last): each layer
     propagates at the narrower of its two widths (ntp.engine.nn.models.propagated_linear) with 4 all-to-alls, or 2
     when what it propagates is the input features themselves (no gradient flows back into them)."""
-    return sum((2 if i == 0 and a < b else 4) * all_to_all_bytes(num_nodes, min(a, b), world, bytes_per_value)
-               for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])))
+    return sum(
+        (2 if i == 0 and a < b else 4) * all_to_all_bytes(num_nodes, min(a, b), world, bytes_per_value)
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:]))
+    )

@@ -1,5 +1,6 @@
 """Process-group lifecycle: join with the launch spec's device (gloo on CPU, NCCL on GPUs), a timeout on every
 collective, leave together."""
+
 from __future__ import annotations
 
 import datetime
@@ -62,8 +63,9 @@ def init_distributed(timeout_s: float, device: str = "auto") -> DistEnv:
     backend = "nccl" if cuda and not shared else "gloo"
     stage_on_host(shared)
     _import_what_the_optimiser_imports()
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=rank_device if backend == "nccl" else None)
+    dist.init_process_group(
+        backend, timeout=datetime.timedelta(seconds=timeout_s), device_id=rank_device if backend == "nccl" else None
+    )
     return DistEnv(rank, world, local_rank, local_world, rank_device, backend)
 
 

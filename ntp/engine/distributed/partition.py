@@ -1,4 +1,5 @@
 """Balanced partitions of vertex ids (row layout) and feature columns (column layout)."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """Communication instrumentation: seconds, bytes and calls per kind of collective (the worker records' traffic)."""
+
 from __future__ import annotations
 
 import time

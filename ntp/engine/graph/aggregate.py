@@ -8,6 +8,7 @@ Conventions: ``A`` is stored as CSR over in-edges; row ``v`` lists the sources `
 directed), computed with a precomputed CSR of ``A^T``. Gradients never flow into fixed sparse values.
 Products run row block by row block (the chunks of ntp.engine.memory.chunks), so the memory of one product can be bounded.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -64,8 +65,14 @@ def _bag_sum(block: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         h = h.detach()
     values = block.values()
     scalar = values.numel() > 0 and values.stride(0) == 0  # one value for every edge: plain sums, scaled once
-    y = F.embedding_bag(block.col_indices(), h, block.crow_indices(), mode="sum",
-                        per_sample_weights=None if scalar else values.to(h.dtype), include_last_offset=True)
+    y = F.embedding_bag(
+        block.col_indices(),
+        h,
+        block.crow_indices(),
+        mode="sum",
+        per_sample_weights=None if scalar else values.to(h.dtype),
+        include_last_offset=True,
+    )
     scale = float(values[0]) if scalar else 1.0
     return y if scale == 1.0 else y.mul_(scale)
 
@@ -107,8 +114,9 @@ def _with_dtype(block: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
     return torch.sparse_csr_tensor(block.crow_indices(), block.col_indices(), block.values().to(dt), size=block.shape)
 
 
-def edge_dot(indptr: torch.Tensor, indices: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
-             bounds: list[int] | None = None) -> torch.Tensor:
+def edge_dot(
+    indptr: torch.Tensor, indices: torch.Tensor, g: torch.Tensor, h: torch.Tensor, bounds: list[int] | None = None
+) -> torch.Tensor:
     """``out[e] = <g[row(e)], h[indices[e]]>`` for every edge ``e`` of a CSR (an SDDMM), row block by row block.
 
     This is the gradient of ``A(values) @ h`` with respect to the edge values (float32 for bfloat16 inputs)."""
@@ -120,8 +128,9 @@ def edge_dot(indptr: torch.Tensor, indices: torch.Tensor, g: torch.Tensor, h: to
     b = bounds or [0, indptr.shape[0] - 1]
     for r0, r1 in zip(b[:-1], b[1:]):
         e0, e1 = int(indptr[r0]), int(indptr[r1])
-        pattern = torch.sparse_csr_tensor(indptr[r0 : r1 + 1] - e0, indices[e0:e1], g.new_zeros(e1 - e0),
-                                          size=(r1 - r0, h.shape[0]))
+        pattern = torch.sparse_csr_tensor(
+            indptr[r0 : r1 + 1] - e0, indices[e0:e1], g.new_zeros(e1 - e0), size=(r1 - r0, h.shape[0])
+        )
         with torch.autocast(g.device.type, enabled=False):
             out[e0:e1] = torch.sparse.sampled_addmm(pattern, g[r0:r1], h.t(), beta=0.0).values()
     return out
@@ -156,8 +165,15 @@ class RowBlocks:
     block's input and output only while it runs. On CPU every form computes the same products with the same kernel.
     """
 
-    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, bounds: list[int], device: torch.device,
-                 offload: str = "none", column_block: int = 0) -> None:
+    def __init__(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        bounds: list[int],
+        device: torch.device,
+        offload: str = "none",
+        column_block: int = 0,
+    ) -> None:
         self.bounds, self.device, self.offload = list(bounds), device, offload
         self.column_block = column_block  #: columns of a host input on the device at once (0: all)
         self.indptr, self.indices = indptr, indices  #: host topology (for schedules: which sources a chunk needs)
@@ -187,8 +203,9 @@ class RowBlocks:
         """Bytes this pattern keeps on a CUDA device between products (0 when offloaded or on the CPU)."""
         if self.offload != "none" or self.device.type != "cuda":
             return 0
-        return self.indices.numel() * self.indices.element_size() + sum(c.numel() * c.element_size()
-                                                                        for c, _ in self._parts)
+        return self.indices.numel() * self.indices.element_size() + sum(
+            c.numel() * c.element_size() for c, _ in self._parts
+        )
 
     def chunks(self, scaling: Scaling):
         """``(r0, r1, apply)`` for every chunk, in order; ``apply(h, out=None)`` is the chunk's rows of ``M @ h``
@@ -205,8 +222,16 @@ class RowBlocks:
     def _chunk_apply(self, part: tuple[torch.Tensor, torch.Tensor], r0: int, r1: int, scaling: Scaling):
         return lambda h, out=None: self._apply(part, r0, r1, h, scaling, out)
 
-    def _apply(self, part: tuple[torch.Tensor, torch.Tensor], r0: int, r1: int, h: torch.Tensor, scaling: Scaling,
-               out: torch.Tensor | None = None, scaled: torch.Tensor | None = None) -> torch.Tensor:
+    def _apply(
+        self,
+        part: tuple[torch.Tensor, torch.Tensor],
+        r0: int,
+        r1: int,
+        h: torch.Tensor,
+        scaling: Scaling,
+        out: torch.Tensor | None = None,
+        scaled: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The chunk's rows of ``M @ h``, in ``h``'s memory: written into ``out`` when given (no chunk-sized block
         allocated and copied). ``scaled``: ``h`` already scaled by ``pre`` (:func:`prescaled`), summed with unit
         values instead of gathering ``pre`` for every edge."""
@@ -258,8 +283,9 @@ class RowBlocks:
         h = h if is_column_major(h) else host_columns(h, pinned)
         out = host_empty(width, self.num_rows, dtype=h.dtype, pinned=pinned).t()  # column-major
         blocks = even_blocks(width, step)
-        stream_columns(h, out, self.device, blocks, stream_depth(self._streams),
-                       lambda x, y: self._chunks_into(x, y, scaling))
+        stream_columns(
+            h, out, self.device, blocks, stream_depth(self._streams), lambda x, y: self._chunks_into(x, y, scaling)
+        )
         return out
 
     def _chunks_into(self, h: torch.Tensor, out: torch.Tensor, scaling: Scaling) -> None:
@@ -297,7 +323,9 @@ class SparseOperator:
         self.scaling = scaling.to(forward_blocks.device)
         self.forward = ScaledBlocks(forward_blocks, self.scaling)  #: ``M``, chunk by chunk
         self.backward = ScaledBlocks(backward_blocks, self.scaling.transposed())  #: ``M^T``, chunk by chunk
-        self.phases = None  #: a ntp.engine.device.measure.PhaseMemory, set by the context that records peak memory per phase
+        self.phases = (
+            None  #: a ntp.engine.device.measure.PhaseMemory, set by the context that records peak memory per phase
+        )
 
     @property
     def num_chunks(self) -> int:
@@ -381,8 +409,9 @@ class _EdgeWeightedSpMM(torch.autograd.Function):
         return grad_values, grad_h, None
 
 
-def _chunked_matmul(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, bounds: list[int],
-                    h: torch.Tensor) -> torch.Tensor:
+def _chunked_matmul(
+    indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, bounds: list[int], h: torch.Tensor
+) -> torch.Tensor:
     """``M @ h`` for CSR ``(indptr, indices, values)``, row block by row block (blocks built from views)."""
     n = indptr.shape[0] - 1
     if len(bounds) == 2:
@@ -390,6 +419,8 @@ def _chunked_matmul(indptr: torch.Tensor, indices: torch.Tensor, values: torch.T
     out = h.new_empty(n, h.shape[1])
     for r0, r1 in zip(bounds[:-1], bounds[1:]):
         e0, e1 = int(indptr[r0]), int(indptr[r1])
-        block = torch.sparse_csr_tensor(indptr[r0 : r1 + 1] - e0, indices[e0:e1], values[e0:e1], size=(r1 - r0, h.shape[0]))
+        block = torch.sparse_csr_tensor(
+            indptr[r0 : r1 + 1] - e0, indices[e0:e1], values[e0:e1], size=(r1 - r0, h.shape[0])
+        )
         out[r0:r1] = csr_matmul(block, h)
     return out

@@ -1,4 +1,5 @@
 """The engine's only door to a graph store: load what one rank needs, nothing more."""
+
 from __future__ import annotations
 
 import os
@@ -104,8 +105,15 @@ def topology_bytes(num_nodes: int, num_edges: int) -> int:
     return 2 * (num_nodes + 1) * 8 + 2 * num_edges * T.index_dtype(num_nodes).itemsize + num_nodes * 4
 
 
-def from_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, splits: dict[str, np.ndarray],
-                world: int = 1, rank: int = 0, **kw) -> GraphData:
+def from_arrays(
+    edge_index: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    splits: dict[str, np.ndarray],
+    world: int = 1,
+    rank: int = 0,
+    **kw,
+) -> GraphData:
     """A GraphData from in-memory arrays (edge_index [2, E] as source, target), for tests and tools."""
     n = x.shape[0]
     src, dst = np.asarray(edge_index[0], np.int64), np.asarray(edge_index[1], np.int64)
@@ -118,8 +126,14 @@ def from_arrays(edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, splits: di
         task = dict(num_classes=int(y.max()) + 1, task_type="multiclass", metric="acc")
     else:  # 0/1 per task (NaN: unlabeled): ROC-AUC
         task = dict(num_classes=y.shape[1], task_type="binary" if y.shape[1] == 1 else "multilabel", metric="rocauc")
-    return GraphData(topology=topology, features=np.ascontiguousarray(x[start:stop], np.float32),
-                     labels=y, splits=splits, feature_dim=x.shape[1], **{**task, **kw})
+    return GraphData(
+        topology=topology,
+        features=np.ascontiguousarray(x[start:stop], np.float32),
+        labels=y,
+        splits=splits,
+        feature_dim=x.shape[1],
+        **{**task, **kw},
+    )
 
 
 def load_shared(store, env) -> GraphData:  # noqa: ANN001 (storage.Store, ntp.engine.distributed.dist.DistEnv)
@@ -128,6 +142,11 @@ def load_shared(store, env) -> GraphData:  # noqa: ANN001 (storage.Store, ntp.en
     from ntp.engine.graph.node_shared import job_key, on_node
 
     meta = store.meta
-    share = partial(on_node, local_rank=env.local_rank, local_world=env.local_world, key=job_key(meta.fingerprint),
-                    required_bytes=topology_bytes(meta.num_nodes, meta.num_edges))
+    share = partial(
+        on_node,
+        local_rank=env.local_rank,
+        local_world=env.local_world,
+        key=job_key(meta.fingerprint),
+        required_bytes=topology_bytes(meta.num_nodes, meta.num_edges),
+    )
     return load_rank_data(store, env.world, env.rank, share)

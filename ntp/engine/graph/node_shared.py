@@ -9,6 +9,7 @@ until the last rank lets go, so nothing is left on disk, even when a rank fails 
 ``NTP_SHARED_DIR`` chooses the folder. Measure what the node holds with PSS, not RSS (RSS counts shared pages once
 per process).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,12 +46,16 @@ def shared_dir(required_bytes: int) -> Path:
 
 def job_key(*parts: object) -> str:
     """A name that the ranks of one node derive alike and that differs between jobs (and restarts) on the node."""
-    env = [os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                                           "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK")]
+    env = [
+        os.environ.get(k, "")
+        for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK")
+    ]
     return hashlib.blake2b(repr((env, parts)).encode(), digest_size=8).hexdigest()
 
 
-def on_node(build: Builder, *, local_rank: int, local_world: int, key: str, required_bytes: int) -> dict[str, np.ndarray]:
+def on_node(
+    build: Builder, *, local_rank: int, local_world: int, key: str, required_bytes: int
+) -> dict[str, np.ndarray]:
     """``build(alloc)`` once per node, its arrays shared by the node's ranks. Every rank of the job must call this
     at the same point (it holds two barriers); a single local rank builds in its own memory."""
     if local_world == 1:
@@ -69,8 +74,10 @@ def on_node(build: Builder, *, local_rank: int, local_world: int, key: str, requ
             shutil.rmtree(folder, ignore_errors=True)
         return arrays
     barrier()
-    arrays = {name: _map(folder / f"{name}.npy", tuple(shape), np.dtype(dtype))
-              for name, (shape, dtype) in json.loads((folder / MANIFEST).read_text()).items()}
+    arrays = {
+        name: _map(folder / f"{name}.npy", tuple(shape), np.dtype(dtype))
+        for name, (shape, dtype) in json.loads((folder / MANIFEST).read_text()).items()
+    }
     barrier()
     return arrays
 

@@ -10,6 +10,7 @@
 Operators: "gcn": D^-1/2 (A+I) D^-1/2; "mean": D^-1 A (SAGE); "mean_self": D^-1 (A+I); "sum_root": A + I (GIN
 with eps = 0, existing self-loops kept as in PyG). "+I" replaces existing self-loops (PyG's "remaining" self-loops).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +39,6 @@ class Scaling:
         return Scaling(*(None if v is None else v.to(device) for v in (self.pre, self.post, self.diag)))
 
 
-
 # -- topology -------------------------------------------------------------------------------------------------------
 @dataclass
 class CSR:
@@ -61,8 +61,11 @@ class CSR:
 
     @staticmethod
     def from_numpy(indptr: np.ndarray, indices: np.ndarray) -> "CSR":
-        return CSR(torch.from_numpy(np.asarray(indptr, dtype=np.int64)),
-                   torch.from_numpy(np.asarray(indices, dtype=np.int64)), len(indptr) - 1)
+        return CSR(
+            torch.from_numpy(np.asarray(indptr, dtype=np.int64)),
+            torch.from_numpy(np.asarray(indices, dtype=np.int64)),
+            len(indptr) - 1,
+        )
 
 
 def transpose(csr: CSR) -> tuple[CSR, torch.Tensor]:
@@ -114,8 +117,7 @@ def sum_values(pattern: CSR) -> torch.Tensor:
 def scaling(topology, name: str) -> Scaling:
     """Operator ``name`` over ``topology`` (a :class:`~ntp.engine.graph.topology.Topology`) as a :class:`Scaling`."""
     in_deg = topology.in_degrees().to(torch.float64)
-    loops = (topology.self_loops.to(torch.float64) if topology.self_loops is not None
-             else torch.zeros_like(in_deg))
+    loops = topology.self_loops.to(torch.float64) if topology.self_loops is not None else torch.zeros_like(in_deg)
     if name == "gcn":
         dinv = (in_deg - loops + 1).rsqrt()
         return Scaling(pre=dinv.float(), post=dinv.float(), diag=((1 - loops) * dinv * dinv).float())

@@ -9,6 +9,7 @@ unit weights scaled per row and column (ntp.engine.graph.operators), and self-lo
 The arrays come from an allocator, so the ranks of one node can build them once into shared memory
 (ntp.engine.graph.node_shared) instead of each holding a copy.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -66,8 +67,11 @@ class Topology:
 
     def nbytes(self) -> int:
         """Bytes of the arrays (each counted once)."""
-        tensors = {id(t): t for t in (self.indptr, self.indices, self.t_indptr, self.t_indices, self.self_loops)
-                   if t is not None}
+        tensors = {
+            id(t): t
+            for t in (self.indptr, self.indices, self.t_indptr, self.t_indices, self.self_loops)
+            if t is not None
+        }
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     @staticmethod
@@ -77,16 +81,27 @@ class Topology:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             t = {k: torch.from_numpy(v) for k, v in arrays.items()}
         symmetric = "t_indices" not in t
-        return Topology(t["indptr"], t["indices"], t["indptr"] if symmetric else t["t_indptr"],
-                        t["indices"] if symmetric else t["t_indices"], t.get("self_loops"))
+        return Topology(
+            t["indptr"],
+            t["indices"],
+            t["indptr"] if symmetric else t["t_indptr"],
+            t["indices"] if symmetric else t["t_indices"],
+            t.get("self_loops"),
+        )
 
 
 #: fills ``(indptr, indices)`` (int64 [n+1], ``index_dtype(n)`` [E]) with the in-edge CSR, e.g. from a store
 Filler = Callable[[np.ndarray, np.ndarray], None]
 
 
-def build(num_nodes: int, num_edges: int, fill: Filler, alloc: Allocator = empty,
-          symmetric: bool | None = None, fill_transpose: Filler | None = None) -> dict[str, np.ndarray]:
+def build(
+    num_nodes: int,
+    num_edges: int,
+    fill: Filler,
+    alloc: Allocator = empty,
+    symmetric: bool | None = None,
+    fill_transpose: Filler | None = None,
+) -> dict[str, np.ndarray]:
     """The arrays of a :class:`Topology`: ``fill`` writes the CSR of ``A`` straight into ``alloc``'s arrays, the
     rest is derived from it.
 
@@ -112,7 +127,11 @@ def build(num_nodes: int, num_edges: int, fill: Filler, alloc: Allocator = empty
         t["t_indptr"][:] = t_indptr
         np.take(rows, order, out=t["t_indices"])
         del order, rows
-    if symmetric is None and np.array_equal(t["t_indptr"], out["indptr"]) and np.array_equal(t["t_indices"], out["indices"]):
+    if (
+        symmetric is None
+        and np.array_equal(t["t_indptr"], out["indptr"])
+        and np.array_equal(t["t_indices"], out["indices"])
+    ):
         return out  # A^T is A: the same arrays serve both directions
     out.update(t)
     return out
@@ -120,6 +139,7 @@ def build(num_nodes: int, num_edges: int, fill: Filler, alloc: Allocator = empty
 
 def from_csr(indptr: np.ndarray, indices: np.ndarray, alloc: Allocator = empty) -> Topology:
     """The topology of an in-memory in-edge CSR."""
+
     def fill(p: np.ndarray, i: np.ndarray) -> None:
         p[:], i[:] = indptr, indices
 

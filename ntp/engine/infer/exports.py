@@ -6,6 +6,7 @@ at once, each chunk by one rank (:func:`write_zarr_rows`). Parquet: one dataset 
 A 2-D column (probabilities, embeddings) is a fixed-size list of float32. ``_ntp.json`` (ignored by Parquet readers,
 as its name starts with "_") says what the dataset holds.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def _arrow_column(values: np.ndarray):
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(values).reshape(-1)), values.shape[1])
 
 
-def write_parquet_part(folder: str | Path, rank: int, columns: dict[str, np.ndarray],
-                       row_group: int = ROW_GROUP) -> Path:
+def write_parquet_part(
+    folder: str | Path, rank: int, columns: dict[str, np.ndarray], row_group: int = ROW_GROUP
+) -> Path:
     """This rank's rows (every column has the same number of rows) as ``part-<rank>.parquet`` in ``folder``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -103,8 +105,14 @@ def zarr_chunk_rows(columns: dict[str, np.ndarray], row_group: int) -> int:
     return max(1, min(row_group, 2 ** round(math.log2(max(1, (1 << 20) // widest)))))
 
 
-def write_zarr_rows(folder: str | Path, rows: tuple[int, int], num_nodes: int, columns: dict[str, np.ndarray],
-                    row_group: int, is_main: bool) -> None:
+def write_zarr_rows(
+    folder: str | Path,
+    rows: tuple[int, int],
+    num_nodes: int,
+    columns: dict[str, np.ndarray],
+    row_group: int,
+    is_main: bool,
+) -> None:
     """Every rank's rows into one Zarr group of arrays indexed by node id (the store's codecs: uncompressed,
     CRC32C per chunk). A chunk is written by one rank only (two writers of one chunk corrupt it): the rank where
     the chunk starts, which receives the rest of its rows from the next ranks (at most one chunk each)."""
@@ -130,6 +138,9 @@ def write_zarr_rows(folder: str | Path, rows: tuple[int, int], num_nodes: int, c
         for name, v in values.items():
             for a in range(boundary, end, chunk):  # chunk by chunk: no copy of the rank's rows
                 b = min(a + chunk, end)
-                group[name][a:b] = v[a - start : b - start] if b <= stop else \
-                    np.concatenate([v[a - start :], *(head[name] for head in later)])
+                group[name][a:b] = (
+                    v[a - start : b - start]
+                    if b <= stop
+                    else np.concatenate([v[a - start :], *(head[name] for head in later)])
+                )
     barrier()  # every chunk written before the job ends

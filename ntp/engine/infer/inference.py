@@ -1,5 +1,6 @@
 """A saved model (a ``--model-out`` file or a checkpoint) made ready to apply: loaded, checked against the store it
 is applied to, its config turned into an inference config; and its metrics in one process (``evaluate_model``)."""
+
 from __future__ import annotations
 
 import sys
@@ -16,8 +17,17 @@ from ntp.engine.train.setup import setup
 from ntp.errors import ModelFileError
 
 #: Options of the saved config that describe the training run, not the model: reset for inference.
-_TRAINING_ONLY = {"mode": None, "resume": False, "resume_anyway": False, "results": None, "checkpoint_dir": None,
-                  "model_out": None, "overlap": False, "fail_at_epoch": -1, "fail_rank": -1}
+_TRAINING_ONLY = {
+    "mode": None,
+    "resume": False,
+    "resume_anyway": False,
+    "results": None,
+    "checkpoint_dir": None,
+    "model_out": None,
+    "overlap": False,
+    "fail_at_epoch": -1,
+    "fail_rank": -1,
+}
 
 
 def load_saved(path: str | Path) -> dict:
@@ -50,24 +60,34 @@ def check_store(path: str | Path, saved: dict, store_path: str | Path, any_store
     _check_widths(path, saved, store_path, meta)
     fingerprint = saved.get("store_fingerprint")
     if not fingerprint:  # None: an older version; "": trained on in-memory arrays
-        print(f"[ntp] warning: model file {path} has no store fingerprint (older version, or in-memory data): "
-              f"whether it was trained on store {store_path} is unknown", file=sys.stderr, flush=True)
+        print(
+            f"[ntp] warning: model file {path} has no store fingerprint (older version, or in-memory data): "
+            f"whether it was trained on store {store_path} is unknown",
+            file=sys.stderr,
+            flush=True,
+        )
     elif fingerprint != meta.fingerprint and not any_store:
-        raise ModelFileError(f"model {path} was trained on a store with fingerprint {fingerprint}, but store "
-                             f"{store_path} has fingerprint {meta.fingerprint}: apply it to the store it was trained "
-                             "on, or pass --any-store (any_store=True) if you mean to apply it to this one")
+        raise ModelFileError(
+            f"model {path} was trained on a store with fingerprint {fingerprint}, but store "
+            f"{store_path} has fingerprint {meta.fingerprint}: apply it to the store it was trained "
+            "on, or pass --any-store (any_store=True) if you mean to apply it to this one"
+        )
 
 
 def _check_widths(path: str | Path, saved: dict, store_path: str | Path, meta) -> None:
     in_dim, out_dim = saved.get("in_dim"), saved.get("out_dim")  # absent in checkpoints: load_weights checks
     if in_dim is not None and in_dim != meta.feature_dim:
-        raise ModelFileError(f"model {path} takes {in_dim} features per node, but store {store_path} has "
-                             f"{meta.feature_dim}: a model applies only to stores with its feature width; apply it "
-                             "to the store it was trained on (or one built the same way)")
+        raise ModelFileError(
+            f"model {path} takes {in_dim} features per node, but store {store_path} has "
+            f"{meta.feature_dim}: a model applies only to stores with its feature width; apply it "
+            "to the store it was trained on (or one built the same way)"
+        )
     store_out = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
     if meta.task_type != "link" and out_dim is not None and out_dim != store_out:
-        raise ModelFileError(f"model {path} predicts {out_dim} outputs, but store {store_path} has {store_out} "
-                             f"({meta.task_type}); apply it to a store with the same classes or tasks")
+        raise ModelFileError(
+            f"model {path} predicts {out_dim} outputs, but store {store_path} has {store_out} "
+            f"({meta.task_type}); apply it to a store with the same classes or tasks"
+        )
 
 
 def load_weights(job: Job, saved: dict, path: str | Path) -> None:
@@ -75,16 +95,19 @@ def load_weights(job: Job, saved: dict, path: str | Path) -> None:
     try:
         job.model.load_state_dict(weights)
     except RuntimeError as exc:
-        raise ModelFileError(f"model {path} does not fit store {job.cfg.store} ({job.data.feature_dim} features, "
-                             f"{job.data.out_dim} outputs): apply it to the store it was trained on") from exc
+        raise ModelFileError(
+            f"model {path} does not fit store {job.cfg.store} ({job.data.feature_dim} features, "
+            f"{job.data.out_dim} outputs): apply it to the store it was trained on"
+        ) from exc
 
 
 def single_process_job(model_path: str | Path, store_path: str | Path, any_store: bool = False) -> Job:
     """The saved model, checked against the store and loaded, in this one process (eval mode)."""
     saved = load_saved(model_path)
     check_store(model_path, saved, store_path, any_store)
-    job = setup(inference_config(saved, store_path).replace(mode="single"),
-                DistEnv(0, 1, 0, 1, torch.device("cpu"), None))
+    job = setup(
+        inference_config(saved, store_path).replace(mode="single"), DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
+    )
     load_weights(job, saved, model_path)
     job.model.eval()
     return job

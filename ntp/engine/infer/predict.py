@@ -5,6 +5,7 @@ tensor parallel and chunked exactly as training (the same setup, memory plan and
 neighbourhood recomputation. Each rank then writes its own rows: predictions (class and probabilities, or
 per-task probabilities), the embeddings of one layer, or a link model's scores of its share of given node pairs.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ class Request:
 def check_export(export: str, task: Task, fmt: str = "parquet") -> None:
     """What a task's models can export (``task.exports``); Zarr arrays are indexed by node, pair scores are not."""
     if fmt == "zarr" and export == "scores":
-        raise ConfigError("--format zarr writes arrays indexed by node id; pair scores are rows of a table: use "
-                          "--format parquet")
+        raise ConfigError(
+            "--format zarr writes arrays indexed by node id; pair scores are rows of a table: use --format parquet"
+        )
     if export not in task.exports:
         raise ConfigError(f"--export {export}: {task.exports_hint}")
 
@@ -119,8 +121,10 @@ def node_columns(job: Job, request: Request) -> tuple[dict[str, np.ndarray], dic
     layers = embedding_layers(job.model)
     layer = default_layer(job.model) if request.layer is None else request.layer
     if not -len(layers) <= layer < len(layers):
-        raise ConfigError(f"--layer {layer}: this model has {len(layers)} layers to take embeddings from "
-                          f"(0..{len(layers) - 1}, or -1 for the output)")
+        raise ConfigError(
+            f"--layer {layer}: this model has {len(layers)} layers to take embeddings from "
+            f"(0..{len(layers) - 1}, or -1 for the output)"
+        )
     captured: list[torch.Tensor] = []
     hook = layers[layer].register_forward_hook(lambda module, inputs, output: captured.append(output))
     try:
@@ -157,7 +161,12 @@ def _write_scores(job: Job, request: Request) -> dict:
     """A link model's scores (the decoder's logit and its sigmoid) of this rank's share of each batch of pairs."""
     pairs = torch.from_numpy(exports.read_pairs(request.pairs))
     idx, score = job.task.pair_scores(job, pairs)
-    columns = {"pair": idx.numpy(), "src": pairs[idx, 0].numpy(), "dst": pairs[idx, 1].numpy(),
-               "score": score.numpy(), "prob": torch.sigmoid(score).numpy()}
+    columns = {
+        "pair": idx.numpy(),
+        "src": pairs[idx, 0].numpy(),
+        "dst": pairs[idx, 1].numpy(),
+        "score": score.numpy(),
+        "prob": torch.sigmoid(score).numpy(),
+    }
     path = exports.write_parquet_part(request.out, job.env.rank, columns, request.row_group)
     return {"rank": job.env.rank, "pairs": len(idx), "path": str(path)}

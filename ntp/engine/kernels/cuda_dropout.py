@@ -3,6 +3,7 @@
 where one is wanted. Each word is hashed once for the 4 to 64 elements whose fields it holds. Where Triton is missing,
 its kernel fails to build, or its first result differs from the mask drawn by torch's ops (checked once per GPU),
 :func:`works` is False and dropout takes torch's ops: the same values, more passes over memory."""
+
 from __future__ import annotations
 
 import torch
@@ -18,10 +19,28 @@ DTYPES = (torch.float32, torch.bfloat16)
 _ELEMENTS = 2048
 
 if triton is not None:
+
     @triton.jit(do_not_specialize=["first", "word0", "key", "threshold"])
-    def _drop_kernel(x, y, keep, first, word0, count, rows, cols, width, ldx, key, threshold, scale,
-                     BITS: tl.constexpr, RELU: tl.constexpr, WHOLE_ROWS: tl.constexpr, MASK: tl.constexpr,
-                     ELEMENTS: tl.constexpr):
+    def _drop_kernel(
+        x,
+        y,
+        keep,
+        first,
+        word0,
+        count,
+        rows,
+        cols,
+        width,
+        ldx,
+        key,
+        threshold,
+        scale,
+        BITS: tl.constexpr,
+        RELU: tl.constexpr,
+        WHOLE_ROWS: tl.constexpr,
+        MASK: tl.constexpr,
+        ELEMENTS: tl.constexpr,
+    ):
         """Words ``word0 + [pid * WORDS, (pid + 1) * WORDS)`` of the stream keyed ``key`` and the elements whose
         fields they hold: global element ``e`` is local element ``(i, j)`` of ``x`` where ``e = first + i * width +
         j``; with ``WHOLE_ROWS`` (``cols == width == ldx``) the local element is ``e - first`` without a division."""
@@ -55,8 +74,16 @@ if triton is not None:
             tl.store(keep + dst, (out.to(tl.float32) != 0) if RELU else kept, mask=inside)
 
 
-def drop_into(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: float, stream: int, first: int,
-              width: int, relu: bool) -> None:
+def drop_into(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor | None,
+    p: float,
+    stream: int,
+    first: int,
+    width: int,
+    relu: bool,
+) -> None:
     """Dropout of ``x`` (rows with unit column stride; with ``relu``, of ``relu(x)``) into the contiguous ``y``, and
     the backward's mask (``keep``, or with ``relu`` the nonzero results) into ``mask`` if given. Element ``(i, j)``
     is element ``first + i * width + j`` of the ``stream``'s mask, as in ``csrc/dropout.c``."""
@@ -70,10 +97,27 @@ def drop_into(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: fl
     ldx = x.stride(0)
     whole = cols == width and ldx == cols
     with gpu_kernels.on_gpu_of(x):
-        _drop_kernel[(programs,)](x, y, y if mask is None else mask, first, word0, rows * cols, rows, cols, width,
-                                  ldx, stream_key(stream), threshold, 1.0 / (1.0 - p), BITS=bits, RELU=relu,
-                                  WHOLE_ROWS=whole, MASK=mask is not None, ELEMENTS=_ELEMENTS,
-                                  enable_fp_fusion=False)  # one product an element: nothing to fuse, and no warning
+        _drop_kernel[(programs,)](
+            x,
+            y,
+            y if mask is None else mask,
+            first,
+            word0,
+            rows * cols,
+            rows,
+            cols,
+            width,
+            ldx,
+            stream_key(stream),
+            threshold,
+            1.0 / (1.0 - p),
+            BITS=bits,
+            RELU=relu,
+            WHOLE_ROWS=whole,
+            MASK=mask is not None,
+            ELEMENTS=_ELEMENTS,
+            enable_fp_fusion=False,
+        )  # one product an element: nothing to fuse, and no warning
 
 
 def works(device: torch.device) -> bool:

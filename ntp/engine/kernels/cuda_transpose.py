@@ -3,6 +3,7 @@ by column and the products work row by row, so every slab that crosses the bus i
 copy between the two layouts reads or writes across rows element by element: on an H100 it moved about 150 GB/s, 70
 of a 232 ms epoch (docs/benchmarks.md, section 8). The kernel reads and writes whole rows of a tile each way. Where
 Triton cannot run, or its first result differs from torch's copy (checked once per GPU), torch's copy does it."""
+
 from __future__ import annotations
 
 import torch
@@ -14,6 +15,7 @@ from ntp.engine.kernels.gpu_kernels import tl, triton
 _TILE = 64
 
 if triton is not None:
+
     @triton.jit
     def _transpose_kernel(src, dst, rows, cols, src_col_stride, dst_row_stride, TILE: tl.constexpr):
         """``dst[r, c] = src[r, c]`` for a tile, where ``src`` is unit-strided along rows (column-major) and ``dst``
@@ -41,8 +43,9 @@ def _launch(dst: torch.Tensor, src: torch.Tensor) -> None:
         return
     grid = (triton.cdiv(rows, _TILE), triton.cdiv(cols, _TILE))
     with gpu_kernels.on_gpu_of(dst):
-        _transpose_kernel[grid](src, dst, rows, cols, src.stride(1), dst.stride(0), TILE=_TILE,
-                                enable_fp_fusion=False)  # no arithmetic: nothing to fuse, and no warning
+        _transpose_kernel[grid](
+            src, dst, rows, cols, src.stride(1), dst.stride(0), TILE=_TILE, enable_fp_fusion=False
+        )  # no arithmetic: nothing to fuse, and no warning
 
 
 def works(device: torch.device) -> bool:

@@ -2,6 +2,7 @@
 kernel draws and applies a mask in one pass where one is built: on a CPU the C kernel (ntp.engine.kernels.native), inside the
 product that follows the dropout where there is one (:meth:`RowDropout.linear`); on CUDA a Triton kernel
 (ntp.engine.kernels.cuda_dropout). Elsewhere the mask is drawn, then applied."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -41,15 +42,27 @@ class RowDropout(nn.Module):
             return F.relu(x) if relu else x
         return drop(x, self.p, self._stream(ctx), ctx.row_offset, relu)
 
-    def linear(self, x: torch.Tensor, ctx: Position, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               module: nn.Module | None = None, relu: bool = False) -> torch.Tensor:
+    def linear(
+        self,
+        x: torch.Tensor,
+        ctx: Position,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        module: nn.Module | None = None,
+        relu: bool = False,
+    ) -> torch.Tensor:
         """``linear(self(x, ctx, relu), weight, bias)``, or ``module(self(x, ctx, relu))`` for the Linear ``module``
         these are the parameters of (its hooks see the call: an embedding export hooks a decoupled model's Linears).
         Where :func:`drops_inside_product` and no hook waits on ``module``, block by block of rows
         (:class:`_DroppedLinear`): no dropped copy of ``x`` and no mask is made or kept."""
         hooked = module is not None and bool(module._forward_hooks or module._forward_pre_hooks)
-        if (not self.training or self.p == 0.0 or torch.is_autocast_enabled("cpu") or hooked
-                or not drops_inside_product(x.device.type, x.dtype, x.numel() * x.element_size())):
+        if (
+            not self.training
+            or self.p == 0.0
+            or torch.is_autocast_enabled("cpu")
+            or hooked
+            or not drops_inside_product(x.device.type, x.dtype, x.numel() * x.element_size())
+        ):
             x = self(x, ctx, relu)
             return module(x) if module is not None else linear(x, weight, bias)
         return _DroppedLinear.apply(x, weight, bias, self.p, self._stream(ctx), ctx.row_offset * x.shape[1], relu)
@@ -61,8 +74,12 @@ class RowDropout(nn.Module):
 def drops_inside_product(device_type: str, dtype: torch.dtype, nbytes: int) -> bool:
     """Whether :meth:`RowDropout.linear` drops an input of ``nbytes`` inside the product (keeping no dropped copy,
     no mask): a CPU float32 input of ``_FUSED_LEAST_BYTES`` or more, where the C kernel is built."""
-    return (device_type == "cpu" and dtype == torch.float32 and nbytes >= _FUSED_LEAST_BYTES
-            and native.library() is not None)
+    return (
+        device_type == "cpu"
+        and dtype == torch.float32
+        and nbytes >= _FUSED_LEAST_BYTES
+        and native.library() is not None
+    )
 
 
 def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: int, p: float) -> int:
@@ -89,8 +106,16 @@ def _kernel_takes(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype in cuda_dropout.DTYPES and cuda_dropout.works(device)
 
 
-def drop(x: torch.Tensor, p: float, stream: int, first_row: int, relu: bool = False, *, column: int = 0,
-         width: int | None = None) -> torch.Tensor:
+def drop(
+    x: torch.Tensor,
+    p: float,
+    stream: int,
+    first_row: int,
+    relu: bool = False,
+    *,
+    column: int = 0,
+    width: int | None = None,
+) -> torch.Tensor:
     """Dropout of ``x`` (with ``relu``, of ``relu(x)``), whose element ``(i, j)`` is element
     ``(first_row + i, column + j)`` of the ``stream``'s mask ``width`` wide (``x``'s own width by default). Where
     :func:`one_pass`, drawn and dropped in one pass by a kernel; elsewhere the mask is drawn (:func:`keep_mask`),
@@ -169,24 +194,55 @@ class _NativeDropped(torch.autograd.Function):
 def _masked_scale_into(grad: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
     """The C kernel's ``grad * mask * scale`` into ``out`` (contiguous, like ``grad`` and ``mask``; may be ``grad``)."""
     n = grad.numel()
-    native.library().ntp_masked_scale(thread_parts(n, _KERNEL_PART), native.DTYPE_CODES[grad.dtype], grad.data_ptr(),
-                                      mask.data_ptr(), out.data_ptr(), n, scale)
+    native.library().ntp_masked_scale(
+        thread_parts(n, _KERNEL_PART),
+        native.DTYPE_CODES[grad.dtype],
+        grad.data_ptr(),
+        mask.data_ptr(),
+        out.data_ptr(),
+        n,
+        scale,
+    )
     return out
 
 
-def _drop_rows(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, p: float, stream: int, first: int,
-               width: int, relu: bool, flags_out: torch.Tensor | None = None,
-               flags_in: torch.Tensor | None = None) -> None:
+def _drop_rows(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mask: torch.Tensor | None,
+    p: float,
+    stream: int,
+    first: int,
+    width: int,
+    relu: bool,
+    flags_out: torch.Tensor | None = None,
+    flags_in: torch.Tensor | None = None,
+) -> None:
     """The C kernel's dropout of ``x`` into the contiguous ``y`` (and the backward's mask into ``mask``, if given).
     ``flags_out`` keeps the keep flags packed, a bit an element of ``x`` in row order; from ``flags_in`` they are read
     instead of drawn (:class:`_DroppedLinear`'s backward)."""
     x = _rows(x)
     bits, threshold = field(p)
     address = lambda t: None if t is None else t.data_ptr()  # noqa: E731
-    native.library().ntp_dropout(thread_parts(x.numel(), _KERNEL_PART), native.DTYPE_CODES[x.dtype], x.data_ptr(),
-                                 x.stride(0), y.data_ptr(), address(mask), address(flags_out), address(flags_in),
-                                 x.shape[0], x.shape[1], first, width, stream_key(stream), bits, threshold,
-                                 1.0 / (1.0 - p), relu)
+    native.library().ntp_dropout(
+        thread_parts(x.numel(), _KERNEL_PART),
+        native.DTYPE_CODES[x.dtype],
+        x.data_ptr(),
+        x.stride(0),
+        y.data_ptr(),
+        address(mask),
+        address(flags_out),
+        address(flags_in),
+        x.shape[0],
+        x.shape[1],
+        first,
+        width,
+        stream_key(stream),
+        bits,
+        threshold,
+        1.0 / (1.0 - p),
+        relu,
+    )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -216,8 +272,16 @@ class _DroppedLinear(torch.autograd.Function):
     with its ReLU, 100k x 64 -> 16, 18.0, 17.2 and 17.3."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: float, stream: int,  # type: ignore[override]
-                first: int, relu: bool) -> torch.Tensor:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        p: float,
+        stream: int,  # type: ignore[override]
+        first: int,
+        relu: bool,
+    ) -> torch.Tensor:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
         flags = torch.empty(packed_flag_bytes(x.numel()), dtype=torch.uint8) if any(ctx.needs_input_grad[:2]) else None
         for a, block, _ in _dropped_blocks(x, p, stream, first, relu, masks=False, flags_out=flags):
@@ -245,8 +309,16 @@ class _DroppedLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
-def _dropped_blocks(x: torch.Tensor, p: float, stream: int, first: int, relu: bool, masks: bool,
-                    flags_out: torch.Tensor | None = None, flags_in: torch.Tensor | None = None):
+def _dropped_blocks(
+    x: torch.Tensor,
+    p: float,
+    stream: int,
+    first: int,
+    relu: bool,
+    masks: bool,
+    flags_out: torch.Tensor | None = None,
+    flags_in: torch.Tensor | None = None,
+):
     """(first row, the rows from it dropped, their backward mask if ``masks``) for each block of ``_BLOCK_BYTES`` of
     ``x``'s rows, in one buffer (and one for the masks); the packed keep flags of all of ``x`` into ``flags_out`` or
     from ``flags_in`` (a block is a multiple of 8 rows, so the next one's flags start at a whole byte)."""

@@ -2,6 +2,7 @@
 it imports, launching on a tensor's own GPU, and the decision whether a kernel runs on a GPU: Triton there, the
 project's kernels not switched off (``NTP_NATIVE=0``), and the kernel's first result there, checked once, equal to
 what torch computes. Where not, the caller takes torch's ops, and the log says why."""
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,9 @@ def works(device: torch.device, check: Callable[[torch.device], None], what: str
     the fallback in the log."""
     if device.type != "cuda" or not native.enabled():
         return False
-    return checked(torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index),
-                   check, what)
+    return checked(
+        torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index), check, what
+    )
 
 
 @functools.cache
@@ -48,7 +50,11 @@ def checked(device: torch.device, check: Callable[[torch.device], None], what: s
             raise RuntimeError(f"Triton does not import ({_missing})")
         check(device)
     except Exception as e:
-        log.warning("%s (the same results, more passes over memory): its Triton kernel failed: %s: %s", what,
-                    type(e).__name__, e)
+        log.warning(
+            "%s (the same results, more passes over memory): its Triton kernel failed: %s: %s",
+            what,
+            type(e).__name__,
+            e,
+        )
         return False
     return True

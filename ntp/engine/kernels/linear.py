@@ -7,6 +7,7 @@ Every model's dense product goes through :func:`linear`, which picks oneDNN for 
 to repay its set-up (about 10 us) and torch's own product everywhere else: CUDA, bfloat16 under autocast, float64.
 The gradients are the same products, so they take the same path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,12 @@ _ONEDNN = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight^T + bias``, what ``F.linear`` computes, through oneDNN where :func:`uses_onednn` says so."""
-    if x.dim() == 2 and uses_onednn(x, weight.shape[0]) and weight.dtype == x.dtype \
-            and not torch.is_autocast_enabled("cpu"):
+    if (
+        x.dim() == 2
+        and uses_onednn(x, weight.shape[0])
+        and weight.dtype == x.dtype
+        and not torch.is_autocast_enabled("cpu")
+    ):
         return _OneDNNLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -35,8 +40,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def uses_onednn(x: torch.Tensor, out_width: int) -> bool:
     """Whether ``x @ W^T`` with ``out_width`` columns runs on oneDNN: a float32 CPU product of enough work, with
     oneDNN in this torch and not switched off (``torch.backends.mkldnn.enabled = False``)."""
-    return (_ONEDNN is not None and x.device.type == "cpu" and x.dtype == torch.float32
-            and x.numel() * out_width >= MIN_ONEDNN_WORK and torch.backends.mkldnn.enabled)
+    return (
+        _ONEDNN is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.numel() * out_width >= MIN_ONEDNN_WORK
+        and torch.backends.mkldnn.enabled
+    )
 
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

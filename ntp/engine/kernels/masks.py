@@ -2,6 +2,7 @@
 elements: the fields of a counter-based stream of words, the same on every device, drawn by vectorised passes
 (numpy on a CPU, torch's ops elsewhere; the kernels draw the same words as they apply them: ``csrc/dropout.c`` on a
 CPU, ntp.engine.kernels.cuda_dropout on CUDA). ntp.engine.kernels.dropout applies them."""
+
 from __future__ import annotations
 
 import queue

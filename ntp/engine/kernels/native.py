@@ -3,6 +3,7 @@ loaded with ctypes: plain C, no Python API, and every call runs without the GIL,
 pool: the library names libgomp, which the dynamic loader finds already loaded by torch). Where the library is
 missing (a source tree never installed) or ``NTP_NATIVE=0`` is set, :func:`library` is None and callers take
 torch's ops, which give the same values."""
+
 from __future__ import annotations
 
 import ctypes
@@ -15,11 +16,34 @@ import torch
 #: what the kernels' ``dtype`` argument calls each dtype they take
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
-_i64, _u64, _int, _u32, _f32, _ptr = (ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32, ctypes.c_float,
-                                      ctypes.c_void_p)
+_i64, _u64, _int, _u32, _f32, _ptr = (
+    ctypes.c_int64,
+    ctypes.c_uint64,
+    ctypes.c_int,
+    ctypes.c_uint32,
+    ctypes.c_float,
+    ctypes.c_void_p,
+)
 _SIGNATURES = {
-    "ntp_dropout": [_int, _int, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _u64, _int, _u32, _f32,
-                    _int],
+    "ntp_dropout": [
+        _int,
+        _int,
+        _ptr,
+        _i64,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _u64,
+        _int,
+        _u32,
+        _f32,
+        _int,
+    ],
     "ntp_masked_scale": [_int, _int, _ptr, _ptr, _ptr, _i64, _f32],
 }
 

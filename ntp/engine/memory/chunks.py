@@ -18,6 +18,7 @@ Per chunk, :class:`ChunkPlan` also knows the *new* source vertices of the chunk:
 earlier chunk needed. Inter-chunk pipelining (ntp.engine.parallel.overlap) sends exactly those, so a vertex already received for
 an earlier chunk is never sent again.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ ROW_BYTES = 8
 #: Share of free device memory the default CUDA budget may use.
 DEVICE_MARGIN = 0.8
 #: How else an impossible budget can be met (homogeneous models).
-DEFAULT_WAYS_OUT = ("keep less resident (--offload topology, --offload all, --nn-device cpu), or use more ranks "
-                    "(narrower column slices)")
+DEFAULT_WAYS_OUT = (
+    "keep less resident (--offload topology, --offload all, --nn-device cpu), or use more ranks "
+    "(narrower column slices)"
+)
 #: The chunks' working set on CPU when no budget is given.
 CPU_CHUNK_BYTES = 256 << 20
 #: Chunks at least, where products stream their topology from host memory (:func:`streams_topology`): the copy of
@@ -72,8 +75,14 @@ def uniform_plan(num_nodes: int, chunk_rows: int) -> ChunkPlan:
     return ChunkPlan(list(range(0, num_nodes, chunk_rows)) + [num_nodes], f"chunk_rows={chunk_rows}")
 
 
-def row_costs(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int,
-              extra_edges_per_row: int = 1, pipelined: bool = False) -> np.ndarray:
+def row_costs(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    num_nodes: int,
+    width: int,
+    extra_edges_per_row: int = 1,
+    pipelined: bool = False,
+) -> np.ndarray:
     """Working-set bytes of every destination row (the max of its forward and backward share).
 
     ``extra_edges_per_row`` covers the self-loops that operators add to the pattern (GCN, mean_self, GIN);
@@ -83,8 +92,14 @@ def row_costs(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width
     return degree_costs(in_deg, out_deg, width, extra_edges_per_row, pipelined=pipelined)
 
 
-def degree_costs(in_deg: np.ndarray, out_deg: np.ndarray, width: int, extra_edges_per_row: int = 1,
-                 element_bytes: int = 4, pipelined: bool = False) -> np.ndarray:
+def degree_costs(
+    in_deg: np.ndarray,
+    out_deg: np.ndarray,
+    width: int,
+    extra_edges_per_row: int = 1,
+    element_bytes: int = 4,
+    pipelined: bool = False,
+) -> np.ndarray:
     """:func:`row_costs` from the degrees alone (what a store keeps beside its topology); ``element_bytes``: of one
     activation element (ntp.engine.device.precision)."""
     deg = np.maximum(in_deg.astype(np.int64), out_deg.astype(np.int64)) + extra_edges_per_row
@@ -106,7 +121,8 @@ def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:
         raise MemoryPlanError(
             f"memory budget {format_bytes(budget)} cannot hold the aggregation of vertex {worst} alone "
             f"({format_bytes(int(costs[worst]))} for its edges and {width}-wide rows); raise --memory-budget "
-            f"to at least {budget_text(int(costs[worst]))} or use more ranks (narrower column slices)")
+            f"to at least {budget_text(int(costs[worst]))} or use more ranks (narrower column slices)"
+        )
     cum = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(costs, out=cum[1:])
     if cum[-1] <= budget:
@@ -129,9 +145,20 @@ def default_device_budget(device: torch.device, resident_bytes: int) -> int:
     return max(int((free - resident_bytes) * DEVICE_MARGIN), 1) if free else 0
 
 
-def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, memory_budget: int = 0,
-              width: int = 1, device: torch.device | None = None, resident: dict[str, int] | None = None,
-              element_bytes: int = 4, ways_out: str = "", pipelined: bool = False, streamed: bool = False) -> ChunkPlan:
+def make_plan(
+    in_deg: np.ndarray,
+    out_deg: np.ndarray,
+    *,
+    chunk_rows: int = 0,
+    memory_budget: int = 0,
+    width: int = 1,
+    device: torch.device | None = None,
+    resident: dict[str, int] | None = None,
+    element_bytes: int = 4,
+    ways_out: str = "",
+    pipelined: bool = False,
+    streamed: bool = False,
+) -> ChunkPlan:
     """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default.
 
     ``resident``: what stays in the rank's memory besides the chunks (topology, embeddings, NN stage), by name. A
@@ -149,7 +176,11 @@ def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, m
     least = STREAMED_CHUNKS if streamed else 1
     if not memory_budget:
         budget = default_device_budget(device or torch.device("cpu"), kept)
-        plan = plan_for_costs(costs, width, max(budget, int(costs.max(initial=0)))) if budget else ChunkPlan([0, num_nodes])
+        plan = (
+            plan_for_costs(costs, width, max(budget, int(costs.max(initial=0))))
+            if budget
+            else ChunkPlan([0, num_nodes])
+        )
         return _at_least(plan, costs, width, least)
     try:
         plan = plan_for_costs(costs, width, memory_budget - kept)
@@ -159,7 +190,8 @@ def make_plan(in_deg: np.ndarray, out_deg: np.ndarray, *, chunk_rows: int = 0, m
         raise MemoryPlanError(
             f"memory budget {format_bytes(memory_budget)} cannot hold this rank: {parts or 'nothing'} stay resident "
             f"and the largest chunk (one vertex) needs {format_bytes(int(costs.max()))} more; raise --memory-budget "
-            f"to at least {budget_text(need)}, or {ways_out or DEFAULT_WAYS_OUT}") from None
+            f"to at least {budget_text(need)}, or {ways_out or DEFAULT_WAYS_OUT}"
+        ) from None
     plan = _at_least(plan, costs, width, least)
     return ChunkPlan(plan.bounds, f"{plan.reason} ({format_bytes(kept)} resident besides)" if kept else plan.reason)
 
@@ -170,7 +202,9 @@ def _at_least(plan: ChunkPlan, costs: np.ndarray, width: int, chunks: int) -> Ch
     if plan.num_chunks >= chunks or len(costs) <= plan.num_chunks:
         return plan
     share = max(int(costs.sum()) // chunks, int(costs.max(initial=0)), 1)
-    return ChunkPlan(plan_for_costs(costs, width, share).bounds, f"{plan.reason}; {chunks} chunks: the topology streams")
+    return ChunkPlan(
+        plan_for_costs(costs, width, share).bounds, f"{plan.reason}; {chunks} chunks: the topology streams"
+    )
 
 
 # -- deduplicated sources per chunk (what pipelining sends) -----------------------------------------------------------
@@ -188,8 +222,9 @@ class SourceSchedule:
         return sum(int(s.numel()) for s in self.new_sources)
 
 
-def source_schedule(indptr: torch.Tensor, indices: torch.Tensor, plan: ChunkPlan, send_once: bool = True,
-                    own_rows: bool = False) -> SourceSchedule:
+def source_schedule(
+    indptr: torch.Tensor, indices: torch.Tensor, plan: ChunkPlan, send_once: bool = True, own_rows: bool = False
+) -> SourceSchedule:
     """The sources each chunk needs; ``own_rows``: a chunk also needs its own rows (an operator with a diagonal)."""
     n = plan.num_nodes
     first = torch.full((n,), plan.num_chunks, dtype=torch.int64)  # chunk that first needs each vertex

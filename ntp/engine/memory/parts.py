@@ -3,6 +3,7 @@ embeddings (resident, or streamed in column blocks under ``--offload all``), GAT
 What ``--memory-budget`` checks before any chunk; where each part goes is ntp.engine.memory.placement's decision.
 tests/ntp/test_memory_estimate.py and the GPU tests compare these figures with measured peaks.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -54,16 +55,24 @@ STREAM_BLOCK_SHARE = 0.5
 MIN_STREAM_ROWS = 1024
 
 
-
 def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
     """The widest matrix propagation moves: the output (decoupled) or the widest layer (coupled)."""
     return out_dim if arch == "decoupled" else max(hidden, out_dim)
 
 
-
-def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: int, params: int,
-                   precision: str = "fp32", device_type: str = "cuda", input_dropout: float = 0.5,
-                   inner: int = 0, in_product: bool = True) -> int:
+def nn_stage_bytes(
+    rows: int,
+    in_dim: int,
+    hidden: int,
+    out_dim: int,
+    layers: int,
+    params: int,
+    precision: str = "fp32",
+    device_type: str = "cuda",
+    input_dropout: float = 0.5,
+    inner: int = 0,
+    in_product: bool = True,
+) -> int:
     """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
     features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
     ntp.engine.kernels.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product, which
@@ -71,12 +80,16 @@ def nn_stage_bytes(rows: int, in_dim: int, hidden: int, out_dim: int, layers: in
     :func:`inner_width`), and the (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor
     bytes against it."""
     eb = element_bytes(precision)
-    dropped = (dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout) if in_product
-               else eb * rows * in_dim if input_dropout else 0)
+    dropped = (
+        dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout)
+        if in_product
+        else eb * rows * in_dim
+        if input_dropout
+        else 0
+    )
     features = eb * rows * in_dim + dropped
     activations = eb * rows * (hidden * (layers - 1) + out_dim + inner) * ACTIVATION_COPIES
     return features + activations + 4 * params * PARAMETER_COPIES
-
 
 
 def input_dropped_in_product(cfg) -> bool:
@@ -86,17 +99,24 @@ def input_dropped_in_product(cfg) -> bool:
     return not (cfg.model_spec.root_term and cfg.arch == "coupled")
 
 
-
 def inner_width(cfg) -> int:
     """Activation columns of a layer besides its output, summed over the layers (``cfg``: a TrainConfig): a coupled
     GIN layer's MLP hidden layer, ``hidden`` wide."""
     return cfg.hidden * cfg.nn_layers if cfg.model_spec.inner_mlp and cfg.arch == "coupled" else 0
 
 
-
-def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offload: str, precision: str = "fp32",
-                         device_type: str = "cuda", column_block: int = 1, topology_kept: bool = False,
-                         symmetric: bool = False, rows_counted: bool = False) -> dict[str, int]:
+def graph_resident_parts(
+    num_nodes: int,
+    num_edges: int,
+    slice_width: int,
+    offload: str,
+    precision: str = "fp32",
+    device_type: str = "cuda",
+    column_block: int = 1,
+    topology_kept: bool = False,
+    symmetric: bool = False,
+    rows_counted: bool = False,
+) -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
     offloaded (or ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice
     embeddings (input, output and their gradients; none where they are the NN stage's rows, counted there:
@@ -109,16 +129,22 @@ def graph_resident_parts(num_nodes: int, num_edges: int, slice_width: int, offlo
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0 and not rows_counted
     on_device = offload == "none" or topology_kept
-    parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
-             "embeddings": (streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept)) if streamed
-                            else 0 if rows_counted else 4 * num_nodes * slice_width * eb)}
+    parts = {
+        "topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
+        "embeddings": (
+            streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept))
+            if streamed
+            else 0
+            if rows_counted
+            else 4 * num_nodes * slice_width * eb
+        ),
+    }
     in_float32 = device_type == "cpu" and precision != "fp32"  # a CPU sums a bfloat16 input in float32, then casts
     if not streamed and (in_float32 or scales_rows(num_edges, num_nodes * slice_width, device_type, precision)):
         parts["float32 product input"] = 4 * num_nodes * slice_width
     if not streamed and in_float32:
         parts["float32 product output"] = 4 * num_nodes * slice_width
     return parts
-
 
 
 def slice_is_rows(world: int, nn_stage_bytes: int) -> bool:
@@ -130,9 +156,15 @@ def slice_is_rows(world: int, nn_stage_bytes: int) -> bool:
     return world == 1 and nn_stage_bytes > 0
 
 
-
-def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int, precision: str = "fp32",
-                     max_degree: int = 0, symmetric: bool = False) -> tuple[int, bool]:
+def offloaded_layout(
+    num_nodes: int,
+    num_edges: int,
+    slice_width: int,
+    room: int,
+    precision: str = "fp32",
+    max_degree: int = 0,
+    symmetric: bool = False,
+) -> tuple[int, bool]:
     """``--offload all`` on a GPU, given ``room`` (what the budget leaves besides the NN stage): how many columns of
     the column slice a product holds on the device at once, and whether the topology stays there meanwhile.
 
@@ -148,28 +180,36 @@ def offloaded_layout(num_nodes: int, num_edges: int, slice_width: int, room: int
     if 4 * num_nodes * slice_width * eb <= room // 2:
         return 0, False
     widest = lambda kept: bisect.bisect_right(  # noqa: E731
-        range(1, slice_width + 1), room,
-        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree, symmetric))
+        range(1, slice_width + 1),
+        room,
+        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree, symmetric),
+    )
     beside, sector = widest(True), min(slice_width, SECTOR_BYTES // eb)
     if beside >= sector:
         return min(beside, max(sector, ceil_div(slice_width, 2))), True
     return max(1, widest(False)), False
 
 
-
-def offload_room(num_nodes: int, num_edges: int, columns: int, precision: str = "fp32", topology_kept: bool = False,
-                 max_degree: int = 0, symmetric: bool = False) -> int:
+def offload_room(
+    num_nodes: int,
+    num_edges: int,
+    columns: int,
+    precision: str = "fp32",
+    topology_kept: bool = False,
+    max_degree: int = 0,
+    symmetric: bool = False,
+) -> int:
     """Device bytes ``--offload all`` needs besides the NN stage to stream ``columns`` columns at a time: the
     product's (:func:`streamed_bytes`), a chunk (about an eighth of the chunks' working set, as they number
     :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
     and the topology where it stays."""
     eb = element_bytes(precision)
     row = eb * columns + ROW_BYTES
-    chunks = max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS,
-                 (max_degree + 1) * EDGE_BYTES + row)
+    chunks = max(
+        ((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS, (max_degree + 1) * EDGE_BYTES + row
+    )
     topology = device_topology_bytes(num_nodes, num_edges, symmetric) if topology_kept else 0
     return streamed_bytes(num_nodes, columns, eb, stream_depth(not topology_kept)) + chunks + topology
-
 
 
 def device_topology_bytes(num_nodes: int, num_edges: int, symmetric: bool = False) -> int:
@@ -179,7 +219,6 @@ def device_topology_bytes(num_nodes: int, num_edges: int, symmetric: bool = Fals
     return directions * (num_edges * INDEX_BYTES + num_nodes * ROW_POINTER_BYTES) + num_nodes * SCALING_BYTES
 
 
-
 def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, depth: int = 1) -> int:
     """Device bytes of a product that streams ``columns`` columns at a time (ntp.engine.device.transfer.stream_columns):
     a block's input and output in each of ``depth`` sets (2 where the topology stays on the device: the next block
@@ -187,7 +226,6 @@ def streamed_bytes(num_nodes: int, columns: int, element_bytes: int, depth: int 
     (ntp.engine.device.transfer.slab_columns) on its way each way."""
     blocks = 2 * depth
     return num_nodes * element_bytes * (blocks * columns + 2 * min(columns, slab_columns(num_nodes, element_bytes)))
-
 
 
 def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
@@ -203,32 +241,63 @@ def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
         floats = cfg.heads * (ATTENTION_COPIES + max(cfg.prop_steps - 1, 0))
     else:
         floats = ATTENTION_COPIES * (cfg.heads * (cfg.nn_layers - 1) + 1)
-    return {"topology": edges * ATTENTION_INDEX_BYTES + 2 * 4 * (num_nodes + 1),
-            "attention": 4 * edges * floats}
+    return {"topology": edges * ATTENTION_INDEX_BYTES + 2 * 4 * (num_nodes + 1), "attention": 4 * edges * floats}
 
 
-
-def rank_resident_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int,
-                        params: int, nn_on_device: bool, device_type: str = "cuda",
-                        symmetric: bool = False, row_block: int = 0) -> dict[str, int]:
+def rank_resident_parts(
+    cfg,
+    *,
+    num_nodes: int,
+    num_edges: int,
+    feature_dim: int,
+    out_dim: int,
+    world: int,
+    params: int,
+    nn_on_device: bool,
+    device_type: str = "cuda",
+    symmetric: bool = False,
+    row_block: int = 0,
+) -> dict[str, int]:
     """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
     before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device, or, streamed in
     blocks of ``row_block`` rows, one block: "NN block"; ``symmetric``: ``A`` is, so one direction of the topology
     is kept)."""
     rows = ceil_div(num_nodes, world)
-    nn_bytes = nn_stage_bytes(rows, feature_dim, cfg.hidden, out_dim, cfg.nn_layers, params, cfg.precision,
-                              device_type, cfg.first_dropout, inner_width(cfg),
-                              input_dropped_in_product(cfg)) if nn_on_device and not row_block else 0
+    nn_bytes = (
+        nn_stage_bytes(
+            rows,
+            feature_dim,
+            cfg.hidden,
+            out_dim,
+            cfg.nn_layers,
+            params,
+            cfg.precision,
+            device_type,
+            cfg.first_dropout,
+            inner_width(cfg),
+            input_dropped_in_product(cfg),
+        )
+        if nn_on_device and not row_block
+        else 0
+    )
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    parts = graph_resident_parts(num_nodes, num_edges, slice_width, cfg.offload, cfg.precision, device_type,
-                                 symmetric=symmetric, rows_counted=slice_is_rows(world, nn_bytes))
+    parts = graph_resident_parts(
+        num_nodes,
+        num_edges,
+        slice_width,
+        cfg.offload,
+        cfg.precision,
+        device_type,
+        symmetric=symmetric,
+        rows_counted=slice_is_rows(world, nn_bytes),
+    )
     parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     parts["NN stage"] = nn_bytes
     if row_block:
-        parts["NN block"] = stream_block_bytes(stream_row_bytes(cfg, feature_dim, out_dim, device_type), row_block,
-                                               params)
+        parts["NN block"] = stream_block_bytes(
+            stream_row_bytes(cfg, feature_dim, out_dim, device_type), row_block, params
+        )
     return parts
-
 
 
 def stream_row_bytes(cfg, in_dim: int, out_dim: int, device_type: str = "cuda") -> int:
@@ -236,10 +305,20 @@ def stream_row_bytes(cfg, in_dim: int, out_dim: int, device_type: str = "cuda") 
     ntp.engine.parallel.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
     layer counted, though a segment holds one or two), and the blocks on their way: two of the input coming, two of
     the widest output leaving."""
-    per_row = nn_stage_bytes(1, in_dim, cfg.hidden, out_dim, cfg.nn_layers, 0, cfg.precision, device_type,
-                             cfg.first_dropout, inner_width(cfg), input_dropped_in_product(cfg))
+    per_row = nn_stage_bytes(
+        1,
+        in_dim,
+        cfg.hidden,
+        out_dim,
+        cfg.nn_layers,
+        0,
+        cfg.precision,
+        device_type,
+        cfg.first_dropout,
+        inner_width(cfg),
+        input_dropped_in_product(cfg),
+    )
     return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim)
-
 
 
 def stream_block_bytes(row_bytes: int, row_block: int, params: int) -> int:
@@ -247,7 +326,6 @@ def stream_block_bytes(row_bytes: int, row_block: int, params: int) -> int:
     (:func:`stream_row_bytes`): a block, and the parameters (with their gradients and optimiser state: they stay on
     the device)."""
     return row_block * row_bytes + 4 * params * PARAMETER_COPIES
-
 
 
 def stream_block_rows(row_bytes: int, rows: int, room: int) -> int:
@@ -258,19 +336,40 @@ def stream_block_rows(row_bytes: int, rows: int, room: int) -> int:
     return max(1, min(rows, max(MIN_STREAM_ROWS, target // max(1, row_bytes))))
 
 
-
-def stream_parts(cfg, *, num_nodes: int, num_edges: int, feature_dim: int, out_dim: int, world: int, params: int,
-                 device_type: str, symmetric: bool, room: int) -> tuple[int, dict[str, int]]:
+def stream_parts(
+    cfg,
+    *,
+    num_nodes: int,
+    num_edges: int,
+    feature_dim: int,
+    out_dim: int,
+    world: int,
+    params: int,
+    device_type: str,
+    symmetric: bool,
+    room: int,
+) -> tuple[int, dict[str, int]]:
     """The rows of a streamed NN block, and a rank's resident parts (:func:`rank_resident_parts`) with its NN stage
     streamed in such blocks (``cfg``: a TrainConfig). The rows: ``--nn-block-rows``, or as many as
     :func:`stream_block_rows` gives from ``room`` (the budget, or the free device memory with its margin; 0: unknown)
     less aggregation's parts and the parameters. The preflight and the ranks plan with it alike."""
-    shape = dict(num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim, out_dim=out_dim, world=world,
-                 params=params, device_type=device_type, symmetric=symmetric)
+    shape = dict(
+        num_nodes=num_nodes,
+        num_edges=num_edges,
+        feature_dim=feature_dim,
+        out_dim=out_dim,
+        world=world,
+        params=params,
+        device_type=device_type,
+        symmetric=symmetric,
+    )
     block = cfg.nn_block_rows
     if not block:
         graph = sum(rank_resident_parts(cfg, nn_on_device=False, **shape).values())
         left = room - graph - 4 * params * PARAMETER_COPIES if room else 0
-        block = stream_block_rows(stream_row_bytes(cfg, feature_dim, out_dim, device_type),
-                                  ceil_div(num_nodes, world), max(left, 1) if room else 0)
+        block = stream_block_rows(
+            stream_row_bytes(cfg, feature_dim, out_dim, device_type),
+            ceil_div(num_nodes, world),
+            max(left, 1) if room else 0,
+        )
     return block, rank_resident_parts(cfg, nn_on_device=False, row_block=block, **shape)

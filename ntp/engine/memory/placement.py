@@ -12,6 +12,7 @@
 On a CPU-only rank (ntp.engine.device.measure.free_device_bytes is 0) every choice resolves to the CPU and changes nothing
 but these copies (which are no-ops).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,14 +32,20 @@ def describe_streaming(column_block: int, slice_width: int, topology_kept: bool)
     """One line for the worker log: how ``--offload all`` moves the column slice through the device (``column_block``
     0: it does not)."""
     if not column_block:
-        return ("--offload all: the column slice stays on the device (the budget holds it, or one rank's slice is its "
-                "NN stage's rows, there already); the topology streams from host memory")
+        return (
+            "--offload all: the column slice stays on the device (the budget holds it, or one rank's slice is its "
+            "NN stage's rows, there already); the topology streams from host memory"
+        )
     blocks = ceil_div(slice_width, column_block)
-    where = ("stays on the device, and each block arrives while the one before computes" if topology_kept
-             else f"streams {blocks} time(s) a product")
-    return (f"--offload all: the {slice_width}-column slice lives in host memory and passes through the device in "
-            f"{blocks} block(s) of up to {column_block} columns; the topology {where}")
-
+    where = (
+        "stays on the device, and each block arrives while the one before computes"
+        if topology_kept
+        else f"streams {blocks} time(s) a product"
+    )
+    return (
+        f"--offload all: the {slice_width}-column slice lives in host memory and passes through the device in "
+        f"{blocks} block(s) of up to {column_block} columns; the topology {where}"
+    )
 
 
 def ways_out(resident: dict[str, int]) -> str:
@@ -46,17 +53,21 @@ def ways_out(resident: dict[str, int]) -> str:
     encoder stays on the rank's device and its pairs come in chunks (ntp.engine.tasks.link.memory); GAT's edge tensors are
     on every rank whatever their number, and it offloads nothing ("" means ntp.engine.memory.chunks's default)."""
     if "pair chunk" in resident:
-        return ("keep less resident (--offload topology, --offload all), score fewer pairs at once (a smaller "
-                "--link-batch: a chunk holds up to twice its edges), or use more ranks (narrower column slices)")
+        return (
+            "keep less resident (--offload topology, --offload all), score fewer pairs at once (a smaller "
+            "--link-batch: a chunk holds up to twice its edges), or use more ranks (narrower column slices)"
+        )
     if "attention" not in resident:
         return ""
-    return ("use fewer --heads (GAT keeps its edge tensors per head, on every rank), --nn-device cpu, or a model "
-            "without attention (gcn, sage)")
+    return (
+        "use fewer --heads (GAT keeps its edge tensors per head, on every rank), --nn-device cpu, or a model "
+        "without attention (gcn, sage)"
+    )
 
 
-
-def nn_placement(choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int,
-                 streamable: bool = True) -> str:
+def nn_placement(
+    choice: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int, streamable: bool = True
+) -> str:
     """Where the NN stage runs: "device" (the rank's device, its rows there), "stream" (its rows in host memory,
     streamed through the device in row blocks: ntp.engine.parallel.row_stream) or "cpu" (on the host). ``choice`` "device",
     "stream" or "cpu" as given (on a CPU rank "device" is "cpu", and "stream" runs its blocks on the CPU, as the
@@ -74,7 +85,6 @@ def nn_placement(choice: str, device: torch.device, nn_bytes: int, graph_bytes: 
     return "stream" if streamable else "cpu"
 
 
-
 @dataclass(frozen=True)
 class NNPlacement:
     """Where a rank's NN stage runs: ``home``, where its rows live; ``row_block``, rows of a block streamed through
@@ -86,10 +96,14 @@ class NNPlacement:
     reserved: dict[str, int]
 
 
-
-def place_nn_stage(cfg, device: torch.device, resident: dict[str, int], reserved: dict[str, int],
-                   report: bool = False,
-                   streamed: Callable[..., tuple[int, dict[str, int]]] | None = None) -> NNPlacement:
+def place_nn_stage(
+    cfg,
+    device: torch.device,
+    resident: dict[str, int],
+    reserved: dict[str, int],
+    report: bool = False,
+    streamed: Callable[..., tuple[int, dict[str, int]]] | None = None,
+) -> NNPlacement:
     """Where the NN stage of a rank on ``device`` runs (:func:`nn_placement`; ``cfg``: a TrainConfig), from its
     ``resident`` parts planned with the NN stage on the device (the part "NN stage"; the others stay there), and
     ``reserved`` (what the model keeps on the device besides aggregation) with the NN stage's bytes left out where it
@@ -112,26 +126,35 @@ def place_nn_stage(cfg, device: torch.device, resident: dict[str, int], reserved
     return NNPlacement(home, block, {**reserved, **nn_part})
 
 
-
-def describe(where: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int,
-             row_block: int = 0) -> str:
+def describe(
+    where: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int, row_block: int = 0
+) -> str:
     """One line for the worker log: where the NN stage runs and why."""
-    what = {"device": f"NN stage on {device}", "cpu": "NN stage on cpu",
-            "stream": f"NN stage streamed through {device} in blocks of {row_block} rows, its rows in host "
-                      "memory"}[where]
+    what = {
+        "device": f"NN stage on {device}",
+        "cpu": "NN stage on cpu",
+        "stream": f"NN stage streamed through {device} in blocks of {row_block} rows, its rows in host memory",
+    }[where]
     if not free_bytes:
         return what
-    return (f"{what}: it needs {format_bytes(nn_bytes)} whole, aggregation keeps {format_bytes(graph_bytes)}, "
-            f"{format_bytes(free_bytes)} free on the device")
+    return (
+        f"{what}: it needs {format_bytes(nn_bytes)} whole, aggregation keeps {format_bytes(graph_bytes)}, "
+        f"{format_bytes(free_bytes)} free on the device"
+    )
 
 
-
-def store_plan(cfg, store, world: int, device: str, resident: dict[str, int],
-               out_dim: int) -> ChunkPlan:
+def store_plan(cfg, store, world: int, device: str, resident: dict[str, int], out_dim: int) -> ChunkPlan:
     """The budget's chunk plan every rank will compute (ntp.engine.memory.chunks.make_plan) from the store's degrees,
     with ``resident`` (by part) beside the chunks."""
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    return make_plan(store.in_degrees(), store.out_degrees(), memory_budget=cfg.memory_budget_bytes,
-                     width=slice_width, resident=resident, element_bytes=element_bytes(cfg.precision),
-                     ways_out=ways_out(resident), pipelined=cfg.overlap and world > 1,
-                     streamed=streams_topology(cfg.offload, device))
+    return make_plan(
+        store.in_degrees(),
+        store.out_degrees(),
+        memory_budget=cfg.memory_budget_bytes,
+        width=slice_width,
+        resident=resident,
+        element_bytes=element_bytes(cfg.precision),
+        ways_out=ways_out(resident),
+        pipelined=cfg.overlap and world > 1,
+        streamed=streams_topology(cfg.offload, device),
+    )

@@ -1,5 +1,6 @@
 """Learnable node embeddings column-sliced across ranks (the graph layout): the input of a link model on a graph
 without features, and R-GCN's tables of featureless node types."""
+
 from __future__ import annotations
 
 import math
@@ -96,9 +97,11 @@ class SlicedEmbedding(nn.Module):
             state = sd["state"].get(index, {})
             for key, v in state.items():
                 if v.dim() == 2 and v.shape != whole_shape:
-                    raise CheckpointError(f"the optimiser state {key!r} of the node embeddings in this checkpoint "
-                                          f"is one rank's columns {tuple(v.shape)}, not the whole {whole_shape} "
-                                          "(written by an older version): start afresh in another --checkpoint-dir")
+                    raise CheckpointError(
+                        f"the optimiser state {key!r} of the node embeddings in this checkpoint "
+                        f"is one rank's columns {tuple(v.shape)}, not the whole {whole_shape} "
+                        "(written by an older version): start afresh in another --checkpoint-dir"
+                    )
             if state:
                 self.full_state = {k: v.detach().cpu().clone() for k, v in state.items() if v.dim() == 2}
                 sd["state"] = {**sd["state"], index: {k: self._own_columns(v) for k, v in state.items()}}
@@ -109,6 +112,8 @@ class SlicedEmbedding(nn.Module):
     @staticmethod
     def _require(full: Any) -> Any:
         if full is None:
-            raise RuntimeError("the embeddings are sliced over ranks and no snapshot was gathered: call "
-                               "SlicedEmbedding.snapshot on every rank first")
+            raise RuntimeError(
+                "the embeddings are sliced over ranks and no snapshot was gathered: call "
+                "SlicedEmbedding.snapshot on every rank first"
+            )
         return full

@@ -1,4 +1,5 @@
 """Building blocks that run in the row layout: normalisation, MLPs, the summed class loss."""
+
 from __future__ import annotations
 
 import torch
@@ -60,8 +61,18 @@ class MLP(nn.Module):
     """dropout -> Linear -> [norm] -> act, repeated; the last Linear has no norm or activation. The input's dropout
     is ``input_dropout``, the others' ``dropout``."""
 
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, layers: int, *, dropout: float,
-                 input_dropout: float, norm: str = "none", activation: bool = True) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        out_dim: int,
+        layers: int,
+        *,
+        dropout: float,
+        input_dropout: float,
+        norm: str = "none",
+        activation: bool = True,
+    ) -> None:
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         self.linears = nn.ModuleList(Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))

@@ -10,6 +10,7 @@ rank the collectives are identities, so ``--mode single`` is the same code with 
   two widths (:func:`propagated_linear`), as DGL's GraphConv does. Each layer's split-aggregate-gather is one
   ``propagate_rows`` call, so the context may pipeline it like the decoupled propagation.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -55,7 +56,9 @@ class EdgeAttention(nn.Module):
         return topo.softmax(F.leaky_relu(logits, self.negative_slope))
 
 
-def propagate_heads(ctx: GraphContext, alpha: torch.Tensor, h_cols: torch.Tensor, width: int, head_dim: int) -> torch.Tensor:
+def propagate_heads(
+    ctx: GraphContext, alpha: torch.Tensor, h_cols: torch.Tensor, width: int, head_dim: int
+) -> torch.Tensor:
     """Aggregate this rank's column slice of a ``width``-wide, head-major matrix with each column's head weights."""
     c0, c1 = ctx.graph_cols(width)
     parts = []
@@ -86,8 +89,16 @@ class DecoupledGNN(GraphModel):
         spec = cfg.model_spec
         self.operator, self.steps, self.out_dim = spec.operator, cfg.prop_steps, out_dim
         self.alpha = cfg.alpha if spec.teleport else None
-        self.mlp = MLP(in_dim, cfg.hidden, out_dim, cfg.nn_layers, dropout=cfg.dropout,
-                       input_dropout=cfg.first_dropout, norm=cfg.norm, activation=spec.mlp_activation)
+        self.mlp = MLP(
+            in_dim,
+            cfg.hidden,
+            out_dim,
+            cfg.nn_layers,
+            dropout=cfg.dropout,
+            input_dropout=cfg.first_dropout,
+            norm=cfg.norm,
+            activation=spec.mlp_activation,
+        )
         self.attention = EdgeAttention(cfg.heads, out_dim) if spec.attention else None
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
@@ -114,8 +125,14 @@ class DecoupledGNN(GraphModel):
 
 
 # -- coupled architecture (naive tensor parallelism) ---------------------------------------------------------------
-def propagated_linear(ctx: GraphContext, name: str, x: torch.Tensor, weight: torch.Tensor,
-                      dropout: RowDropout | None = None, relu: bool = False) -> torch.Tensor:
+def propagated_linear(
+    ctx: GraphContext,
+    name: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dropout: RowDropout | None = None,
+    relu: bool = False,
+) -> torch.Tensor:
     """``P (dropout(x) W^T)`` (with ``relu``, of ``relu(x)`` dropped) for the propagation ``name``, propagated at the
     narrower of the input and output widths (exact by linearity): fewer columns to split, aggregate and gather; and
     on the input features, which need no gradient, no backward product at all. Multiplied first, the dropout runs
@@ -150,13 +167,15 @@ class GCNLayer(nn.Module):
     def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
         return dropped_product(ctx, x, self.lin.weight, dropout, relu)
 
-    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
-              relu: bool) -> torch.Tensor:
+    def after(
+        self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout, relu: bool
+    ) -> torch.Tensor:
         return product_after(p, self.lin.weight) + self.bias
 
 
-def dropped_product(ctx: GraphContext, x: torch.Tensor, weight: torch.Tensor, dropout: RowDropout | None,
-                    relu: bool) -> torch.Tensor:
+def dropped_product(
+    ctx: GraphContext, x: torch.Tensor, weight: torch.Tensor, dropout: RowDropout | None, relu: bool
+) -> torch.Tensor:
     """The row-wise part of :func:`propagated_linear` before its propagation: the dropout, and the product where it
     narrows."""
     if widens(weight):
@@ -188,8 +207,9 @@ class SAGELayer(nn.Module):
     def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
         return dropped_product(ctx, dropout(x, ctx, relu), self.lin_l.weight, None, False)
 
-    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
-              relu: bool) -> torch.Tensor:  # the root term drops the input again: the same mask
+    def after(
+        self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout, relu: bool
+    ) -> torch.Tensor:  # the root term drops the input again: the same mask
         return product_after(p, self.lin_l.weight) + self.lin_l.bias + self.lin_r(dropout(x, ctx, relu))
 
 
@@ -211,8 +231,9 @@ class GINLayer(nn.Module):
     def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
         return dropped_product(ctx, x, self.lin1.weight, dropout, relu)
 
-    def after(self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout,
-              relu: bool) -> torch.Tensor:
+    def after(
+        self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout, relu: bool
+    ) -> torch.Tensor:
         return self.lin2(F.relu(product_after(p, self.lin1.weight) + self.lin1.bias))
 
 
@@ -293,9 +314,16 @@ def _first_segment(layer: nn.Module, dropout: RowDropout, ctx: GraphContext, x: 
     return layer.before(ctx, x, dropout, False)
 
 
-def _segment(layer: nn.Module, dropout: RowDropout, relu: bool, following: nn.Module | None,
-             following_dropout: RowDropout | None, ctx: GraphContext, p: torch.Tensor,
-             x: torch.Tensor | None = None):
+def _segment(
+    layer: nn.Module,
+    dropout: RowDropout,
+    relu: bool,
+    following: nn.Module | None,
+    following_dropout: RowDropout | None,
+    ctx: GraphContext,
+    p: torch.Tensor,
+    x: torch.Tensor | None = None,
+):
     """``layer``'s part after its propagation ``p`` (its input ``x`` where it reads it), then ``following``'s part
     before its own: its input as well where its part after reads it."""
     h = layer.after(ctx, p, x, dropout, relu)
@@ -310,8 +338,9 @@ COUPLED_LAYERS = {
     "gcn": lambda cfg, a, b, last: GCNLayer(a, b),
     "sage": lambda cfg, a, b, last: SAGELayer(a, b),
     "gin": lambda cfg, a, b, last: GINLayer(a, b, cfg.hidden),
-    "gat": lambda cfg, a, b, last: (GATLayer(a, b, heads=1, concat=False) if last
-                                    else GATLayer(a, b // cfg.heads, cfg.heads, concat=True)),
+    "gat": lambda cfg, a, b, last: (
+        GATLayer(a, b, heads=1, concat=False) if last else GATLayer(a, b // cfg.heads, cfg.heads, concat=True)
+    ),
 }
 
 

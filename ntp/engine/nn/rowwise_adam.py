@@ -3,6 +3,7 @@ and its moments, as DGL's ``SparseAdam`` on ``NodeEmbedding`` and torch's ``Spar
 ordinary Adam (with L2 weight decay). For a column slice (all rows of this rank's columns) a row counts as touched
 when its gradient is not zero in any column of any rank: ``touched`` combines the ranks' row masks (an all-reduce),
 so every rank updates the same rows of its own columns and the result does not depend on the world size."""
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,15 @@ import torch
 class RowwiseAdam(torch.optim.Optimizer):
     """Parameter groups with ``rowwise=True`` are updated row by row where their gradient is not zero."""
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, touched=lambda mask: mask) -> None:  # noqa: ANN001
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        touched=lambda mask: mask,
+    ) -> None:  # noqa: ANN001
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rowwise=False))
         self.touched = touched
 
@@ -49,5 +57,5 @@ class RowwiseAdam(torch.optim.Optimizer):
         m = m.mul(beta1).add(g, alpha=1 - beta1)
         v = v.mul(beta2).addcmul(g, g, value=1 - beta2)
         state["exp_avg"][sel], state["exp_avg_sq"][sel] = m, v
-        step = group["lr"] * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + group["eps"])
+        step = group["lr"] * (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + group["eps"])
         p[sel] = p[sel] - step

@@ -1,4 +1,5 @@
 """What a model needs to run on one rank: the graph operators, the collectives and the dropout stream."""
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -32,10 +33,23 @@ class GraphContext:
     #: Overlap (inter-chunk pipelining) fuses the split and gather of the column layout with propagation (tensor parallel only).
     supports_overlap = True
 
-    def __init__(self, topology: Topology, comm: Comm, *, chunk_rows: int = 0, seed: int = 0, memory_budget: int = 0,
-                 width: int = 0, overlap: bool = False, offload: str = "none", send_once: bool = True,
-                 nn_device: torch.device | None = None, reserved: dict[str, int] | None = None,
-                 precision: str = "fp32", row_block: int = 0) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        comm: Comm,
+        *,
+        chunk_rows: int = 0,
+        seed: int = 0,
+        memory_budget: int = 0,
+        width: int = 0,
+        overlap: bool = False,
+        offload: str = "none",
+        send_once: bool = True,
+        nn_device: torch.device | None = None,
+        reserved: dict[str, int] | None = None,
+        precision: str = "fp32",
+        row_block: int = 0,
+    ) -> None:
         """``chunk_rows`` / ``memory_budget`` (bytes) choose the chunk plan (ntp.engine.memory.chunks; ``width``: the widest
         matrix propagated, for the budget); ``overlap``: propagation with per-chunk asynchronous split and gather
         (ntp.engine.parallel.overlap), ``send_once`` sends every source row once; ``offload``: what aggregation streams from
@@ -68,15 +82,34 @@ class GraphContext:
     def plan(self) -> ChunkPlan:
         """Chunk boundaries over destination rows, the same on every rank (they depend on shared inputs only)."""
         topo, block = self.topology, self.column_block
-        resident = {**graph_resident_parts(topo.num_nodes, topo.num_edges, self.slice_width, self.offload,
-                                           self.precision, self.device.type, column_block=block,
-                                           topology_kept=self._offloaded[1], symmetric=topo.symmetric,
-                                           rows_counted=self.slice_is_rows),
-                    **self.reserved}  # the model's parts win: GAT's topology is its attention pattern
-        return make_plan(topo.in_degrees().numpy(), topo.out_degrees().numpy(), chunk_rows=self.chunk_rows,
-                         memory_budget=self.memory_budget, width=block or self.slice_width, device=self.device,
-                         resident=resident, element_bytes=element_bytes(self.precision), ways_out=ways_out(resident),
-                         pipelined=self.pipelined, streamed=streams_topology(self.topology_offload, self.device.type))
+        resident = {
+            **graph_resident_parts(
+                topo.num_nodes,
+                topo.num_edges,
+                self.slice_width,
+                self.offload,
+                self.precision,
+                self.device.type,
+                column_block=block,
+                topology_kept=self._offloaded[1],
+                symmetric=topo.symmetric,
+                rows_counted=self.slice_is_rows,
+            ),
+            **self.reserved,
+        }  # the model's parts win: GAT's topology is its attention pattern
+        return make_plan(
+            topo.in_degrees().numpy(),
+            topo.out_degrees().numpy(),
+            chunk_rows=self.chunk_rows,
+            memory_budget=self.memory_budget,
+            width=block or self.slice_width,
+            device=self.device,
+            resident=resident,
+            element_bytes=element_bytes(self.precision),
+            ways_out=ways_out(resident),
+            pipelined=self.pipelined,
+            streamed=streams_topology(self.topology_offload, self.device.type),
+        )
 
     @property
     def pipelined(self) -> bool:
@@ -115,12 +148,14 @@ class GraphContext:
         if self.offload != "all" or self.device.type != "cuda" or self.slice_is_rows:
             return 0, False
         reserved = sum(self.reserved.values())
-        room = (self.memory_budget - reserved if self.memory_budget
-                else default_device_budget(self.device, reserved))  # what the model leaves
+        room = (
+            self.memory_budget - reserved if self.memory_budget else default_device_budget(self.device, reserved)
+        )  # what the model leaves
         topo = self.topology
         max_degree = max((int(d.max()) for d in (topo.in_degrees(), topo.out_degrees()) if d.numel()), default=0)
-        block, kept = offloaded_layout(topo.num_nodes, topo.num_edges, self.slice_width, room, self.precision,
-                                       max_degree, topo.symmetric)
+        block, kept = offloaded_layout(
+            topo.num_nodes, topo.num_edges, self.slice_width, room, self.precision, max_degree, topo.symmetric
+        )
         return (self.slice_width if block and self.pipelined else block), kept
 
     @property
@@ -163,8 +198,15 @@ class GraphContext:
         rank's device, recomputed in the backward (ntp.engine.parallel.row_stream)."""
         if not self.streams_rows:
             return fn(self, *inputs)
-        return stream_rows(fn, self, inputs, [p for p in params if p.requires_grad], device=self.device,
-                           block_rows=self.row_block, precision=self.precision)
+        return stream_rows(
+            fn,
+            self,
+            inputs,
+            [p for p in params if p.requires_grad],
+            device=self.device,
+            block_rows=self.row_block,
+            precision=self.precision,
+        )
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
@@ -229,8 +271,14 @@ class GraphContext:
     def _blocks(self) -> tuple[RowBlocks, RowBlocks]:
         """The row blocks of ``A`` and ``A^T`` that every operator scales (one object when ``A`` is symmetric)."""
         topo, bounds = self.topology, self.plan.bounds
-        blocks = lambda indptr, indices: RowBlocks(indptr, indices, bounds, self.device,  # noqa: E731
-                                                   self.topology_offload, self.column_block)
+        blocks = lambda indptr, indices: RowBlocks(
+            indptr,
+            indices,
+            bounds,
+            self.device,  # noqa: E731
+            self.topology_offload,
+            self.column_block,
+        )
         forward = blocks(topo.indptr, topo.indices)
         return (forward, forward) if topo.symmetric else (forward, blocks(topo.t_indptr, topo.t_indices))
 
@@ -239,8 +287,9 @@ class GraphContext:
         if name not in self._overlapped:
             op = self.operator(name)
             with in_phase(self.memory, "setup"):
-                self._overlapped[name] = OverlappedOperator(op, self.comm, self.clock, self.memory, send_once=self.send_once,
-                                                          home=self.home)
+                self._overlapped[name] = OverlappedOperator(
+                    op, self.comm, self.clock, self.memory, send_once=self.send_once, home=self.home
+                )
         return self._overlapped[name]
 
     @cached_property

@@ -11,6 +11,7 @@ with the number of ranks (unlike tensor parallelism's balanced all-to-alls).
 Every rank holds the whole topology, so the halo plan (who sends which rows to whom) is computed locally, without
 communication, once per context.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,12 @@ def halo_plan(csr: CSR, bounds: list[int], rank: int) -> HaloPlan:
     other = dst_owner != rank
     keys = torch.unique(dst_owner[other] * csr.num_nodes + src_sel[other])  # sorted by (rank, source)
     send_counts = torch.bincount(keys // max(csr.num_nodes, 1), minlength=world).tolist()
-    return HaloPlan(send_index=keys % max(csr.num_nodes, 1) - r0, send_counts=send_counts, halo_ids=halo_ids,
-                    recv_counts=recv_counts)
+    return HaloPlan(
+        send_index=keys % max(csr.num_nodes, 1) - r0,
+        send_counts=send_counts,
+        halo_ids=halo_ids,
+        recv_counts=recv_counts,
+    )
 
 
 def _exchange(comm: Comm, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
@@ -101,7 +106,9 @@ def _local_block(pattern: CSR, r0: int, r1: int, plan: HaloPlan) -> tuple[torch.
     return pattern.indptr[r0 : r1 + 1] - e0, cols, torch.tensor([e0, e1])
 
 
-def _transpose_local(indptr: torch.Tensor, cols: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _transpose_local(
+    indptr: torch.Tensor, cols: torch.Tensor, n_cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows = torch.repeat_interleave(torch.arange(indptr.shape[0] - 1), indptr[1:] - indptr[:-1])
     perm = torch.argsort(cols, stable=True)
     t_indptr = torch.zeros(n_cols + 1, dtype=torch.int64)
@@ -121,8 +128,9 @@ class LocalOperator:
         t_indptr, t_cols, perm = _transpose_local(indptr, cols, n_ext)
         dev = comm.device
         self.forward_block = torch.sparse_csr_tensor(indptr.to(dev), cols.to(dev), vals.to(dev), size=(n_own, n_ext))
-        self.backward_block = torch.sparse_csr_tensor(t_indptr.to(dev), t_cols.to(dev), vals[perm].to(dev),
-                                                      size=(n_ext, n_own))
+        self.backward_block = torch.sparse_csr_tensor(
+            t_indptr.to(dev), t_cols.to(dev), vals[perm].to(dev), size=(n_ext, n_own)
+        )
         self.nnz = int(e1 - e0)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:

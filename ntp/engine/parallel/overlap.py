@@ -19,6 +19,7 @@ source schedule of ``A^T``. The backward of ``split_propagate_gather`` is itself
 kinds ``split`` and ``gather``. Results equal the unpipelined path: every output row is
 the same row-by-row product over the same values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,15 +59,24 @@ class OverlappedOperator:
     """A :class:`SparseOperator` with the per-chunk exchanges of its pipelined split (for ``A``) and of the split in
     its backward (for ``A^T``), computed once from the topology, identical in shape on every rank."""
 
-    def __init__(self, op: SparseOperator, comm: Comm, clock: OverlapClock, phases: PhaseMemory | None = None,
-                 send_once: bool = True, home: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        op: SparseOperator,
+        comm: Comm,
+        clock: OverlapClock,
+        phases: PhaseMemory | None = None,
+        send_once: bool = True,
+        home: torch.device | None = None,
+    ) -> None:
         self.op, self.comm, self.clock, self.phases = op, comm, clock, phases
         #: where the column layout lives between products (host memory with offloaded embeddings); the loops below
         #: build it on the rank's device and move it there at the end
         self.home = home or comm.device
         plan = ChunkPlan(op.bounds)
-        fwd, bwd = (source_schedule(b.indptr, b.indices, plan, send_once, own_rows=op.has_diagonal)
-                    for b in (op.forward_blocks, op.backward_blocks))
+        fwd, bwd = (
+            source_schedule(b.indptr, b.indices, plan, send_once, own_rows=op.has_diagonal)
+            for b in (op.forward_blocks, op.backward_blocks)
+        )
         self.forward_exchanges = _exchanges(fwd, comm)
         self.backward_exchanges = _exchanges(bwd, comm)
         # rows of each chunk owned by each rank (the gather side)
@@ -74,14 +84,24 @@ class OverlappedOperator:
 
 
 def _intersections(a: int, b: int, row_bounds: list[int]) -> list[tuple[int, int]]:
-    return [(max(a, lo), min(b, hi)) if max(a, lo) < min(b, hi) else (0, 0)
-            for lo, hi in zip(row_bounds[:-1], row_bounds[1:])]
+    return [
+        (max(a, lo), min(b, hi)) if max(a, lo) < min(b, hi) else (0, 0)
+        for lo, hi in zip(row_bounds[:-1], row_bounds[1:])
+    ]
 
 
 # -- asynchronous all-to-alls, timed and counted ----------------------------------------------------------------------
 class _InFlight:
-    def __init__(self, comm: Comm, clock: OverlapClock, kind: str, recv: torch.Tensor, send: torch.Tensor,
-                 out_splits: list[int], in_splits: list[int]) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        clock: OverlapClock,
+        kind: str,
+        recv: torch.Tensor,
+        send: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+    ) -> None:
         self.comm, self.clock, self.kind, self.recv = comm, clock, kind, recv
         rank, size = comm.rank, recv.element_size()
         self.sent = (sum(in_splits) - in_splits[rank]) * size  # the block kept locally is not sent
@@ -107,8 +127,9 @@ class _InFlight:
         return self.recv
 
 
-def _start_split(comm: Comm, clock: OverlapClock, x_rows: torch.Tensor, ex: _Exchange, col_b: list[int],
-                 kind: str) -> _InFlight | None:
+def _start_split(
+    comm: Comm, clock: OverlapClock, x_rows: torch.Tensor, ex: _Exchange, col_b: list[int], kind: str
+) -> _InFlight | None:
     if ex.sources.numel() == 0:  # every rank knows: nothing to exchange for this chunk
         return None
     m, r = comm.world, comm.rank
@@ -135,8 +156,9 @@ def _column_buffer(pop: OverlappedOperator, x_rows: torch.Tensor) -> tuple[list[
     return lay.col_bounds(x_rows.shape[1]), x_rows.new_zeros(lay.num_nodes, c1 - c0, device=pop.comm.device)
 
 
-def split_then_apply(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: ScaledBlocks, exchanges: list[_Exchange],
-                     kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+def split_then_apply(
+    pop: OverlappedOperator, x_rows: torch.Tensor, blocks: ScaledBlocks, exchanges: list[_Exchange], kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(M @ split(x), split(x))`` with the split issued chunk by chunk, one chunk ahead of the aggregation."""
     comm, clock = pop.comm, pop.clock
     x_rows = x_rows.contiguous()
@@ -173,8 +195,9 @@ class _Gathers:
         in_splits = [(b - a) * self.widths[r] for a, b in owners]
         a_r, b_r = owners[r]
         out_splits = [(b_r - a_r) * w for w in self.widths]
-        flight = _InFlight(comm, self.pop.clock, self.kind, send.new_empty(sum(out_splits)), send, out_splits,
-                           in_splits)
+        flight = _InFlight(
+            comm, self.pop.clock, self.kind, send.new_empty(sum(out_splits)), send, out_splits, in_splits
+        )
         self._place_pending()
         self.pending = (j, flight)
 
@@ -194,8 +217,14 @@ class _Gathers:
                 self.out_rows[a - self.own0 : b - self.own0, self.col_b[q] : self.col_b[q + 1]] = part.view(b - a, -1)
 
 
-def apply_then_gather(pop: OverlappedOperator, h_cols: torch.Tensor, blocks: ScaledBlocks, width: int,
-                      extra: torch.Tensor | None, kind: str) -> torch.Tensor:
+def apply_then_gather(
+    pop: OverlappedOperator,
+    h_cols: torch.Tensor,
+    blocks: ScaledBlocks,
+    width: int,
+    extra: torch.Tensor | None,
+    kind: str,
+) -> torch.Tensor:
     """``gather(M @ h + extra)`` with each chunk's rows sent to their owners while the next chunk aggregates."""
     gathers = _Gathers(pop, width, kind, h_cols.dtype)
     h_cols = h_cols.contiguous().to(pop.comm.device)  # offloaded embeddings: one copy of the slice for the loop
@@ -207,8 +236,9 @@ def apply_then_gather(pop: OverlappedOperator, h_cols: torch.Tensor, blocks: Sca
     return gathers.finish()
 
 
-def split_apply_gather(pop: OverlappedOperator, x_rows: torch.Tensor, blocks: ScaledBlocks, exchanges: list[_Exchange],
-                       width: int) -> torch.Tensor:
+def split_apply_gather(
+    pop: OverlappedOperator, x_rows: torch.Tensor, blocks: ScaledBlocks, exchanges: list[_Exchange], width: int
+) -> torch.Tensor:
     """``gather(M @ split(x))``: per chunk, its new source rows arrive (issued one chunk ahead), it aggregates, and
     its output rows leave while the next chunk aggregates. Rows no chunk needs are never sent."""
     comm = pop.comm
@@ -265,8 +295,7 @@ class _SplitPropagateGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_rows: torch.Tensor):
         pop = ctx.pop
-        return split_apply_gather(pop, g_rows.contiguous(), pop.op.backward, pop.backward_exchanges,
-                                  ctx.width), None
+        return split_apply_gather(pop, g_rows.contiguous(), pop.op.backward, pop.backward_exchanges, ctx.width), None
 
 
 def split_propagate_gather(x_rows: torch.Tensor, pop: OverlappedOperator) -> torch.Tensor:

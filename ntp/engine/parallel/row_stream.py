@@ -11,6 +11,7 @@ size comes from the memory plan (ntp.engine.memory.parts.stream_block_rows).
 
 On a CPU rank the same loop runs over views of the rows (no copies): what the tests compare with the in-memory stage.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -36,8 +37,16 @@ class BlockPosition:
         return getattr(self._ctx, name)
 
 
-def stream_rows(fn: Segment, ctx, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], *,  # noqa: ANN001
-                device: torch.device, block_rows: int, precision: str = "fp32"):
+def stream_rows(
+    fn: Segment,
+    ctx,
+    inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    *,  # noqa: ANN001
+    device: torch.device,
+    block_rows: int,
+    precision: str = "fp32",
+):
     """``fn(ctx, *inputs)`` computed a block of ``block_rows`` rows at a time on ``device``, the inputs and outputs in
     host memory; ``params``: the tensors ``fn`` reads besides its inputs that want gradients (on ``device``). Returns
     what ``fn`` returns, differentiable with respect to ``inputs`` and ``params``."""
@@ -49,8 +58,15 @@ def stream_rows(fn: Segment, ctx, inputs: Sequence[torch.Tensor], params: Sequen
 class _Runner:
     """One segment's forward and backward over blocks (what :class:`_Streamed` calls)."""
 
-    def __init__(self, fn: Segment, ctx, device: torch.device, block_rows: int, precision: str,  # noqa: ANN001
-                 n_inputs: int) -> None:
+    def __init__(
+        self,
+        fn: Segment,
+        ctx,
+        device: torch.device,
+        block_rows: int,
+        precision: str,  # noqa: ANN001
+        n_inputs: int,
+    ) -> None:
         self.fn, self.ctx, self.device, self.precision, self.n_inputs = fn, ctx, device, precision, n_inputs
         self.block_rows = max(1, block_rows)
         self.returns_tuple = False
@@ -76,10 +92,11 @@ class _Runner:
                     downloads.copy(out[a:b], y)
         return tuple(outs)
 
-    def backward(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], grads: Sequence,
-                 wants: Sequence[bool]) -> tuple[list, list]:
+    def backward(
+        self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], grads: Sequence, wants: Sequence[bool]
+    ) -> tuple[list, list]:
         rows = inputs[0].shape[0]
-        wants_in, wants_param = wants[: len(inputs)], wants[len(inputs):]
+        wants_in, wants_param = wants[: len(inputs)], wants[len(inputs) :]
         grad_in = [self.host(rows, x) if w else None for x, w in zip(inputs, wants_in)]
         grad_param = [torch.zeros_like(p) if w else None for p, w in zip(params, wants_param)]
         given = [i for i, g in enumerate(grads) if g is not None]
@@ -88,12 +105,13 @@ class _Runner:
                 xs = [x.detach().requires_grad_(w) for x, w in zip(blocks[: len(inputs)], wants_in)]
                 with torch.enable_grad():
                     ys = self.call(a, xs)
-                outs = [(ys[i], g) for i, g in zip(given, blocks[len(inputs):]) if ys[i].requires_grad]
+                outs = [(ys[i], g) for i, g in zip(given, blocks[len(inputs) :]) if ys[i].requires_grad]
                 wrt = [x for x, w in zip(xs, wants_in) if w] + [p for p, w in zip(params, wants_param) if w]
                 if not outs or not wrt:
                     continue
-                found = iter(torch.autograd.grad([y for y, _ in outs], wrt, [g.to(y.dtype) for y, g in outs],
-                                                 allow_unused=True))
+                found = iter(
+                    torch.autograd.grad([y for y, _ in outs], wrt, [g.to(y.dtype) for y, g in outs], allow_unused=True)
+                )
                 for out, x, w in zip(grad_in, xs, wants_in):
                     if w:
                         g = next(found)  # None: the segment ignores this input
@@ -127,7 +145,7 @@ class _Streamed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, runner: _Runner, *tensors: torch.Tensor):  # type: ignore[override]
         ctx.set_materialize_grads(False)  # an output that nothing used has no gradient to stream
-        inputs, params = tensors[: runner.n_inputs], tensors[runner.n_inputs:]
+        inputs, params = tensors[: runner.n_inputs], tensors[runner.n_inputs :]
         ctx.runner = runner
         ctx.save_for_backward(*inputs, *params)
         return runner.forward(inputs)
@@ -136,7 +154,7 @@ class _Streamed(torch.autograd.Function):
     def backward(ctx, *grads):  # type: ignore[override]
         runner = ctx.runner
         saved = ctx.saved_tensors
-        inputs, params = saved[: runner.n_inputs], saved[runner.n_inputs:]
+        inputs, params = saved[: runner.n_inputs], saved[runner.n_inputs :]
         if all(g is None for g in grads):
             return (None,) * (1 + len(saved))
         grad_in, grad_param = runner.backward(inputs, params, grads, ctx.needs_input_grad[1:])

@@ -1,6 +1,7 @@
 """What is learned: node classification, link prediction and heterogeneous (R-GCN) node classification, each a
 package that implements :class:`ntp.engine.tasks.base.Task`; no task package imports another.
 :func:`task_for` is the one place that reads which task a store (or in-memory data) is."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +10,7 @@ from ntp.engine.tasks.base import Task
 
 
 def task_kind(source: Any) -> str:
-    """"hetero" (node types and relations), "link" (edge splits) or "node", from a store's metadata or a rank's data."""
+    """ "hetero" (node types and relations), "link" (edge splits) or "node", from a store's metadata or a rank's data."""
     if getattr(source, "hetero", None):
         return "hetero"
     return "link" if source.task_type == "link" else "node"

@@ -5,6 +5,7 @@ A task (node classification, link prediction, heterogeneous R-GCN) is chosen onc
 never branch on the task themselves. Adding a task is a new package here that implements :class:`Task`, and one line
 in ``task_for``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -105,8 +106,11 @@ def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
 def split_accuracy(job: Job, pred: torch.Tensor) -> dict[str, float]:
     """Accuracy of this rank's predicted classes on each split's labeled rows, summed over ranks (the same on
     every rank)."""
-    counts = torch.tensor([[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],
-                          dtype=torch.float64, device=pred.device)
+    counts = torch.tensor(
+        [[float((pred[r] == job.y[r]).sum()), float(len(r))] for r in job.local_split.values()],
+        dtype=torch.float64,
+        device=pred.device,
+    )
     counts = job.comm.all_reduce(counts)
     return {name: float(c / t) if t else float("nan") for name, (c, t) in zip(SPLITS, counts.tolist())}
 
@@ -116,8 +120,10 @@ def count_train_labels(name: str, labels: torch.Tensor, train_ids: np.ndarray) -
     ids = torch.from_numpy(np.asarray(train_ids, dtype=np.int64))
     count = int(labeled(labels[ids]).sum())
     if count == 0:
-        raise ConfigError(f"graph {name!r} has no labeled training vertex: nothing to train on; give labels and "
-                          "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)")
+        raise ConfigError(
+            f"graph {name!r} has no labeled training vertex: nothing to train on; give labels and "
+            "a train split when building the store (`ntp data prepare ... --labels FILE --splits DIR`)"
+        )
     return count
 
 

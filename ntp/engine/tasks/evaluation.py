@@ -1,4 +1,5 @@
 """Metrics: accuracy for multi-class tasks, ROC-AUC for binary / multi-label ones (OGB's Evaluator for OGB data)."""
+
 from __future__ import annotations
 
 import sys

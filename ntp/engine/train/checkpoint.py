@@ -1,5 +1,6 @@
 """Atomic checkpoints and the saved model (weights plus what is needed to rebuild it); what resuming checks
 (a loadable checkpoint, the same options and store) and where a run may write."""
+
 from __future__ import annotations
 
 import os
@@ -70,8 +71,10 @@ def latest_loadable(directory: str | Path, device: torch.device | str, warn: War
             problems.append(f"{path.name} ({reason})")
             warn(f"[ntp] warning: checkpoint {path} cannot be loaded ({reason}); skipping it for an earlier one")
     if problems:
-        raise CheckpointError(f"no checkpoint in {directory} can be loaded: {'; '.join(problems)}. Delete them to "
-                              "start afresh, or pass --checkpoint-dir of a run to resume")
+        raise CheckpointError(
+            f"no checkpoint in {directory} can be loaded: {'; '.join(problems)}. Delete them to "
+            "start afresh, or pass --checkpoint-dir of a run to resume"
+        )
     return None
 
 
@@ -81,14 +84,18 @@ def check_resumable(state: dict, path: Path, cfg: TrainConfig, store_fingerprint
     changes = config_changes(state["config"], cfg, path)
     saved_fp = state.get("store_fingerprint")
     if saved_fp is None:
-        warn(f"[ntp] warning: checkpoint {path} has no store fingerprint (written by an older version): whether it "
-             f"was trained on store {cfg.store or '(in memory)'} is unknown")
+        warn(
+            f"[ntp] warning: checkpoint {path} has no store fingerprint (written by an older version): whether it "
+            f"was trained on store {cfg.store or '(in memory)'} is unknown"
+        )
     elif saved_fp and store_fingerprint and saved_fp != store_fingerprint:
         changes.append(f"store fingerprint {saved_fp} -> {store_fingerprint} ({cfg.store})")
     if changes and not cfg.resume_anyway:
-        raise CheckpointError(f"--resume: checkpoint {path} was written with other options: {'; '.join(changes)}. "
-                              "Resume with the same options and store, start afresh in another --checkpoint-dir, "
-                              "or pass --resume-anyway to continue from it with the new ones")
+        raise CheckpointError(
+            f"--resume: checkpoint {path} was written with other options: {'; '.join(changes)}. "
+            "Resume with the same options and store, start afresh in another --checkpoint-dir, "
+            "or pass --resume-anyway to continue from it with the new ones"
+        )
     if changes:
         warn(f"[ntp] warning: --resume-anyway: continuing from {path} with {'; '.join(changes)}")
 
@@ -98,36 +105,47 @@ def config_changes(saved: dict, cfg: TrainConfig, path: Path) -> list[str]:
     try:
         old = TrainConfig.from_dict(saved).to_dict()  # old key names become today's
     except ConfigError as exc:
-        raise CheckpointError(f"checkpoint {path} holds a configuration this version cannot read ({exc}); "
-                              "start afresh in another --checkpoint-dir") from exc
+        raise CheckpointError(
+            f"checkpoint {path} holds a configuration this version cannot read ({exc}); "
+            "start afresh in another --checkpoint-dir"
+        ) from exc
     new = cfg.to_dict()
-    return [f"--{flag(name)} {old[name]!r} -> {new[name]!r}" for name in new
-            if name not in RESUMABLE_CHANGES and old[name] != new[name]]
+    return [
+        f"--{flag(name)} {old[name]!r} -> {new[name]!r}"
+        for name in new
+        if name not in RESUMABLE_CHANGES and old[name] != new[name]
+    ]
 
 
 def check_output_paths(cfg: TrainConfig) -> None:
     """Everything the run writes can be written: found now, not after training."""
-    for option, path, kind, example in (("--model-out", cfg.model_out, "file", "model.pt"),
-                                        ("--results", cfg.results, "file", "results.jsonl"),
-                                        ("--checkpoint-dir", cfg.checkpoint_dir, "dir", "")):
+    for option, path, kind, example in (
+        ("--model-out", cfg.model_out, "file", "model.pt"),
+        ("--results", cfg.results, "file", "results.jsonl"),
+        ("--checkpoint-dir", cfg.checkpoint_dir, "dir", ""),
+    ):
         if path:
             _check_writable(option, Path(path), kind, example)
 
 
 def _check_writable(option: str, path: Path, kind: str, example: str) -> None:
     if kind == "file" and path.is_dir():
-        raise ConfigError(f"{option} {path} is an existing directory; it names a file: pass e.g. "
-                          f"{option} {path / example}")
+        raise ConfigError(
+            f"{option} {path} is an existing directory; it names a file: pass e.g. {option} {path / example}"
+        )
     if kind == "dir" and path.exists() and not path.is_dir():
-        raise ConfigError(f"{option} {path} is an existing file; it names a directory: pass another path "
-                          "(or move the file)")
+        raise ConfigError(
+            f"{option} {path} is an existing file; it names a directory: pass another path (or move the file)"
+        )
     folder = path if kind == "dir" else path.parent
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise ConfigError(f"{option} {path}: its directory {folder} cannot be created, as {existing} is a file; "
-                          "pass a path in a writable directory")
+        raise ConfigError(
+            f"{option} {path}: its directory {folder} cannot be created, as {existing} is a file; "
+            "pass a path in a writable directory"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {path}: {existing} is not writable; pass a path in a writable directory")
 

@@ -1,4 +1,5 @@
 """The training loop of one rank: epochs, evaluation, early stopping, checkpoints, records to the sinks."""
+
 from __future__ import annotations
 
 import copy
@@ -39,13 +40,25 @@ def worker_stats(job: Job, epoch_s: float, cpu_s: float) -> WorkerStats:
     ctx.memory.release_free_heap()  # host PSS below: what stays resident, not heap that malloc has yet to return
     # resetting per-phase peaks also resets the process's: where phases were measured, the epoch peak is theirs
     peak = max(phases.values()) if phases else peak_memory_bytes(job.env.device)
-    return WorkerStats(rank=job.env.rank, compute_s=max(epoch_s - stats.total_seconds, 0.0),
-                       comm_s=dict(stats.seconds), bytes_sent=dict(stats.bytes_sent),
-                       bytes_recv=dict(stats.bytes_recv), peak_mem_bytes=peak, peak_mem_by_phase=phases, cpu_s=cpu_s,
-                       chunks=ctx.plan.num_chunks, overlap_s=ctx.clock.overlap_s, overlapped=ctx.overlapped,
-                       nn_device=str(ctx.nn_device), offload=ctx.offload, host_pss_bytes=host_pss_bytes(),
-                       topology_bytes=ctx.topology.nbytes(), device_topology_bytes=ctx.device_topology_bytes(),
-                       host=socket.gethostname())
+    return WorkerStats(
+        rank=job.env.rank,
+        compute_s=max(epoch_s - stats.total_seconds, 0.0),
+        comm_s=dict(stats.seconds),
+        bytes_sent=dict(stats.bytes_sent),
+        bytes_recv=dict(stats.bytes_recv),
+        peak_mem_bytes=peak,
+        peak_mem_by_phase=phases,
+        cpu_s=cpu_s,
+        chunks=ctx.plan.num_chunks,
+        overlap_s=ctx.clock.overlap_s,
+        overlapped=ctx.overlapped,
+        nn_device=str(ctx.nn_device),
+        offload=ctx.offload,
+        host_pss_bytes=host_pss_bytes(),
+        topology_bytes=ctx.topology.nbytes(),
+        device_topology_bytes=ctx.device_topology_bytes(),
+        host=socket.gethostname(),
+    )
 
 
 # -- the loop ---------------------------------------------------------------------------------------------------------
@@ -73,10 +86,18 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
             checkpoint.save_checkpoint(cfg.checkpoint_dir, epoch, _state(job))
         if cfg.patience and stale >= cfg.patience:
             break
-    final = FinalRecord(best_epoch=job.best.epoch, best_valid_metric=_finite(job.best.valid), test_metric=job.best.test,
-                        metric=job.data.metric, task_type=job.data.task_type, world_size=env.world,
-                        target_type=getattr(job.data, "target", ""),
-                        epochs_run=len(job.history), store_fingerprint=job.data.fingerprint, config=cfg.to_dict())
+    final = FinalRecord(
+        best_epoch=job.best.epoch,
+        best_valid_metric=_finite(job.best.valid),
+        test_metric=job.best.test,
+        metric=job.data.metric,
+        task_type=job.data.task_type,
+        world_size=env.world,
+        target_type=getattr(job.data, "target", ""),
+        epochs_run=len(job.history),
+        store_fingerprint=job.data.fingerprint,
+        config=cfg.to_dict(),
+    )
     if env.is_main and cfg.model_out:
         save_model(job, cfg.model_out)
     for sink in sinks:
@@ -94,13 +115,22 @@ def _run_epoch(job: Job, epoch: int) -> EpochRecord:
     loss = train_step(job, epoch)
     epoch_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     if not np.isfinite(loss):
-        raise TrainingError(f"loss became {loss} at epoch {epoch}; lower --lr (now {cfg.lr}) or check the "
-                            f"store's features for NaN/inf (`ntp data info {cfg.store}`)")
+        raise TrainingError(
+            f"loss became {loss} at epoch {epoch}; lower --lr (now {cfg.lr}) or check the "
+            f"store's features for NaN/inf (`ntp data info {cfg.store}`)"
+        )
     mine = worker_stats(job, epoch_s, cpu_s)
     metrics = evaluate_splits(job) if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1 else {}
     workers = all_gather_objects(mine)
-    return EpochRecord(epoch=epoch, loss=loss, epoch_s=epoch_s, train_metric=metrics.get("train"),
-                       valid_metric=metrics.get("valid"), test_metric=metrics.get("test"), workers=workers)
+    return EpochRecord(
+        epoch=epoch,
+        loss=loss,
+        epoch_s=epoch_s,
+        train_metric=metrics.get("train"),
+        valid_metric=metrics.get("valid"),
+        test_metric=metrics.get("test"),
+        workers=workers,
+    )
 
 
 def _finite(value: float) -> float | None:
@@ -111,16 +141,25 @@ def _update_best(job: Job, epoch: int, metrics: dict[str, float]) -> bool:
     valid = metrics["valid"]
     if np.isnan(valid) or valid <= job.best.valid:
         return False
-    job.best = Best(epoch=epoch, valid=valid, test=metrics["test"],
-                    state=copy.deepcopy({k: v.detach().cpu() for k, v in job.model.state_dict().items()}))
+    job.best = Best(
+        epoch=epoch,
+        valid=valid,
+        test=metrics["test"],
+        state=copy.deepcopy({k: v.detach().cpu() for k, v in job.model.state_dict().items()}),
+    )
     return True
 
 
 def _state(job: Job) -> dict:
     """A checkpoint: plain dicts and tensors only (loaded with weights_only=True)."""
-    return {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
-            "best": dataclasses.asdict(job.best), "history": [dataclasses.asdict(r) for r in job.history],
-            "config": job.cfg.to_dict(), "store_fingerprint": job.data.fingerprint}
+    return {
+        "model": job.model.state_dict(),
+        "optimizer": job.optimizer.state_dict(),
+        "best": dataclasses.asdict(job.best),
+        "history": [dataclasses.asdict(r) for r in job.history],
+        "config": job.cfg.to_dict(),
+        "store_fingerprint": job.data.fingerprint,
+    }
 
 
 def _maybe_resume(job: Job) -> int:
@@ -146,9 +185,11 @@ def _restore(job: Job, path: Path, state: dict) -> None:
         job.optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError) as exc:  # --resume-anyway with another model shape
         detail = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"the weights of checkpoint {path} do not fit this model ({detail}); "
-                              "--resume-anyway cannot change its shape (--model, --arch, --hidden, --nn-layers, "
-                              "--heads, --norm): keep them, or start afresh in another --checkpoint-dir") from exc
+        raise CheckpointError(
+            f"the weights of checkpoint {path} do not fit this model ({detail}); "
+            "--resume-anyway cannot change its shape (--model, --arch, --hidden, --nn-layers, "
+            "--heads, --norm): keep them, or start afresh in another --checkpoint-dir"
+        ) from exc
     for group, options in zip(job.optimizer.param_groups, today):
         group.update(options)
     job.best = Best(**state["best"])
@@ -158,9 +199,18 @@ def _restore(job: Job, path: Path, state: dict) -> None:
 def save_model(job: Job, path: str | Path) -> Path:
     """The best model: weights plus what rebuilds it (config, widths, store fingerprint)."""
     state = job.best.state or {k: v.detach().cpu() for k, v in job.model.state_dict().items()}
-    return checkpoint.atomic_save({"config": job.cfg.to_dict(), "state_dict": state, "in_dim": job.data.feature_dim,
-                                   "out_dim": job.data.out_dim, "store_fingerprint": job.data.fingerprint,
-                                   "metric": job.data.metric, "best_epoch": job.best.epoch}, path)
+    return checkpoint.atomic_save(
+        {
+            "config": job.cfg.to_dict(),
+            "state_dict": state,
+            "in_dim": job.data.feature_dim,
+            "out_dim": job.data.out_dim,
+            "store_fingerprint": job.data.fingerprint,
+            "metric": job.data.metric,
+            "best_epoch": job.best.epoch,
+        },
+        path,
+    )
 
 
 def run(spec: LaunchSpec, load: DataLoader | None = None, sinks: list[RecordSink] | None = None) -> FinalRecord:

@@ -1,5 +1,6 @@
 """A rank's job, built from a config and the process group: the run-wide settings (threads, precision, output
 paths), then the task of the data (ntp.engine.tasks.task_for) loads and builds the rest."""
+
 from __future__ import annotations
 
 import os
@@ -52,7 +53,10 @@ def open_training_store(cfg: TrainConfig) -> Any:
 def _warn_cpu_overlap(busy_threads: int) -> None:
     cores = os.cpu_count() or 1
     if busy_threads >= cores:
-        print(f"[ntp] warning: --overlap on CPU ranks that use all {cores} cores ({busy_threads} compute threads): "
-              "gloo's communication is CPU work too, so it has nothing idle to overlap with and overlapping may be a "
-              "few percent slower here (docs/benchmarks.md, section 6); it pays where a GPU or a network link "
-              "moves the data", flush=True)
+        print(
+            f"[ntp] warning: --overlap on CPU ranks that use all {cores} cores ({busy_threads} compute threads): "
+            "gloo's communication is CPU work too, so it has nothing idle to overlap with and overlapping may be a "
+            "few percent slower here (docs/benchmarks.md, section 6); it pays where a GPU or a network link "
+            "moves the data",
+            flush=True,
+        )

@@ -4,6 +4,7 @@ A sink has three methods: ``start(history)`` (records already written before a r
 ``close()``. The driver follows the results file into MLflow as it grows (ntp.run.tracking.live), so training never
 waits for a tracking server.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -87,16 +88,20 @@ class ConsoleSink:
 def epoch_line(record: EpochRecord, epochs: int, eta_s: float) -> str:
     metrics = "".join(f"  {name} {value:.4f}" for name, value in record.metrics().items())
     width = len(str(epochs))
-    return (f"epoch {record.epoch + 1:>{width}}/{epochs}  loss {record.loss:.4f}{metrics}  "
-            f"{record.epoch_s:.3f} s/epoch  ETA {format_duration(eta_s)}")
+    return (
+        f"epoch {record.epoch + 1:>{width}}/{epochs}  loss {record.loss:.4f}{metrics}  "
+        f"{record.epoch_s:.3f} s/epoch  ETA {format_duration(eta_s)}"
+    )
 
 
 def final_line(final: FinalRecord) -> str:
     if final.test_metric is None:
         return f"done: {final.epochs_run} epochs, no evaluation improved on the first (metric {final.metric})"
-    return (f"done: test {final.metric} {final.test_metric:.4f} at the best validation epoch {final.best_epoch + 1} "
-            f"(valid {final.metric} {final.best_valid_metric:.4f}), {final.epochs_run} epochs on "
-            f"{final.world_size} rank(s)")
+    return (
+        f"done: test {final.metric} {final.test_metric:.4f} at the best validation epoch {final.best_epoch + 1} "
+        f"(valid {final.metric} {final.best_valid_metric:.4f}), {final.epochs_run} epochs on "
+        f"{final.world_size} rank(s)"
+    )
 
 
 def format_duration(seconds: float) -> str:
@@ -114,12 +119,14 @@ def summary_table(history: list[EpochRecord]) -> str:
     sent = [statistics.mean(h.workers[r].sent_total for h in history) for r in range(ranks)]
     epoch = statistics.median(h.epoch_s for h in history)
     ratio = lambda v: max(v) / min(v) if min(v) > 0 else float("nan")  # noqa: E731
-    return "\n".join([
-        f"{'workers':>8} {'epoch (s)':>10} {'compute max (s)':>16} {'compute min (s)':>16} {'comm max (s)':>13} "
-        f"{'comm min (s)':>13} {'MB sent/rank':>13} {'bytes max/min':>14}",
-        f"{ranks:>8} {epoch:>10.4f} {max(compute):>16.4f} {min(compute):>16.4f} {max(comm):>13.4f} {min(comm):>13.4f} "
-        f"{statistics.mean(sent) / 1e6:>13.3f} {ratio(sent):>14.2f}",
-    ])
+    return "\n".join(
+        [
+            f"{'workers':>8} {'epoch (s)':>10} {'compute max (s)':>16} {'compute min (s)':>16} {'comm max (s)':>13} "
+            f"{'comm min (s)':>13} {'MB sent/rank':>13} {'bytes max/min':>14}",
+            f"{ranks:>8} {epoch:>10.4f} {max(compute):>16.4f} {min(compute):>16.4f} {max(comm):>13.4f} {min(comm):>13.4f} "
+            f"{statistics.mean(sent) / 1e6:>13.3f} {ratio(sent):>14.2f}",
+        ]
+    )
 
 
 def default_sinks(cfg: TrainConfig, is_main: bool) -> list[RecordSink]:

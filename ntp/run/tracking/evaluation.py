@@ -1,6 +1,7 @@
 """The evaluation report of a predictions export (`ntp predict` / `ntp evaluate --out`), computed from the exported
 file: the metric per split, and for multi-class stores the per-class precision, recall and F1 and the confusion
 matrix of the test split. Logged into an MLflow run as tables and a figure."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,8 +53,9 @@ def per_class_table(matrix: np.ndarray) -> Any:
     recall = np.divide(hits, support, out=np.zeros_like(hits), where=support > 0)
     total = precision + recall
     f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(hits), where=total > 0)
-    return pd.DataFrame({"class": np.arange(len(hits)), "precision": precision, "recall": recall, "f1": f1,
-                         "support": support})
+    return pd.DataFrame(
+        {"class": np.arange(len(hits)), "precision": precision, "recall": recall, "f1": f1, "support": support}
+    )
 
 
 def confusion_figure(matrix: np.ndarray, title: str) -> Any:
@@ -66,8 +68,15 @@ def confusion_figure(matrix: np.ndarray, title: str) -> Any:
     fig.colorbar(image, ax=ax)
     if classes <= 20:
         for (i, j), count in np.ndenumerate(matrix):
-            ax.text(j, i, str(count), ha="center", va="center", fontsize="small",
-                    color="white" if count > matrix.max() / 2 else "black")
+            ax.text(
+                j,
+                i,
+                str(count),
+                ha="center",
+                va="center",
+                fontsize="small",
+                color="white" if count > matrix.max() / 2 else "black",
+            )
     ax.set(xlabel="predicted class", ylabel="true class", title=title)
     fig.tight_layout()
     return fig
@@ -89,14 +98,23 @@ def log_evaluation_report(run_id: str, export: str | Path, store_path: str | Pat
         test, y = test[y >= 0], y[y >= 0]
         matrix = confusion_matrix(y, pred["pred"].to_numpy()[test], store.meta.num_classes)
         c.log_table(run_id, data=per_class_table(matrix), artifact_file="tables/per_class_test.json")
-        c.log_figure(run_id, confusion_figure(matrix, f"Confusion matrix, test ({len(test)} nodes)"),
-                     "plots/confusion_test.png")
+        c.log_figure(
+            run_id, confusion_figure(matrix, f"Confusion matrix, test ({len(test)} nodes)"), "plots/confusion_test.png"
+        )
     return table
 
 
-def track_evaluation(run_id: str | None, metrics: dict, *, model_path: str | Path, store_path: str | Path,
-                     export: str | Path | None, experiment: str | None = None, register: str | None = None,
-                     uri: str | None = None) -> dict[str, Any]:
+def track_evaluation(
+    run_id: str | None,
+    metrics: dict,
+    *,
+    model_path: str | Path,
+    store_path: str | Path,
+    export: str | Path | None,
+    experiment: str | None = None,
+    register: str | None = None,
+    uri: str | None = None,
+) -> dict[str, Any]:
     """An evaluation in MLflow: the metrics into ``run_id`` (or a new evaluate run), the report of ``export``
     (None: a link model, no node predictions), and with ``register`` the model as a new version of that registered
     model. Returns {"run_id", and with register "model_uri", "version"}."""
@@ -112,8 +130,15 @@ def track_evaluation(run_id: str | None, metrics: dict, *, model_path: str | Pat
         from ntp.engine.infer.inference import load_saved
 
         meta = open_store(store_path).meta.to_dict()
-        logged = log_mlflow_model(run_id, model_path, store=store_path, store_meta=meta,
-                                  config=load_saved(model_path)["config"], register=register, uri=uri,
-                                  metrics={f"eval/{k}": v for k, v in metrics.items() if k in SPLITS})
+        logged = log_mlflow_model(
+            run_id,
+            model_path,
+            store=store_path,
+            store_meta=meta,
+            config=load_saved(model_path)["config"],
+            register=register,
+            uri=uri,
+            metrics={f"eval/{k}": v for k, v in metrics.items() if k in SPLITS},
+        )
         out.update(model_uri=logged["model_uri"], version=logged["version"])
     return out

@@ -5,6 +5,7 @@ and passes them, in batches, to consumers (the MLflow run, a progress bar). Trai
 or failing tracking server delays the curves, not the epochs, and a consumer's error is reported once and then
 skipped. Workers therefore need no MLflow at all.
 """
+
 from __future__ import annotations
 
 import threading
@@ -19,8 +20,14 @@ Consumer = Callable[[Sequence[Record]], None]
 class ResultsFollower:
     """``with ResultsFollower(path, [consumer, ...]):`` while the job runs; leaving the block delivers what is left."""
 
-    def __init__(self, path: str | Path, consumers: Sequence[Consumer], *, interval_s: float = 1.0,
-                 warn: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        consumers: Sequence[Consumer],
+        *,
+        interval_s: float = 1.0,
+        warn: Callable[[str], None] = print,
+    ) -> None:
         self.path = Path(path)
         self.consumers = list(consumers)
         self.interval_s = interval_s
@@ -56,7 +63,9 @@ class ResultsFollower:
                 consume(records)
             except Exception as exc:  # tracking must never stop training
                 self._failed.add(i)
-                self.warn(f"warning: live tracking stopped ({type(exc).__name__}: {exc}); the run is logged when it ends")
+                self.warn(
+                    f"warning: live tracking stopped ({type(exc).__name__}: {exc}); the run is logged when it ends"
+                )
 
     def _new_lines(self) -> list[str]:
         try:

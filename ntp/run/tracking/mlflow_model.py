@@ -1,6 +1,7 @@
 """The trained model as an MLflow model (pyfunc flavour, ``served_model.NodePredictor``: node ids in, predictions
 out), logged into a run with its config, store fingerprint, input schema and metrics, and optionally registered in
 the model registry under a name (a new version per call, as ``mlflow.register_model``)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -16,9 +17,17 @@ CODE_PATHS = [Path(__file__).resolve().parents[2], Path(__file__).resolve().pare
 REQUIREMENTS = ("torch", "numpy", "pandas", "pyarrow", "zarr", "pyyaml", "fsspec")
 
 
-def log_mlflow_model(run_id: str, model_path: str | Path, *, store: str | Path, store_meta: Mapping[str, Any],
-                     config: Mapping[str, Any], metrics: Mapping[str, float | None], register: str | None = None,
-                     uri: str | None = None) -> dict[str, Any]:
+def log_mlflow_model(
+    run_id: str,
+    model_path: str | Path,
+    *,
+    store: str | Path,
+    store_meta: Mapping[str, Any],
+    config: Mapping[str, Any],
+    metrics: Mapping[str, float | None],
+    register: str | None = None,
+    uri: str | None = None,
+) -> dict[str, Any]:
     """Log the model file as an MLflow model in ``run_id`` (the run is reopened and ends FINISHED); with
     ``register``, a new version of that registered model. Returns {"model_uri", "model_id", "version"}."""
     import mlflow
@@ -27,18 +36,29 @@ def log_mlflow_model(run_id: str, model_path: str | Path, *, store: str | Path, 
 
     mlflow.set_tracking_uri(uri or tracking_uri())
     meta = dict(store_meta)
-    metadata = {"store_fingerprint": meta.get("fingerprint"), "store_name": meta.get("name"),
-                "task_type": meta.get("task_type"), "metric": meta.get("metric"),
-                "feature_dim": meta.get("feature_dim"),
-                "num_nodes": meta.get("num_nodes"), "config": dict(config), "metrics": dict(metrics)}
+    metadata = {
+        "store_fingerprint": meta.get("fingerprint"),
+        "store_name": meta.get("name"),
+        "task_type": meta.get("task_type"),
+        "metric": meta.get("metric"),
+        "feature_dim": meta.get("feature_dim"),
+        "num_nodes": meta.get("num_nodes"),
+        "config": dict(config),
+        "metrics": dict(metrics),
+    }
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
-            name=NAME, python_model=str(Path(__file__).with_name("served_model.py")),
-            artifacts={"model": str(model_path)}, code_paths=[str(p) for p in CODE_PATHS],
+            name=NAME,
+            python_model=str(Path(__file__).with_name("served_model.py")),
+            artifacts={"model": str(model_path)},
+            code_paths=[str(p) for p in CODE_PATHS],
             model_config={"store": str(store), "any_store": False},
             signature=ModelSignature(inputs=Schema([ColSpec("long", "node_id")])),
-            pip_requirements=list(REQUIREMENTS), metadata=metadata, registered_model_name=register,
-            params={k: str(v) for k, v in config.items()})
+            pip_requirements=list(REQUIREMENTS),
+            metadata=metadata,
+            registered_model_name=register,
+            params={k: str(v) for k, v in config.items()},
+        )
         values = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         if values:
             mlflow.log_metrics(values, model_id=info.model_id)
@@ -56,8 +76,10 @@ def fetch_model_file(model_uri: str, dst: str | Path, uri: str | None = None) ->
 
         return download_model(model_uri.removeprefix("runs:/").split("/")[0], dst, uri=uri)[0]
     if not model_uri.startswith("models:/"):
-        raise ValueError(f"model {model_uri!r} is neither a file nor an MLflow URI (runs:/RUN_ID, models:/NAME/VERSION,"
-                         " models:/NAME@ALIAS)")
+        raise ValueError(
+            f"model {model_uri!r} is neither a file nor an MLflow URI (runs:/RUN_ID, models:/NAME/VERSION,"
+            " models:/NAME@ALIAS)"
+        )
     import mlflow
     from mlflow.models import Model
 

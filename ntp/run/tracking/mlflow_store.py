@@ -4,6 +4,7 @@ The tracking URI is ``$MLFLOW_TRACKING_URI`` when set (a real server), else a sq
 directory, with artifacts beside it. Links point at ``$NTP_MLFLOW_UI_URL`` (default: the server itself, or
 http://127.0.0.1:5000 where ``mlflow ui`` serves a sqlite database).
 """
+
 from __future__ import annotations
 
 import os
@@ -59,7 +60,7 @@ def client(uri: str | None = None) -> Any:
     # leave the database broken. One process at a time does it, under a lock file beside the database.
     from storage.lock import file_lock
 
-    db = Path(uri[len("sqlite:///"):])
+    db = Path(uri[len("sqlite:///") :])
     with file_lock(db.with_name(db.name + ".lock")):
         c = MlflowClient(uri)
         c.search_experiments(max_results=1)
@@ -79,8 +80,11 @@ def experiment_id(name: str, mlflow_client: Any = None) -> str:
             _mark_kind(c, exp.experiment_id)
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=_artifact_location(c.tracking_uri, name),
-                                   tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
+        return c.create_experiment(
+            name,
+            artifact_location=_artifact_location(c.tracking_uri, name),
+            tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND},
+        )
     except MlflowException:
         exp = c.get_experiment_by_name(name)
         if exp is None:
@@ -104,7 +108,7 @@ def _artifact_location(uri: str, name: str) -> str | None:
     if not uri.startswith("sqlite:///"):
         return None
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"  # never "..": stay inside
-    return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts" / safe).resolve().as_uri()
+    return (Path(uri[len("sqlite:///") :]).parent / "mlartifacts" / safe).resolve().as_uri()
 
 
 def ui_url(uri: str | None = None) -> str:

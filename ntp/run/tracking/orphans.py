@@ -4,6 +4,7 @@ A launcher killed with SIGKILL (or by the OOM killer) cannot end its MLflow run.
 and process of its launcher; the next run started in the same experiment on that host closes the runs whose
 launcher is gone (KILLED, with the reason as a tag).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,13 +47,18 @@ def _launcher_alive(tags: dict[str, str]) -> bool:
 def close_orphaned_runs(client: Any, experiment_id: str) -> list[str]:
     """End KILLED the RUNNING runs of ``experiment_id`` launched on this host by a process that no longer exists."""
     host = socket.gethostname()
-    runs = client.search_runs([experiment_id], f"attributes.status = 'RUNNING' and tags.`{TAG_HOST}` = '{host}'",
-                              max_results=200)
+    runs = client.search_runs(
+        [experiment_id], f"attributes.status = 'RUNNING' and tags.`{TAG_HOST}` = '{host}'", max_results=200
+    )
     closed = []
     for run in runs:
         if not _launcher_alive(run.data.tags):
-            client.set_tag(run.info.run_id, TAG_ERROR, f"the launcher (pid {run.data.tags[TAG_PID]} on {host}) died "
-                                                      "without ending the run (killed with SIGKILL?)")
+            client.set_tag(
+                run.info.run_id,
+                TAG_ERROR,
+                f"the launcher (pid {run.data.tags[TAG_PID]} on {host}) died "
+                "without ending the run (killed with SIGKILL?)",
+            )
             client.set_terminated(run.info.run_id, "KILLED")
             closed.append(run.info.run_id)
     return closed

@@ -3,6 +3,7 @@
 Each ``*_figure`` returns a matplotlib ``Figure`` (no pyplot: no global state, no display needed) that the run logs
 with ``MlflowClient.log_figure``; ``plot_*`` save the same figure to a file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -60,12 +61,15 @@ def _time_bars(ax: Any, per_rank: Any, s: dict[str, float]) -> None:
     bottom = [0.0] * len(ranks)
     for col in [c for c in per_rank.columns if c.startswith("comm_s_") and c != "comm_s_total"]:
         vals = list(per_rank[col])
-        ax.bar([i + width / 2 for i in x], vals, width, bottom=bottom, label=f"comm: {col[len('comm_s_'):]}")
+        ax.bar([i + width / 2 for i in x], vals, width, bottom=bottom, label=f"comm: {col[len('comm_s_') :]}")
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(list(x), ranks)
-    ax.set(xlabel="rank", ylabel="seconds per epoch",
-           title=f"compute max/min {s['compute_s_max']:.3g}/{s['compute_s_min']:.3g} s, "
-                 f"comm {s['comm_s_max']:.3g}/{s['comm_s_min']:.3g} s")
+    ax.set(
+        xlabel="rank",
+        ylabel="seconds per epoch",
+        title=f"compute max/min {s['compute_s_max']:.3g}/{s['compute_s_min']:.3g} s, "
+        f"comm {s['comm_s_max']:.3g}/{s['comm_s_min']:.3g} s",
+    )
     ax.legend(fontsize="small")
 
 
@@ -74,7 +78,7 @@ def _byte_bars(ax: Any, per_rank: Any, s: dict[str, float]) -> None:
     bottom = [0.0] * len(per_rank)
     for col in [c for c in per_rank.columns if c.startswith("bytes_sent_") and c != "bytes_sent_total"]:
         vals = [v / MIB for v in per_rank[col]]
-        ax.bar(list(x), vals, 0.6, bottom=bottom, label=col[len("bytes_sent_"):])
+        ax.bar(list(x), vals, 0.6, bottom=bottom, label=col[len("bytes_sent_") :])
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(list(x), [str(r) for r in per_rank.index])
     ax.set(xlabel="rank", ylabel="MiB sent per epoch", title=f"bytes balance {s['bytes_balance']:.2f}")

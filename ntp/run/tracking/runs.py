@@ -2,6 +2,7 @@
 
 Every method logs into an explicit run id (no global active run), so several jobs can log from one process.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,7 @@ _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
 
 def _metric_batches(metrics: list[Any]) -> Iterator[list[Any]]:
     for i in range(0, len(metrics), _BATCH):
-        yield metrics[i:i + _BATCH]
+        yield metrics[i : i + _BATCH]
 
 
 def _as_int(value: Any) -> int | None:
@@ -71,7 +72,7 @@ class TrainingRun:
 
         items = [Param(k, _param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), 90):
-            self.client.log_batch(self.run_id, params=items[i:i + 90])
+            self.client.log_batch(self.run_id, params=items[i : i + 90])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0, run_id: str | None = None) -> None:
         from mlflow.entities import Metric
@@ -107,8 +108,9 @@ class TrainingRun:
         digest = str(meta.get("fingerprint") or "")[:36] or None
         name = meta.get("name") or str(store_path).rstrip("/").rsplit("/", 1)[-1]
         ds = MetaDataset(source=source, name=str(name), digest=digest)
-        self.client.log_inputs(self.run_id, [DatasetInput(ds._to_mlflow_entity(),
-                                                          tags=[InputTag("mlflow.data.context", "train")])])
+        self.client.log_inputs(
+            self.run_id, [DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "train")])]
+        )
 
     def log_epochs(self, records: Sequence[EpochRecord]) -> None:
         """Per-epoch metrics of the parent run (step = epoch), in as few calls as MLflow allows."""
@@ -119,8 +121,9 @@ class TrainingRun:
         for batch in _metric_batches(items):
             self.client.log_batch(self.run_id, metrics=batch)
 
-    def log_results(self, results_path: str | Path, status: str = "FINISHED",
-                    num_edges: int | None = None) -> dict[str, float]:
+    def log_results(
+        self, results_path: str | Path, status: str = "FINISHED", num_edges: int | None = None
+    ) -> dict[str, float]:
         """What the whole job shows once it ends: the summary (bytes per edge from ``num_edges``, default: the
         store's), one child run per worker (ended with ``status``: a failed job's workers are FAILED), the timing
         files, tables, figures and the results file. Per-epoch metrics are logged as the epochs happen
@@ -177,30 +180,35 @@ class TrainingRun:
                 child = self.client.create_run(self.experiment_id, run_name=f"rank-{rank}", tags=tags).info.run_id
                 self.client.log_param(child, "rank", rank)
             ts = int(time.time() * 1000)
-            items = [Metric(k, v, ts, e.epoch) for e in results.epochs for w in e.workers
-                     if w.rank == rank for k, v in worker_metrics(w).items()]
+            items = [
+                Metric(k, v, ts, e.epoch)
+                for e in results.epochs
+                for w in e.workers
+                if w.rank == rank
+                for k, v in worker_metrics(w).items()
+            ]
             for batch in _metric_batches(items):
                 self.client.log_batch(child, metrics=batch)
             self.client.set_terminated(child, status)
 
     def children(self) -> list[Any]:
         """The child (per-worker) runs."""
-        return self.client.search_runs([self.experiment_id], f"tags.`{TAG_PARENT}` = '{self.run_id}'",
-                                       max_results=1000)
+        return self.client.search_runs([self.experiment_id], f"tags.`{TAG_PARENT}` = '{self.run_id}'", max_results=1000)
 
-    def log_model(self, model_path: str | Path, *, config: Mapping[str, Any],
-                  store_meta: Mapping[str, Any] | None = None) -> None:
+    def log_model(
+        self, model_path: str | Path, *, config: Mapping[str, Any], store_meta: Mapping[str, Any] | None = None
+    ) -> None:
         """The model file plus ``model.json``: what it is and how to rebuild and evaluate it."""
         model_path = Path(model_path)
         info = {
             "file": model_path.name,
             "format": "torch.save dict (ntp.engine.train.checkpoint.load reads it): config (TrainConfig), state_dict (the best "
-                      "model's weights), in_dim, out_dim, store_fingerprint, metric, best_epoch",
+            "model's weights), in_dim, out_dim, store_fingerprint, metric, best_epoch",
             "config": dict(config),
             "store_fingerprint": (store_meta or {}).get("fingerprint"),
             "store_name": (store_meta or {}).get("name"),
             "rebuild": "ntp.engine.infer.inference.evaluate_model(<model file>, <store path>) rebuilds the model from its config "
-                       "and weights and evaluates it (or: ntp evaluate); the store must have the fingerprint above",
+            "and weights and evaluates it (or: ntp evaluate); the store must have the fingerprint above",
             "evaluate_flow": f"flows.evaluate.evaluate(run_id='{self.run_id}')",
         }
         self.log_artifact(model_path, MODEL_DIR)
@@ -214,8 +222,9 @@ class TrainingRun:
         """The resolved configuration as config.json and config.yaml."""
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "config.json").write_text(json.dumps(dict(config), indent=2, default=str))
-            (Path(tmp) / "config.yaml").write_text(yaml.safe_dump(json.loads(json.dumps(dict(config), default=str)),
-                                                                  sort_keys=False))
+            (Path(tmp) / "config.yaml").write_text(
+                yaml.safe_dump(json.loads(json.dumps(dict(config), default=str)), sort_keys=False)
+            )
             self.log_artifact(Path(tmp) / "config.json", "config")
             self.log_artifact(Path(tmp) / "config.yaml", "config")
 
@@ -260,19 +269,36 @@ def start_training_run(
     exp_id = experiment_id(exp_name, c)
     close_orphaned_runs(c, exp_id)
     commit = git_commit()
-    run_tags = {TAG_KIND: "train", TAG_FLOW_RUN: flow_run_id, TAG_GIT: commit, "mlflow.source.git.commit": commit,
-                "mlflow.source.name": "ntp", "ntp.task_type": meta.get("task_type"),
-                "ntp.target_type": (meta.get("hetero") or {}).get("target"), **launcher_tags(), **(tags or {})}
+    run_tags = {
+        TAG_KIND: "train",
+        TAG_FLOW_RUN: flow_run_id,
+        TAG_GIT: commit,
+        "mlflow.source.git.commit": commit,
+        "mlflow.source.name": "ntp",
+        "ntp.task_type": meta.get("task_type"),
+        "ntp.target_type": (meta.get("hetero") or {}).get("target"),
+        **launcher_tags(),
+        **(tags or {}),
+    }
     run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in run_tags.items() if v is not None})
     tr = TrainingRun(run.info.run_id, exp_id, c, uri, _as_int(meta.get("num_edges")))
     monitor = None
     try:
         params = {**dict(config), "world_size": world_size, "store_fingerprint": meta.get("fingerprint")}
-        params.update({f"data.{k}": v for k, v in meta.items()
-                       if isinstance(v, (int, float, str, bool)) and k not in ("fingerprint",)})
+        params.update(
+            {
+                f"data.{k}": v
+                for k, v in meta.items()
+                if isinstance(v, (int, float, str, bool)) and k not in ("fingerprint",)
+            }
+        )
         if meta.get("hetero"):  # a heterogeneous store: its shape (the type and relation lists are in the config)
-            params.update({"data.node_types": len(meta["hetero"]["node_types"]),
-                           "data.relations": len(meta["hetero"]["relations"])})
+            params.update(
+                {
+                    "data.node_types": len(meta["hetero"]["node_types"]),
+                    "data.relations": len(meta["hetero"]["relations"]),
+                }
+            )
         tr.log_params(params)
         tr.log_config({**dict(config), "world_size": world_size})
         if store_path is not None:
@@ -295,9 +321,16 @@ def start_training_run(
         c.set_terminated(tr.run_id, "FINISHED")
 
 
-def log_evaluation(run_id: str | None, metrics: Mapping[str, Any], *, model_path: str | Path | None = None,
-                   store: str | Path | None = None, experiment: str | None = None, prefix: str = "eval",
-                   uri: str | None = None) -> str:
+def log_evaluation(
+    run_id: str | None,
+    metrics: Mapping[str, Any],
+    *,
+    model_path: str | Path | None = None,
+    store: str | Path | None = None,
+    experiment: str | None = None,
+    prefix: str = "eval",
+    uri: str | None = None,
+) -> str:
     """Log ``evaluate_model`` output (``{"train", "valid", "test", "metric"}``) as ``eval/<split>`` metrics into
     ``run_id``, or into a new FINISHED run of kind "evaluate" (experiment: given, else the store's name)."""
     from mlflow.entities import Metric
@@ -305,8 +338,11 @@ def log_evaluation(run_id: str | None, metrics: Mapping[str, Any], *, model_path
     c = client(uri)
     if run_id is None:
         name = experiment or _store_name(store) or "ntp"
-        run = c.create_run(experiment_id(name, c), run_name=f"evaluate-{Path(str(model_path)).stem}",
-                           tags={TAG_KIND: "evaluate", TAG_GIT: git_commit() or ""})
+        run = c.create_run(
+            experiment_id(name, c),
+            run_name=f"evaluate-{Path(str(model_path)).stem}",
+            tags={TAG_KIND: "evaluate", TAG_GIT: git_commit() or ""},
+        )
         run_id = run.info.run_id
         c.log_param(run_id, "model_path", str(model_path))
         c.log_param(run_id, "store", str(store))
@@ -314,8 +350,11 @@ def log_evaluation(run_id: str | None, metrics: Mapping[str, Any], *, model_path
     else:
         finish = False
     ts = int(time.time() * 1000)
-    items = [Metric(f"{prefix}/{k}", float(v), ts, 0) for k, v in metrics.items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    items = [
+        Metric(f"{prefix}/{k}", float(v), ts, 0)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     c.log_batch(run_id, metrics=items)
     for key in ("metric", "task_type", "target_type"):
         if metrics.get(key):
@@ -346,9 +385,8 @@ def download_model(run_id: str, dst: str | Path, *, uri: str | None = None) -> t
     import mlflow.artifacts
 
     uri = uri or tracking_uri()
-    local = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MODEL_DIR, dst_path=str(dst),
-                                                     tracking_uri=uri))
+    local = Path(
+        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MODEL_DIR, dst_path=str(dst), tracking_uri=uri)
+    )
     info = json.loads((local / "model.json").read_text())
     return local / info["file"], info
-
-

@@ -10,6 +10,7 @@ A full-graph model needs the whole graph to predict any node: the first call run
 trained on (its path is in the model config; the fingerprint is checked). For graphs that need several processes,
 use `ntp predict` (or the Prefect ``predict`` flow) and serve its Parquet export.
 """
+
 from __future__ import annotations
 
 import mlflow
@@ -34,8 +35,13 @@ class NodePredictor(mlflow.pyfunc.PythonModel):
         outside = ids[(ids < 0) | (ids >= n)]
         if len(outside):
             raise ValueError(f"node ids {outside[:5].tolist()} are not nodes of store {self.store} (ids 0..{n - 1})")
-        return pd.DataFrame({"node_id": ids, "pred": list(table["pred"][ids]) if table["pred"].ndim > 1
-                             else table["pred"][ids], "prob": list(table["prob"][ids])})
+        return pd.DataFrame(
+            {
+                "node_id": ids,
+                "pred": list(table["pred"][ids]) if table["pred"].ndim > 1 else table["pred"][ids],
+                "prob": list(table["prob"][ids]),
+            }
+        )
 
     def _predictions(self) -> dict[str, np.ndarray]:
         if self.table is None:

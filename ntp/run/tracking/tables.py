@@ -1,6 +1,7 @@
 """What tracking logs, computed from the typed records: the parent's per-epoch metrics (the key curves only),
 per-worker metrics (child runs), the timing table, the per-worker summary and the job summary (max/min balance over
 workers, bytes per edge)."""
+
 from __future__ import annotations
 
 import statistics
@@ -50,8 +51,13 @@ def worker_summary(results: Results) -> Any:
     import pandas as pd
 
     table = timing_table(results)
-    columns = {"compute_s": "compute_s", "comm_s_total": "comm_s", "bytes_sent_total": "bytes_sent",
-               "bytes_recv_total": "bytes_recv", "peak_mem_bytes": "peak_mem_bytes"}
+    columns = {
+        "compute_s": "compute_s",
+        "comm_s_total": "comm_s",
+        "bytes_sent_total": "bytes_sent",
+        "bytes_recv_total": "bytes_recv",
+        "peak_mem_bytes": "peak_mem_bytes",
+    }
     if not len(table):
         return pd.DataFrame(columns=["rank", *columns.values()])
     per_rank = table.groupby("rank")[list(columns)].mean().rename(columns=columns)
@@ -72,8 +78,11 @@ def summarize(results: Results, num_edges: int | None = None) -> dict[str, float
                 out.update(_per_edge(results, out["bytes_per_rank_per_epoch"], num_edges))
     final = results.final
     if final is not None:
-        for key, value in (("best_epoch", final.best_epoch), ("best_valid_metric", final.best_valid_metric),
-                           ("final_test_metric", final.test_metric)):
+        for key, value in (
+            ("best_epoch", final.best_epoch),
+            ("best_valid_metric", final.best_valid_metric),
+            ("final_test_metric", final.test_metric),
+        ):
             if value is not None:
                 out[key] = float(value)
     return out
@@ -82,8 +91,12 @@ def summarize(results: Results, num_edges: int | None = None) -> dict[str, float
 def _balance(per_rank: Any) -> dict[str, float]:
     """Max and min over ranks of the per-rank means, and their ratios."""
     out: dict[str, float] = {}
-    for col, name in [("compute_s", "compute_s"), ("comm_s", "comm_s"), ("bytes_sent", "bytes_sent_per_epoch"),
-                      ("peak_mem_bytes", "peak_mem_bytes")]:
+    for col, name in [
+        ("compute_s", "compute_s"),
+        ("comm_s", "comm_s"),
+        ("bytes_sent", "bytes_sent_per_epoch"),
+        ("peak_mem_bytes", "peak_mem_bytes"),
+    ]:
         out[f"{name}_max"] = float(per_rank[col].max())
         out[f"{name}_min"] = float(per_rank[col].min())
     out["bytes_per_rank_per_epoch"] = float(per_rank["bytes_sent"].mean())
@@ -97,10 +110,13 @@ def _per_edge(results: Results, bytes_per_rank: float, num_edges: int) -> dict[s
     peak = max(w.peak_mem_bytes for e in results.epochs for w in e.workers)
     last = results.epochs[-1].workers
     hosts = {w.host for w in last}  # a machine's ranks share its topology: count it once per machine
-    return {"comm_bytes_per_edge": bytes_per_rank / num_edges, "peak_mem_bytes_per_edge": float(peak) / num_edges,
-            "host_bytes_per_edge": sum(w.host_pss_bytes for w in last) / len(hosts) / num_edges,
-            "topology_bytes_per_edge": max(w.topology_bytes for w in last) / num_edges,
-            "device_topology_bytes_per_edge": max(w.device_topology_bytes for w in last) / num_edges}
+    return {
+        "comm_bytes_per_edge": bytes_per_rank / num_edges,
+        "peak_mem_bytes_per_edge": float(peak) / num_edges,
+        "host_bytes_per_edge": sum(w.host_pss_bytes for w in last) / len(hosts) / num_edges,
+        "topology_bytes_per_edge": max(w.topology_bytes for w in last) / num_edges,
+        "device_topology_bytes_per_edge": max(w.device_topology_bytes for w in last) / num_edges,
+    }
 
 
 def epoch_metrics(record: EpochRecord) -> dict[str, float]:
@@ -114,8 +130,12 @@ def epoch_metrics(record: EpochRecord) -> dict[str, float]:
 
 def worker_metrics(worker: WorkerStats) -> dict[str, float]:
     """Child-run metrics of one worker in one epoch."""
-    out = {"compute_s": float(worker.compute_s), "peak_mem_bytes": float(worker.peak_mem_bytes),
-           "host_pss_bytes": float(worker.host_pss_bytes), "device_topology_bytes": float(worker.device_topology_bytes)}
+    out = {
+        "compute_s": float(worker.compute_s),
+        "peak_mem_bytes": float(worker.peak_mem_bytes),
+        "host_pss_bytes": float(worker.host_pss_bytes),
+        "device_topology_bytes": float(worker.device_topology_bytes),
+    }
     for key in ("comm_s", "bytes_sent", "bytes_recv"):
         parts = getattr(worker, key)
         out[f"{key}_total"] = float(sum(parts.values()))

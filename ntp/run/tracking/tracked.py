@@ -1,4 +1,5 @@
 """A tracked training job: launch it inside a parent MLflow run that shows its curves while it trains."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,9 @@ def default_run_name(spec: LaunchSpec) -> str:
     return f"{cfg.model}-{cfg.arch}-{spec.mode}-{spec.world_size}-{datetime.datetime.now():%Y%m%d-%H%M}"
 
 
-def train_untracked(spec: LaunchSpec, *, on_line: Callable[[str], None] = print,
-                    consumers: Sequence[Consumer] = ()) -> TrackedTraining:
+def train_untracked(
+    spec: LaunchSpec, *, on_line: Callable[[str], None] = print, consumers: Sequence[Consumer] = ()
+) -> TrackedTraining:
     """Launch without MLflow (``--no-track``, or a node that does not lead a multi-node job)."""
     results = spec.config.results
     if results and consumers:
@@ -48,33 +50,46 @@ def train_untracked(spec: LaunchSpec, *, on_line: Callable[[str], None] = print,
     else:
         res = launch_training(spec, on_line=on_line)
     final = read_results(res.results_path).final if res.results_path else None
-    return TrackedTraining(None, res.results_path, res.model_path, res.wall_s, {}, spec.world_size,
-                           spec.config.to_dict(), final)
+    return TrackedTraining(
+        None, res.results_path, res.model_path, res.wall_s, {}, spec.world_size, spec.config.to_dict(), final
+    )
 
 
-def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: str | None = None,
-                  flow_run_id: str | None = None, on_line: Callable[[str], None] = print,
-                  consumers: Sequence[Consumer] = (), system_metrics: bool = True,
-                  register: str | None = None) -> TrackedTraining:
+def train_tracked(
+    spec: LaunchSpec,
+    *,
+    experiment: str | None = None,
+    run_name: str | None = None,
+    flow_run_id: str | None = None,
+    on_line: Callable[[str], None] = print,
+    consumers: Sequence[Consumer] = (),
+    system_metrics: bool = True,
+    register: str | None = None,
+) -> TrackedTraining:
     """Launch ``spec`` inside a parent MLflow run: epochs are logged as they happen, the summary, worker runs,
     plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id or job id>/`` unless the
     config names them. A failed job's run ends FAILED with what it logged so far, and the error is re-raised. Of a
     multi-node job only the leading node tracks (ntp.run.launch.leads); the others just train. The best model of
     a node task is also logged as an MLflow model, and with ``register`` registered as a new version of that name."""
     if not leads(spec):  # it names the files the leader will, or the ranks' configs would disagree
-        return train_untracked(with_outputs_in(spec, job_dir(spec.job_id or "")), on_line=on_line,
-                               consumers=consumers)
+        return train_untracked(with_outputs_in(spec, job_dir(spec.job_id or "")), on_line=on_line, consumers=consumers)
     from storage import open_store
 
     cfg = spec.config
     store_meta = open_store(cfg.store).meta
     meta = store_meta.to_dict()
     params = cfg.for_task(meta["task_type"]).to_dict()  # the values the ranks train with
-    with start_training_run(params, world_size=spec.world_size, store_meta=meta, store_path=cfg.store,
-                            experiment=experiment, run_name=run_name or default_run_name(spec),
-                            flow_run_id=flow_run_id, system_metrics=system_metrics,
-                            tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node,
-                                  "ntp.device": spec.device}) as run:
+    with start_training_run(
+        params,
+        world_size=spec.world_size,
+        store_meta=meta,
+        store_path=cfg.store,
+        experiment=experiment,
+        run_name=run_name or default_run_name(spec),
+        flow_run_id=flow_run_id,
+        system_metrics=system_metrics,
+        tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node, "ntp.device": spec.device},
+    ) as run:
         spec = with_outputs_in(spec, job_dir(spec.job_id or run.run_id))
         cfg = spec.config
         run.set_tags({"ntp.results": cfg.results, "ntp.model_out": cfg.model_out})  # params hold the requested values
@@ -95,20 +110,35 @@ def train_tracked(spec: LaunchSpec, *, experiment: str | None = None, run_name: 
     final = read_results(cfg.results).final
     if res.model_path is not None and "predictions" in task_for(store_meta).exports:  # a pyfunc of node ids
         _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)
-    return TrackedTraining(run.run_id, Path(cfg.results), res.model_path, res.wall_s, summary, spec.world_size,
-                           cfg.to_dict(), final)
+    return TrackedTraining(
+        run.run_id, Path(cfg.results), res.model_path, res.wall_s, summary, spec.world_size, cfg.to_dict(), final
+    )
 
 
-def _log_mlflow_model(run_id: str, model_path: Path, cfg: Any, meta: dict, final: FinalRecord | None,
-                      register: str | None, on_line: Callable[[str], None]) -> None:
+def _log_mlflow_model(
+    run_id: str,
+    model_path: Path,
+    cfg: Any,
+    meta: dict,
+    final: FinalRecord | None,
+    register: str | None,
+    on_line: Callable[[str], None],
+) -> None:
     """The best model as an MLflow model (after the run ended: MLflow reopens it). Failing to log it is a warning
     (the training succeeded), unless ``register`` asked for it."""
     from ntp.run.tracking.mlflow_model import log_mlflow_model
 
     metrics = {"best_valid_metric": final.best_valid_metric, "test_metric": final.test_metric} if final else {}
     try:
-        logged = log_mlflow_model(run_id, model_path, store=cfg.store, store_meta=meta, config=cfg.to_dict(),
-                                  metrics=metrics, register=register)
+        logged = log_mlflow_model(
+            run_id,
+            model_path,
+            store=cfg.store,
+            store_meta=meta,
+            config=cfg.to_dict(),
+            metrics=metrics,
+            register=register,
+        )
     except Exception as exc:
         if register:
             raise
@@ -126,6 +156,8 @@ def job_dir(name: str) -> Path:
 def with_outputs_in(spec: LaunchSpec, folder: Path) -> LaunchSpec:
     """The results file and the model in ``folder`` unless the config names them."""
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = spec.config.replace(results=spec.config.results or str(folder / "results.jsonl"),
-                              model_out=spec.config.model_out or str(folder / "model.pt"))
+    cfg = spec.config.replace(
+        results=spec.config.results or str(folder / "results.jsonl"),
+        model_out=spec.config.model_out or str(folder / "model.pt"),
+    )
     return dataclasses.replace(spec, config=cfg)

@@ -1,5 +1,6 @@
 """One rank's view of a heterogeneous graph: every relation's CSR (whole), this rank's feature rows of every node
 type with features, and the target type's labels and splits (local ids of that type)."""
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,13 @@ class HeteroGraphData:
 
     def signature(self) -> tuple:
         """What every rank must agree on before the first collective."""
-        return (tuple(self.counts.items()), tuple((r.key, len(r.indices)) for r in self.relations),
-                tuple(self.feature_dims.items()), self.target, self.num_classes)
+        return (
+            tuple(self.counts.items()),
+            tuple((r.key, len(r.indices)) for r in self.relations),
+            tuple(self.feature_dims.items()),
+            self.target,
+            self.num_classes,
+        )
 
 
 def load_hetero(store, world: int, rank: int) -> HeteroGraphData:
@@ -77,24 +83,44 @@ def load_hetero(store, world: int, rank: int) -> HeteroGraphData:
             features[name] = store.type_features(name, rows=slice(r0, r1))
     target = types[h["target"]]
     off = target["offset"]
-    labels = np.asarray(store.labels()[off:off + target["count"]], np.int64)
+    labels = np.asarray(store.labels()[off : off + target["count"]], np.int64)
     splits = {s: np.asarray(store.split(s), np.int64) - off for s in ("train", "valid", "test")}
-    return HeteroGraphData(counts=counts, relations=relations, features=features,
-                           feature_dims={n: t["feature_dim"] for n, t in types.items()}, target=h["target"],
-                           labels=labels, splits=splits, num_classes=meta.num_classes, metric=meta.metric,
-                           name=meta.name, ogb_name=meta.ogb_name, fingerprint=meta.fingerprint, meta=meta.to_dict())
+    return HeteroGraphData(
+        counts=counts,
+        relations=relations,
+        features=features,
+        feature_dims={n: t["feature_dim"] for n, t in types.items()},
+        target=h["target"],
+        labels=labels,
+        splits=splits,
+        num_classes=meta.num_classes,
+        metric=meta.metric,
+        name=meta.name,
+        ogb_name=meta.ogb_name,
+        fingerprint=meta.fingerprint,
+        meta=meta.to_dict(),
+    )
 
 
 def load_relations(store) -> list[RelationData]:
     """Every relation's CSR of an open heterogeneous store (the topology alone: what the memory plan reads)."""
-    return [RelationData(r["key"], r["src"], r["dst"], *store.relation_csr(r["key"]))
-            for r in store.meta.hetero["relations"]]
+    return [
+        RelationData(r["key"], r["src"], r["dst"], *store.relation_csr(r["key"]))
+        for r in store.meta.hetero["relations"]
+    ]
 
 
-def hetero_from_arrays(counts: dict[str, int], edges: dict[tuple[str, str, str], np.ndarray],
-                       features: dict[str, np.ndarray], target: str, labels: np.ndarray,
-                       splits: dict[str, np.ndarray], world: int = 1, rank: int = 0,
-                       num_classes: int | None = None) -> HeteroGraphData:
+def hetero_from_arrays(
+    counts: dict[str, int],
+    edges: dict[tuple[str, str, str], np.ndarray],
+    features: dict[str, np.ndarray],
+    target: str,
+    labels: np.ndarray,
+    splits: dict[str, np.ndarray],
+    world: int = 1,
+    rank: int = 0,
+    num_classes: int | None = None,
+) -> HeteroGraphData:
     """In-memory data (tests, tools): ``edges[(src, rel, dst)]`` [2, E] local ids; whole feature matrices."""
     from storage.hetero_arrays import relation_csr
 
@@ -103,8 +129,13 @@ def hetero_from_arrays(counts: dict[str, int], edges: dict[tuple[str, str, str],
         indptr, indices = relation_csr(np.asarray(e[0], np.int64), np.asarray(e[1], np.int64), counts[d])
         relations.append(RelationData(f"{s}___{r}___{d}", s, d, indptr, indices))
     own = {t: x[slice(*Partition(counts[t], world, rank).rows())] for t, x in features.items()}
-    return HeteroGraphData(counts=dict(counts), relations=relations, features=own,
-                           feature_dims={t: (features[t].shape[1] if t in features else 0) for t in counts},
-                           target=target, labels=np.asarray(labels, np.int64),
-                           splits={k: np.sort(np.asarray(v, np.int64)) for k, v in splits.items()},
-                           num_classes=int(num_classes if num_classes is not None else labels.max() + 1))
+    return HeteroGraphData(
+        counts=dict(counts),
+        relations=relations,
+        features=own,
+        feature_dims={t: (features[t].shape[1] if t in features else 0) for t in counts},
+        target=target,
+        labels=np.asarray(labels, np.int64),
+        splits={k: np.sort(np.asarray(v, np.int64)) for k, v in splits.items()},
+        num_classes=int(num_classes if num_classes is not None else labels.max() + 1),
+    )

@@ -13,6 +13,7 @@ Under ``--precision bf16`` the plan still counts float32 bytes: an upper bound t
 CPU rank, hidden 64, 8,400 vertices and 100,000 edges: coupled 17.6 MB in bf16 against 29.1 in fp32, decoupled 5.1
 against 8.5, the one-hot layer 50.9 against 52.8; its float32 tables and sums keep that one close).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,8 +49,7 @@ def operator_degrees(relations: list[RelationData], counts: dict[str, int], one_
         out["backward", t] = _counts(sources, n)
         if one_hot:
             out["one-hot forward", t] = pairs
-            out["one-hot backward", t] = _counts([s + i * n for (i, _), s in zip(into, sources)],
-                                                 n * len(relations))
+            out["one-hot backward", t] = _counts([s + i * n for (i, _), s in zip(into, sources)], n * len(relations))
     return out
 
 
@@ -57,8 +57,15 @@ def _counts(ids: list[np.ndarray], length: int) -> np.ndarray:
     return np.bincount(np.concatenate(ids), minlength=length) if ids else np.zeros(length, np.int64)
 
 
-def resident_parts(cfg: TrainConfig, relations: list[RelationData], counts: dict[str, int],
-                   feature_dims: dict[str, int], out_dim: int, world: int, degrees: dict) -> dict[str, int]:
+def resident_parts(
+    cfg: TrainConfig,
+    relations: list[RelationData],
+    counts: dict[str, int],
+    feature_dims: dict[str, int],
+    out_dim: int,
+    world: int,
+    degrees: dict,
+) -> dict[str, int]:
     """What a rank holds besides one chunk of aggregation, by part (bytes; float32)."""
     tables, replicated = parameter_sizes(cfg, counts, feature_dims, len(relations), out_dim)
     n = sum(counts.values())
@@ -66,26 +73,49 @@ def resident_parts(cfg: TrainConfig, relations: list[RelationData], counts: dict
     ops = sum(8 * (len(d) + 1) + OPERATOR_EDGE_BYTES * int(d.sum()) for d in degrees.values())
     pairs = sum(len(d) for (kind, _), d in degrees.items() if kind == "forward")
     gathered = (2 + 2 * bool(cfg.checkpoint_dir)) * sum(r * w for r, w in tables) if world > 1 else 0
-    return {"relations": sum(8 * (len(r.indptr) + len(r.indices)) for r in relations),
-            "typed operators": ops + 16 * pairs,  # and each pair's destination and relation
-            "features": 4 * sum(rows[t] * d for t, d in feature_dims.items()),
-            "embedding tables": 4 * PARAMETER_COPIES * sum(r * ceil_div(w, world) for r, w in tables),
-            "gathered tables": 4 * gathered,  # whole tables: state dict, best model, checkpointed Adam moments
-            "parameters": 4 * PARAMETER_COPIES * replicated,
-            "activations": _activation_bytes(cfg, counts, feature_dims, degrees, out_dim, world, n, rows,
-                                             {t: sum(r.dst == t for r in relations) for t in counts})}
+    return {
+        "relations": sum(8 * (len(r.indptr) + len(r.indices)) for r in relations),
+        "typed operators": ops + 16 * pairs,  # and each pair's destination and relation
+        "features": 4 * sum(rows[t] * d for t, d in feature_dims.items()),
+        "embedding tables": 4 * PARAMETER_COPIES * sum(r * ceil_div(w, world) for r, w in tables),
+        "gathered tables": 4 * gathered,  # whole tables: state dict, best model, checkpointed Adam moments
+        "parameters": 4 * PARAMETER_COPIES * replicated,
+        "activations": _activation_bytes(
+            cfg,
+            counts,
+            feature_dims,
+            degrees,
+            out_dim,
+            world,
+            n,
+            rows,
+            {t: sum(r.dst == t for r in relations) for t in counts},
+        ),
+    }
 
 
-def _activation_bytes(cfg: TrainConfig, counts: dict[str, int], feature_dims: dict[str, int], degrees: dict,
-                      out_dim: int, world: int, n: int, rows: dict[str, int], rels_into: dict[str, int]) -> int:
+def _activation_bytes(
+    cfg: TrainConfig,
+    counts: dict[str, int],
+    feature_dims: dict[str, int],
+    degrees: dict,
+    out_dim: int,
+    world: int,
+    n: int,
+    rows: dict[str, int],
+    rels_into: dict[str, int],
+) -> int:
     """Per layer: every type's rows (in and out widths) and column slice, every pair's message in the column layout
     and this rank's pairs in the row layout, the relation transform's working floats, and the stacked sources with
     their gradient."""
     pairs = {t: len(d) for (kind, t), d in degrees.items() if kind == "forward"}
     if cfg.arch == "decoupled":
         s = ceil_div(out_dim, world)
-        nn = sum(nn_stage_bytes(rows[t], d, cfg.hidden, out_dim, cfg.nn_layers, 0, input_dropout=cfg.first_dropout)
-                 for t, d in feature_dims.items() if d)
+        nn = sum(
+            nn_stage_bytes(rows[t], d, cfg.hidden, out_dim, cfg.nn_layers, 0, input_dropout=cfg.first_dropout)
+            for t, d in feature_dims.items()
+            if d
+        )
         step = sum((counts[t] + pairs[t]) * s for t in counts) * ACTIVATION_COPIES + 2 * n * s
         return nn + 4 * cfg.prop_steps * step
     dims = [cfg.hidden] * cfg.nn_layers + [out_dim]
@@ -93,9 +123,14 @@ def _activation_bytes(cfg: TrainConfig, counts: dict[str, int], feature_dims: di
     total = 0
     for a, b in zip(dims[:-1], dims[1:]):
         s = ceil_div(a, world)
-        per_type = sum(rows[t] * (a + b) + counts[t] * s + pairs[t] * s * per_pair + ceil_div(pairs[t], world) * a
-                       + _transform_floats(rows[t], rels_into[t], pairs[t], ceil_div(pairs[t], world), a, b, counts[t])
-                       for t in counts)
+        per_type = sum(
+            rows[t] * (a + b)
+            + counts[t] * s
+            + pairs[t] * s * per_pair
+            + ceil_div(pairs[t], world) * a
+            + _transform_floats(rows[t], rels_into[t], pairs[t], ceil_div(pairs[t], world), a, b, counts[t])
+            for t in counts
+        )
         total += per_type * ACTIVATION_COPIES + 2 * n * s
     return 4 * total
 
@@ -105,8 +140,14 @@ def _transform_floats(rows: int, num_rels: int, pairs: int, own_pairs: int, a: i
     return rows * num_rels * a if stacks_relations(count, num_rels, pairs, a, b) else own_pairs * b
 
 
-def plan_operators(cfg: TrainConfig, relations: list[RelationData], counts: dict[str, int],
-                   feature_dims: dict[str, int], out_dim: int, world: int) -> dict:
+def plan_operators(
+    cfg: TrainConfig,
+    relations: list[RelationData],
+    counts: dict[str, int],
+    feature_dims: dict[str, int],
+    out_dim: int,
+    world: int,
+) -> dict:
     """The row blocks of every typed operator (ChunkPlan by :func:`operator_degrees` key) that ``--memory-budget``
     leaves room for; MemoryPlanError (naming the parts and the smallest budget that works) when it leaves none."""
     one_hot = cfg.arch == "coupled" and not any(feature_dims.values()) and cfg.decomposition != "block"
@@ -116,8 +157,14 @@ def plan_operators(cfg: TrainConfig, relations: list[RelationData], counts: dict
     plans = {}
     for key in sorted(degrees, key=lambda k: -int(degrees[k].max(initial=0))):  # the costliest row first
         d = degrees[key]
-        plans[key] = make_plan(d, np.zeros_like(d), memory_budget=cfg.memory_budget_bytes, width=width,
-                               resident=resident, ways_out=WAYS_OUT)
+        plans[key] = make_plan(
+            d,
+            np.zeros_like(d),
+            memory_budget=cfg.memory_budget_bytes,
+            width=width,
+            resident=resident,
+            ways_out=WAYS_OUT,
+        )
     return plans
 
 
@@ -125,5 +172,7 @@ def summary(plans: dict) -> ChunkPlan:
     """The plan of the operator cut into the most chunks, its reason naming how many operators there are."""
     key = max(plans, key=lambda k: plans[k].num_chunks)
     plan = plans[key]
-    return ChunkPlan(plan.bounds, f"{plan.reason}; R-GCN's {key[0]} operator of type {key[1]!r}, the most cut of "
-                                  f"{len(plans)} typed operators")
+    return ChunkPlan(
+        plan.bounds,
+        f"{plan.reason}; R-GCN's {key[0]} operator of type {key[1]!r}, the most cut of {len(plans)} typed operators",
+    )

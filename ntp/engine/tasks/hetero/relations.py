@@ -12,6 +12,7 @@ The backward of ``A_r @ H`` is ``A_r^T @ G`` (a precomputed transposed CSR: rela
 row block by row block (``chunk_rows`` destination rows with all their in-edges per chunk), so one product's working
 memory is bounded; every rank uses the same blocks.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -29,17 +30,29 @@ from ntp.engine.tasks.hetero.data import HeteroGraphData, RelationData
 NORMS = ("mean", "total", "sum")
 
 
-def _blocks(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, num_cols: int, chunk_rows: int,
-            device: torch.device, bounds: list[int] | None = None) -> list[torch.Tensor]:
+def _blocks(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    values: np.ndarray,
+    num_cols: int,
+    chunk_rows: int,
+    device: torch.device,
+    bounds: list[int] | None = None,
+) -> list[torch.Tensor]:
     """Row blocks of a CSR as torch sparse CSR tensors on ``device``: ``bounds`` (a memory plan's), else uniform
     blocks of ``chunk_rows``."""
     out = []
     bounds = bounds or uniform_plan(len(indptr) - 1, chunk_rows).bounds
     for r0, r1 in zip(bounds[:-1], bounds[1:]):
         e0, e1 = int(indptr[r0]), int(indptr[r1])
-        out.append(torch.sparse_csr_tensor(torch.from_numpy(indptr[r0:r1 + 1] - e0),
-                                           torch.from_numpy(indices[e0:e1].astype(np.int64)),
-                                           torch.from_numpy(values[e0:e1]), size=(r1 - r0, num_cols)).to(device))
+        out.append(
+            torch.sparse_csr_tensor(
+                torch.from_numpy(indptr[r0 : r1 + 1] - e0),
+                torch.from_numpy(indices[e0:e1].astype(np.int64)),
+                torch.from_numpy(values[e0:e1]),
+                size=(r1 - r0, num_cols),
+            ).to(device)
+        )
     return out
 
 
@@ -53,9 +66,17 @@ class TypedOperator:
     multiplies by the transpose (precomputed; relations are directed); both run in blocks of ``chunk_rows`` rows.
     """
 
-    def __init__(self, rels: list[tuple[int, RelationData, np.ndarray]], num_dst: int, offsets: dict[str, int],
-                 num_nodes: int, chunk_rows: int, device: torch.device, stride: int = 0,
-                 bounds: tuple[list[int], list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        rels: list[tuple[int, RelationData, np.ndarray]],
+        num_dst: int,
+        offsets: dict[str, int],
+        num_nodes: int,
+        chunk_rows: int,
+        device: torch.device,
+        stride: int = 0,
+        bounds: tuple[list[int], list[int]] | None = None,
+    ) -> None:
         """``stride`` > 0: relation i's sources are rows ``i * stride + global id`` of a stack of per-relation tables
         (``num_nodes`` columns in all); ``bounds``: the row blocks of the forward and the backward (a memory plan,
         ntp.engine.tasks.hetero.memory), instead of uniform blocks of ``chunk_rows``."""
@@ -82,8 +103,9 @@ class TypedOperator:
         t_indptr = np.zeros(num_nodes + 1, np.int64)
         np.cumsum(np.bincount(col, minlength=num_nodes), out=t_indptr[1:])
         rows = np.repeat(np.arange(self.num_pairs, dtype=np.int64), np.diff(indptr))
-        self.backward_blocks = _blocks(t_indptr, rows[t_order], val[t_order], self.num_pairs, chunk_rows, device,
-                                       bwd_bounds)
+        self.backward_blocks = _blocks(
+            t_indptr, rows[t_order], val[t_order], self.num_pairs, chunk_rows, device, bwd_bounds
+        )
         self.pair_dst, self.pair_rel = self.pair_dst.to(device), self.pair_rel.to(device)
 
     @staticmethod
@@ -99,8 +121,11 @@ class TypedOperator:
         return torch.searchsorted(self.pair_dst.cpu(), torch.tensor(row_bounds)).tolist()
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for b in self.forward_blocks + self.backward_blocks
-                   for t in (b.crow_indices(), b.col_indices(), b.values()))
+        return sum(
+            t.numel() * t.element_size()
+            for b in self.forward_blocks + self.backward_blocks
+            for t in (b.crow_indices(), b.col_indices(), b.values())
+        )
 
 
 class _TypedSpMM(torch.autograd.Function):
@@ -146,8 +171,17 @@ class HeteroContext:
     ranks, one traffic account), the relation operators, the dropout step. It carries the fields the loop's
     per-worker records read (as ``GraphContext`` does)."""
 
-    def __init__(self, data: HeteroGraphData, comm: Comm, *, norm: str, chunk_rows: int, seed: int,
-                 plans: dict | None = None, precision: str = "fp32") -> None:
+    def __init__(
+        self,
+        data: HeteroGraphData,
+        comm: Comm,
+        *,
+        norm: str,
+        chunk_rows: int,
+        seed: int,
+        plans: dict | None = None,
+        precision: str = "fp32",
+    ) -> None:
         """``plans``: every typed operator's row blocks (ntp.engine.tasks.hetero.memory.plan_operators), else uniform
         blocks of ``chunk_rows``; ``precision``: of the activations (ntp.engine.device.precision)."""
         self.comm, self.seed, self.step, self.precision = comm, seed, 0, precision
@@ -167,12 +201,25 @@ class HeteroContext:
         scales = row_scales(data, norm)
         self._rels = {t: [(i, data.relations[i], scales[i]) for i in self.into[t]] for t in self.types}
         self._chunk_rows, self._relation_ops = chunk_rows, None
-        self.ops = {t: TypedOperator(self._rels[t], data.counts[t], self.offsets, data.num_nodes, chunk_rows,
-                                     comm.device, bounds=self._bounds("", t)) for t in self.types}
+        self.ops = {
+            t: TypedOperator(
+                self._rels[t],
+                data.counts[t],
+                self.offsets,
+                data.num_nodes,
+                chunk_rows,
+                comm.device,
+                bounds=self._bounds("", t),
+            )
+            for t in self.types
+        }
         self.pair_comms = {}
         for t, op in self.ops.items():
-            c = Comm(RangePartition(op.pair_bounds(self.comms[t].part.row_bounds), comm.world, comm.rank), comm.device,
-                     comm.group)
+            c = Comm(
+                RangePartition(op.pair_bounds(self.comms[t].part.row_bounds), comm.world, comm.rank),
+                comm.device,
+                comm.group,
+            )
             c.stats = comm.stats
             self.pair_comms[t] = c
         chunks = max((len(op.forward_blocks) for op in self.ops.values()), default=1)
@@ -190,9 +237,19 @@ class HeteroContext:
         """Per type, the typed CSR over a stack of one table per relation (R-GCN's one-hot input layer)."""
         if self._relation_ops is None:
             n = sum(self.counts.values())
-            self._relation_ops = {t: TypedOperator(self._rels[t], self.counts[t], self.offsets, n * self.num_relations,
-                                                   self._chunk_rows, self.device, stride=n,
-                                                   bounds=self._bounds("one-hot ", t)) for t in self.types}
+            self._relation_ops = {
+                t: TypedOperator(
+                    self._rels[t],
+                    self.counts[t],
+                    self.offsets,
+                    n * self.num_relations,
+                    self._chunk_rows,
+                    self.device,
+                    stride=n,
+                    bounds=self._bounds("one-hot ", t),
+                )
+                for t in self.types
+            }
         return self._relation_ops
 
     def _bounds(self, prefix: str, node_type: str) -> tuple[list[int], list[int]] | None:

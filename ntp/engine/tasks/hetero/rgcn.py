@@ -18,6 +18,7 @@ Decoupled form: the NN stage (a per-type MLP, or the embedding) on the rows, one
 relation-wise propagation ``H_t <- w_t H_t + sum_{r into t} w_r A_r H_s`` with learnable scalars (on the column slices,
 no communication), and one gather of the target type's rows: 2 all-to-alls forward whatever the depth.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ def _dropout_stream(hc: HeteroContext, node_type: str, layer: int) -> int:
     return ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
 
 
-def hetero_dropout(x: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int,
-                   relu: bool = False) -> torch.Tensor:
+def hetero_dropout(
+    x: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int, relu: bool = False
+) -> torch.Tensor:
     """Dropout on a type's rows (of ``relu(x)`` with ``relu``) whose mask depends on (seed, step, layer, type,
     global row, column) only."""
     if p == 0.0:
@@ -81,8 +83,9 @@ class RelationWeights(nn.Module):
     """``W_r`` for R relations (full, basis or block-diagonal), applied per message row (``forward``) or to a
     destination's messages of all relations at once (``stacked``)."""
 
-    def __init__(self, num_relations: int, in_dim: int, out_dim: int, decomposition: str = "none",
-                 num_bases: int = 0) -> None:
+    def __init__(
+        self, num_relations: int, in_dim: int, out_dim: int, decomposition: str = "none", num_bases: int = 0
+    ) -> None:
         super().__init__()
         self.decomposition, self.in_dim, self.out_dim = decomposition, in_dim, out_dim
         if decomposition == "basis":
@@ -93,8 +96,10 @@ class RelationWeights(nn.Module):
             nn.init.xavier_uniform_(self.comp)
         elif decomposition == "block":
             if in_dim % num_bases or out_dim % num_bases:
-                raise ValueError(f"block-diagonal relation weights: widths {in_dim} -> {out_dim} are not divisible "
-                                 f"by --num-bases {num_bases}; choose a divisor of both")
+                raise ValueError(
+                    f"block-diagonal relation weights: widths {in_dim} -> {out_dim} are not divisible "
+                    f"by --num-bases {num_bases}; choose a divisor of both"
+                )
             self.blocks = nn.Parameter(torch.empty(num_relations, num_bases, in_dim // num_bases, out_dim // num_bases))
             bound = math.sqrt(6.0 / (in_dim // num_bases + out_dim // num_bases))
             nn.init.uniform_(self.blocks, -bound, bound)
@@ -111,8 +116,9 @@ class RelationWeights(nn.Module):
             return torch.stack([torch.block_diag(*self.blocks[r]) for r in rels])
         return self.weight[rels]
 
-    def stacked(self, m: torch.Tensor, dst: torch.Tensor, pair_rel: torch.Tensor, rels: list[int],
-                rows: int) -> torch.Tensor:
+    def stacked(
+        self, m: torch.Tensor, dst: torch.Tensor, pair_rel: torch.Tensor, rels: list[int], rows: int
+    ) -> torch.Tensor:
         """``sum_p [dst_p = v] m[p] @ W_{pair_rel[p]}`` for every row v: the messages laid out as [rows, relations x
         in] (a row's pairs are distinct relations) times the stacked weights, one product for all relations."""
         slot = torch.zeros(max(rels) + 1, dtype=torch.long, device=m.device)
@@ -149,9 +155,13 @@ class HeteroInput(nn.Module):
         super().__init__()
         self.width = width
         self.linears = nn.ModuleDict({t: Linear(d, width) for t, d in feature_dims.items() if d})
-        self.embeddings = nn.ModuleDict({
-            t: SlicedEmbedding(hc.counts[t], width, hc.comms[t].part, seed * 1_009 + i)
-            for i, t in enumerate(hc.types) if not feature_dims[t]})
+        self.embeddings = nn.ModuleDict(
+            {
+                t: SlicedEmbedding(hc.counts[t], width, hc.comms[t].part, seed * 1_009 + i)
+                for i, t in enumerate(hc.types)
+                if not feature_dims[t]
+            }
+        )
 
     def forward(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> tuple[dict, dict]:
         """(rows, cols) of every type: the row layout and the column layout of the input."""
@@ -188,8 +198,7 @@ class RGCNLayer(nn.Module):
             if hc.into[t]:
                 msgs = gather(hc.ops[t](everything), hc.pair_comms[t], self.in_dim)  # this rank's pairs, all columns
                 dst, rel = hc.own_pairs(t)
-                if stacks_relations(hc.counts[t], len(hc.into[t]), hc.ops[t].num_pairs, self.in_dim,
-                                    self.rel.out_dim):
+                if stacks_relations(hc.counts[t], len(hc.into[t]), hc.ops[t].num_pairs, self.in_dim, self.rel.out_dim):
                     y = y + self.rel.stacked(msgs, dst, rel, hc.into[t], len(y))
                 else:
                     y = add_rows(y, dst, self.rel(msgs, rel, hc.into[t]))
@@ -210,7 +219,9 @@ class FeaturelessLayer(nn.Module):
         self.width, self.c0, self.c1 = out_dim, *part.cols(out_dim)
         self.root = SlicedEmbedding(n, out_dim, part, seed * 1_009)
         if decomposition == "basis":
-            self.bases = nn.ModuleList(SlicedEmbedding(n, out_dim, part, seed * 1_009 + 1 + b) for b in range(num_bases))
+            self.bases = nn.ModuleList(
+                SlicedEmbedding(n, out_dim, part, seed * 1_009 + 1 + b) for b in range(num_bases)
+            )
             self.comp = nn.Parameter(torch.empty(hc.num_relations, num_bases))
             nn.init.xavier_uniform_(self.comp)
         else:  # the relations' tables stacked: row r * n + u is W_r[u]
@@ -223,7 +234,7 @@ class FeaturelessLayer(nn.Module):
         out = {}
         for t in hc.types:
             o = hc.offsets[t]
-            y = self.root.weight[o:o + hc.counts[t]] + self.bias[self.c0:self.c1]
+            y = self.root.weight[o : o + hc.counts[t]] + self.bias[self.c0 : self.c1]
             if hc.into[t]:
                 op = hc.ops[t]
                 if self.comp is None:  # each pair reads its own relation's table
@@ -236,8 +247,9 @@ class FeaturelessLayer(nn.Module):
         return out
 
 
-def relu_column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int, width: int,
-                        cols: tuple[int, int]) -> torch.Tensor:
+def relu_column_dropout(
+    h: torch.Tensor, p: float, hc: HeteroContext, node_type: str, layer: int, width: int, cols: tuple[int, int]
+) -> torch.Tensor:
     """ReLU, then :func:`hetero_dropout`'s mask, on a column slice (all rows of the type)."""
     if p == 0.0:
         return F.relu(h)
@@ -247,8 +259,9 @@ def relu_column_dropout(h: torch.Tensor, p: float, hc: HeteroContext, node_type:
 class CoupledRGCN(HeteroModel):
     """``nn_layers`` R-GCN layers (width ``hidden``), ReLU and dropout between them; logits of the target type."""
 
-    def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
-                 out_dim: int) -> None:
+    def __init__(
+        self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str, out_dim: int
+    ) -> None:
         super().__init__()
         torch.manual_seed(cfg.seed)
         self.target, self.dropout = target, cfg.dropout
@@ -260,8 +273,9 @@ class CoupledRGCN(HeteroModel):
             dims = dims[1:]
         else:
             self.input = HeteroInput(hc, feature_dims, cfg.hidden, cfg.seed)
-        self.layers = nn.ModuleList(RGCNLayer(hc.num_relations, a, b, cfg.decomposition, cfg.num_bases)
-                                    for a, b in zip(dims[:-1], dims[1:]))
+        self.layers = nn.ModuleList(
+            RGCNLayer(hc.num_relations, a, b, cfg.decomposition, cfg.num_bases) for a, b in zip(dims[:-1], dims[1:])
+        )
 
     def _first(self, hc: HeteroContext) -> tuple[dict, dict]:
         width = self.first.width
@@ -290,8 +304,9 @@ class CoupledRGCN(HeteroModel):
 class DecoupledRGCN(HeteroModel):
     """NN stage per type (MLP of its features to the class width, or an embedding), then relation-wise propagation."""
 
-    def __init__(self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
-                 out_dim: int) -> None:
+    def __init__(
+        self, cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str, out_dim: int
+    ) -> None:
         super().__init__()
         torch.manual_seed(cfg.seed)
         self.target, self.dropout, self.steps, self.out_dim = target, cfg.dropout, cfg.prop_steps, out_dim
@@ -300,8 +315,13 @@ class DecoupledRGCN(HeteroModel):
             if d:
                 dims = [d] + [cfg.hidden] * (cfg.nn_layers - 1) + [out_dim]
                 self.mlps[t] = nn.ModuleList(Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        self.embeddings = nn.ModuleDict({t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed * 1_009 + i)
-                                         for i, t in enumerate(hc.types) if not feature_dims[t]})
+        self.embeddings = nn.ModuleDict(
+            {
+                t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed * 1_009 + i)
+                for i, t in enumerate(hc.types)
+                if not feature_dims[t]
+            }
+        )
         # mixing weights: one per type (its own state) then one per relation, each 1 / (1 + relations into the type)
         init = [1.0 / (1 + len(hc.into[t])) for t in hc.types] + [1.0 / (1 + len(hc.into[d])) for _, d in hc.relations]
         self.mix = nn.Parameter(torch.tensor(init))
@@ -317,8 +337,10 @@ class DecoupledRGCN(HeteroModel):
 
     def compute(self, x: dict[str, torch.Tensor], hc: HeteroContext) -> torch.Tensor:
         act = dtype(hc.precision)
-        h = {t: (split(self._nn(t, x[t], hc), hc.comms[t]) if t in self.mlps else self.embeddings[t].weight.to(act))
-             for t in hc.types}
+        h = {
+            t: (split(self._nn(t, x[t], hc), hc.comms[t]) if t in self.mlps else self.embeddings[t].weight.to(act))
+            for t in hc.types
+        }
         n_types = len(hc.types)
         for _ in range(self.steps):
             everything = torch.cat([h[t] for t in hc.types])
@@ -333,20 +355,24 @@ class DecoupledRGCN(HeteroModel):
         return gather(h[self.target], hc.comms[self.target], self.out_dim)
 
 
-def build_rgcn(cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str,
-               out_dim: int) -> nn.Module:
+def build_rgcn(
+    cfg: TrainConfig, hc: HeteroContext, feature_dims: dict[str, int], target: str, out_dim: int
+) -> nn.Module:
     cls = CoupledRGCN if cfg.arch == "coupled" else DecoupledRGCN
     return cls(cfg, hc, feature_dims, target, out_dim)
 
 
-def parameter_sizes(cfg: TrainConfig, counts: dict[str, int], feature_dims: dict[str, int], num_relations: int,
-                    out_dim: int) -> tuple[list[tuple[int, int]], int]:
+def parameter_sizes(
+    cfg: TrainConfig, counts: dict[str, int], feature_dims: dict[str, int], num_relations: int, out_dim: int
+) -> tuple[list[tuple[int, int]], int]:
     """What :func:`build_rgcn` holds, without building it (the memory plan): the embedding tables' whole shapes
     ``(rows, width)`` (sliced over ranks by columns) and the number of replicated parameters."""
     n, r, b = sum(counts.values()), num_relations, cfg.num_bases
     if cfg.arch == "decoupled":
         tables = [(counts[t], out_dim) for t, d in feature_dims.items() if not d]
-        mlps = sum(_mlp_params([d] + [cfg.hidden] * (cfg.nn_layers - 1) + [out_dim]) for d in feature_dims.values() if d)
+        mlps = sum(
+            _mlp_params([d] + [cfg.hidden] * (cfg.nn_layers - 1) + [out_dim]) for d in feature_dims.values() if d
+        )
         return tables, mlps + len(counts) + r
     dims = [cfg.hidden] * cfg.nn_layers + [out_dim]
     if not any(feature_dims.values()) and cfg.decomposition != "block":  # FeaturelessLayer

@@ -6,6 +6,7 @@ of the target type and divides by the global count, so the gradients summed over
 Replicated parameters (Linear layers, relation weights, mixing scalars) have their gradients summed over ranks; the
 column slices of embedding tables are each rank's own (never reduced), and so is their optimiser state.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -56,10 +57,15 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module, comm: Comm) -> torch.op
     if cfg.optimizer != "adam":
         raise ConfigError("--sparse-embeddings updates with a row-wise Adam: use --optimizer adam")
     sliced = {id(p) for p in model.sliced()}
-    return RowwiseAdam([{"params": [p for p in model.parameters() if id(p) not in sliced]},
-                        {"params": model.sliced(), "rowwise": True, "weight_decay": 0.0}],
-                       lr=cfg.lr, weight_decay=cfg.weight_decay,
-                       touched=lambda mask: comm.all_reduce(mask.to(torch.int32), ALLREDUCE) > 0)
+    return RowwiseAdam(
+        [
+            {"params": [p for p in model.parameters() if id(p) not in sliced]},
+            {"params": model.sliced(), "rowwise": True, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        touched=lambda mask: comm.all_reduce(mask.to(torch.int32), ALLREDUCE) > 0,
+    )
 
 
 class HeteroTask:
@@ -67,7 +73,7 @@ class HeteroTask:
 
     kind = "hetero"
     exports = ("predictions", "embeddings")
-    exports_hint = ("an R-GCN model predicts its target type's nodes: use --export predictions or embeddings")
+    exports_hint = "an R-GCN model predicts its target type's nodes: use --export predictions or embeddings"
 
     def __init__(self) -> None:
         self.best_valid = float("-inf")
@@ -76,8 +82,10 @@ class HeteroTask:
     def check(self, cfg: TrainConfig) -> None:
         if not cfg.model_spec.heterogeneous:
             models = " or ".join(name for name, spec in MODELS.items() if spec.heterogeneous)
-            raise ConfigError(f"this store is heterogeneous (several node types and relations): --model {cfg.model} "
-                              f"handles one node and one edge type; use --model {models}")
+            raise ConfigError(
+                f"this store is heterogeneous (several node types and relations): --model {cfg.model} "
+                f"handles one node and one edge type; use --model {models}"
+            )
         refuse_section(cfg, "link", "heterogeneous (R-GCN)")
 
     def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> HeteroGraphData:
@@ -86,15 +94,23 @@ class HeteroTask:
     def build(self, cfg: TrainConfig, env: DistEnv, data: HeteroGraphData) -> Job:
         """The job that trains R-GCN on ``data``."""
         self.check(cfg)
-        check_same_on_all_ranks("heterogeneous graph (types, relations, features, classes)",
-                                (data.signature(), cfg.to_json()))
+        check_same_on_all_ranks(
+            "heterogeneous graph (types, relations, features, classes)", (data.signature(), cfg.to_json())
+        )
         target_part = Partition(data.counts[data.target], env.world, env.rank)
         comm = Comm(target_part, env.device, group=None)
         plans = None
         if cfg.memory_budget_bytes and not cfg.chunk_rows:  # an explicit --chunk-rows wins, as for homogeneous models
             plans = plan_operators(cfg, data.relations, data.counts, data.feature_dims, data.num_classes, env.world)
-        hc = HeteroContext(data, comm, norm=cfg.rel_norm, chunk_rows=cfg.chunk_rows, seed=cfg.seed, plans=plans,
-                           precision=cfg.precision)
+        hc = HeteroContext(
+            data,
+            comm,
+            norm=cfg.rel_norm,
+            chunk_rows=cfg.chunk_rows,
+            seed=cfg.seed,
+            plans=plans,
+            precision=cfg.precision,
+        )
         model = build_rgcn(cfg, hc, data.feature_dims, data.target, data.num_classes).to(env.device)
         optimizer = _optimizer(cfg, model, comm)
         for table in embedding_tables(model):  # checkpoints hold each whole table and its state: any world size
@@ -108,8 +124,20 @@ class HeteroTask:
             local[name] = (ids[y[ids] >= 0] - r0).to(env.device)
         count = count_train_labels(f"{data.name!r} (type {data.target!r})", y, data.splits["train"])
         x = {t: torch.from_numpy(f).to(env.device, precision.dtype(cfg.precision)) for t, f in data.features.items()}
-        return Job(cfg, env, data, comm, hc, model, optimizer, x=x, y=y[r0:r1].to(env.device), local_split=local,
-                   global_train_count=count, task=self)
+        return Job(
+            cfg,
+            env,
+            data,
+            comm,
+            hc,
+            model,
+            optimizer,
+            x=x,
+            y=y[r0:r1].to(env.device),
+            local_split=local,
+            global_train_count=count,
+            task=self,
+        )
 
     def train_epoch(self, job: Job, epoch: int) -> float:
         model, hc = job.model, job.ctx
@@ -151,7 +179,6 @@ class HeteroTask:
         self.best_valid = max(self.best_valid, out["valid"]) if out["valid"] == out["valid"] else self.best_valid
         return out
 
-
     def output_rows(self, job: Job) -> Partition:
         """The target type's nodes (ids local to the type) whose rows this rank's logits are."""
         return Partition(job.data.counts[job.data.target], job.env.world, job.env.rank)
@@ -170,9 +197,16 @@ class HeteroTask:
         if not cfg.memory_budget_bytes or cfg.chunk_rows:
             return None
         types = store.meta.hetero["node_types"]
-        plans = plan_operators(cfg, load_relations(store), {t["name"]: t["count"] for t in types},
-                               {t["name"]: t["feature_dim"] for t in types}, store.meta.num_classes, world)
+        plans = plan_operators(
+            cfg,
+            load_relations(store),
+            {t["name"]: t["count"] for t in types},
+            {t["name"]: t["feature_dim"] for t in types},
+            store.meta.num_classes,
+            world,
+        )
         return summary(plans)
+
 
 @torch.no_grad()
 def target_logits(job: Any) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Link-prediction data of one rank: the node-side GraphData (whole topology, this rank's feature rows) and the
 edge splits, which every rank holds whole (each rank scores every pair of a batch on its column slice)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,13 +39,30 @@ def with_link_splits(data: GraphData, splits: LinkSplits) -> LinkGraphData:
     return LinkGraphData(**values, link_splits=splits)
 
 
-def link_from_arrays(edge_index: np.ndarray, num_nodes: int, splits: LinkSplits, x: np.ndarray | None = None,
-                     world: int = 1, rank: int = 0, metric: str = "hits@20",
-                     ogb_name: str | None = None) -> LinkGraphData:
+def link_from_arrays(
+    edge_index: np.ndarray,
+    num_nodes: int,
+    splits: LinkSplits,
+    x: np.ndarray | None = None,
+    world: int = 1,
+    rank: int = 0,
+    metric: str = "hits@20",
+    ogb_name: str | None = None,
+) -> LinkGraphData:
     """In-memory link-prediction data (tests, tools): ``edge_index`` [2, E] is the message-passing graph;
     ``x`` None means no features (the model learns node embeddings)."""
     x = np.zeros((num_nodes, 0), np.float32) if x is None else x
-    data = from_arrays(edge_index, x, np.zeros(num_nodes, np.int64), {}, world=world, rank=rank, task_type="link",
-                       metric=metric, num_classes=0, ogb_name=ogb_name)
+    data = from_arrays(
+        edge_index,
+        x,
+        np.zeros(num_nodes, np.int64),
+        {},
+        world=world,
+        rank=rank,
+        task_type="link",
+        metric=metric,
+        num_classes=0,
+        ogb_name=ogb_name,
+    )
     data.labels = np.zeros(0, np.int64)
     return with_link_splits(data, splits)

@@ -12,6 +12,7 @@ its own memory, the training edges with the epoch's order of them, the sorted ke
 negative sampling avoids, and the evaluation splits' pairs. tests/ntp/test_link_memory.py counts a step's live
 tensor bytes against it.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,14 +63,35 @@ def reserved_parts(cfg: TrainConfig, **shape) -> dict[str, int]:
     return {"NN stage": encoder["NN stage"], **attention_parts(cfg, shape["num_nodes"], shape["num_edges"]), **step}
 
 
-def _parts(cfg: TrainConfig, *, num_nodes: int, num_edges: int, feature_dim: int, splits: dict, world: int,
-           params: int, device_type: str = "cuda", symmetric: bool = False, nn_on_device: bool = True,
-           row_block: int = 0) -> tuple[dict[str, int], dict[str, int]]:
+def _parts(
+    cfg: TrainConfig,
+    *,
+    num_nodes: int,
+    num_edges: int,
+    feature_dim: int,
+    splits: dict,
+    world: int,
+    params: int,
+    device_type: str = "cuda",
+    symmetric: bool = False,
+    nn_on_device: bool = True,
+    row_block: int = 0,
+) -> tuple[dict[str, int], dict[str, int]]:
     """The encoder's parts and the link step's own, by part (bytes)."""
     width, on_host = cfg.hidden, device_type == "cpu"
-    encoder = rank_resident_parts(cfg, num_nodes=num_nodes, num_edges=num_edges, feature_dim=feature_dim or width,
-                                  out_dim=width, world=world, params=params, nn_on_device=nn_on_device,
-                                  device_type=device_type, symmetric=symmetric, row_block=row_block)
+    encoder = rank_resident_parts(
+        cfg,
+        num_nodes=num_nodes,
+        num_edges=num_edges,
+        feature_dim=feature_dim or width,
+        out_dim=width,
+        world=world,
+        params=params,
+        nn_on_device=nn_on_device,
+        device_type=device_type,
+        symmetric=symmetric,
+        row_block=row_block,
+    )
     slice_width = ceil_div(width, world)
     step = {}
     if not feature_dim:  # this rank's columns of the learned matrix, with their gradient and Adam's moments

@@ -6,6 +6,7 @@ definitions written out here (tests check that both agree):
 - mrr: negatives [E, K] per positive; rank = 1 + (#negatives above + #negatives tied or above) / 2; mean of 1 / rank;
 - rocauc: over all positive and negative scores.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

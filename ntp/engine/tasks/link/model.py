@@ -12,6 +12,7 @@ A rank's share of a chunk is a contiguous, balanced range (ntp.engine.distribute
 computed once; its replicated parameters' gradients are summed over ranks. Dropout masks depend on (seed, step,
 layer, pair index) only, never on the number of ranks.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,6 +30,8 @@ from ntp.engine.parallel.context import GraphContext
 
 #: Communication kind of the pair exchanges (in the workers' byte counts).
 LINK = "link"
+
+
 def _relu_pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream: int) -> torch.Tensor:
     """ReLU, then dropout of the pairs ``rows`` (their indices in the batch): the mask depends on them, not on the
     ranks."""

@@ -11,6 +11,7 @@ Chunks are a fixed number of pairs whatever the world size: every rank forms the
 its column slice, and the decoder gives it the scores of its share of that chunk (a balanced contiguous range,
 ntp.engine.distributed.partition). Sums then run in the same order for every world size.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,9 @@ def _ends(h_cols: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torc
     return h_cols.index_select(0, pairs[:, 0]), h_cols.index_select(0, pairs[:, 1])
 
 
-def train_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, k: int, comm: Comm,
-                stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+def train_pairs(
+    model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, k: int, comm: Comm, stream: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """OGB's loss of a batch whose first ``k`` pairs are positive: this rank's terms summed and divided by ``k``
     (float64 [1]), and the loss's gradient w.r.t. ``h_cols`` (this rank's column slice of every node). The decoder's
     parameters' gradients accumulate in their ``.grad`` (chunk by chunk: call it once per step, after zero_grad)."""
@@ -55,8 +57,16 @@ def train_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tenso
     return total, h_grad
 
 
-def _train_chunk(model: torch.nn.Module, h: torch.Tensor, h_grad: torch.Tensor, chunk: torch.Tensor, first: int,
-                 k: int, comm: Comm, stream: int) -> torch.Tensor:
+def _train_chunk(
+    model: torch.nn.Module,
+    h: torch.Tensor,
+    h_grad: torch.Tensor,
+    chunk: torch.Tensor,
+    first: int,
+    k: int,
+    comm: Comm,
+    stream: int,
+) -> torch.Tensor:
     """One chunk's loss (float64 [1]) and its gradients, accumulated into ``h_grad`` and the decoder's ``.grad``; its
     tensors die on return, before the next chunk's are made (ntp.engine.tasks.link.memory counts one chunk)."""
     pc = pair_comm(len(chunk), comm)
@@ -85,19 +95,24 @@ def _own_chunk_scores(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch
 def score_pairs(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Scores (logits) of all ``pairs`` [P, 2] on every rank (each rank scores its share of a chunk, then one
     all-gather), in host memory. Every rank must call it with the same pairs."""
-    parts = [pc.all_gather_rows(own.reshape(-1, 1).contiguous(), LINK)[:, 0].cpu()
-             for _, pc, own in _own_chunk_scores(model, h_cols, pairs, comm)]
+    parts = [
+        pc.all_gather_rows(own.reshape(-1, 1).contiguous(), LINK)[:, 0].cpu()
+        for _, pc, own in _own_chunk_scores(model, h_cols, pairs, comm)
+    ]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
 @torch.no_grad()
-def own_pair_scores(model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor,
-                    comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+def own_pair_scores(
+    model: torch.nn.Module, h_cols: torch.Tensor, pairs: torch.Tensor, comm: Comm
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(pair numbers, scores)`` of this rank's share of every chunk of ``pairs``, in host memory, gathered nowhere:
     what each rank writes of a scores export. Every rank must call it with the same pairs."""
     index, scores = [], []
     for first, pc, own in _own_chunk_scores(model, h_cols, pairs, comm):
         index.append(torch.arange(*pc.part.rows()) + first)
         scores.append(own.float().cpu())
-    return (torch.cat(index) if index else torch.zeros(0, dtype=torch.int64),
-            torch.cat(scores) if scores else torch.zeros(0))
+    return (
+        torch.cat(index) if index else torch.zeros(0, dtype=torch.int64),
+        torch.cat(scores) if scores else torch.zeros(0),
+    )

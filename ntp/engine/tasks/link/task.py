@@ -11,6 +11,7 @@ the terms of its share of the pairs and divides by the global k, so the gradient
 single-process gradients. The message-passing graph holds the training edges only (the store excludes validation
 and test edges).
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -87,17 +88,25 @@ def graph_embeddings(job: Any) -> torch.Tensor:
 
 def memory_shape(data: LinkGraphData, model: LinkModel, world: int, device_type: str) -> dict[str, Any]:
     """What ntp.engine.tasks.link.memory plans a rank from: ``data`` and ``model`` on ``world`` ranks of ``device_type``."""
-    return dict(num_nodes=data.num_nodes, num_edges=data.num_edges, feature_dim=data.feature_dim,
-                splits=split_shapes(data.link_splits), world=world, params=sum(p.numel() for p in model.replicated()),
-                device_type=device_type, symmetric=bool(getattr(getattr(data, "topology", None), "symmetric", False)))
+    return dict(
+        num_nodes=data.num_nodes,
+        num_edges=data.num_edges,
+        feature_dim=data.feature_dim,
+        splits=split_shapes(data.link_splits),
+        world=world,
+        params=sum(p.numel() for p in model.replicated()),
+        device_type=device_type,
+        symmetric=bool(getattr(getattr(data, "topology", None), "symmetric", False)),
+    )
 
 
 def streamed_parts(cfg: TrainConfig, shape: dict[str, Any], room: int) -> tuple[int, dict[str, int]]:
     """The rows of a streamed block of the encoder's NN stage (ntp.engine.memory.parts.stream_parts, from
     ``room``), and a link rank's parts with it streamed in such blocks (``shape``: :func:`memory_shape`'s)."""
     encoder = {k: v for k, v in shape.items() if k != "splits"}
-    block, _ = parts.stream_parts(cfg, room=room, **{**encoder, "feature_dim": shape["feature_dim"] or cfg.hidden,
-                                                         "out_dim": cfg.hidden})
+    block, _ = parts.stream_parts(
+        cfg, room=room, **{**encoder, "feature_dim": shape["feature_dim"] or cfg.hidden, "out_dim": cfg.hidden}
+    )
     return block, link_memory.resident_parts(cfg, nn_on_device=False, row_block=block, **shape)
 
 
@@ -112,7 +121,9 @@ class LinkTask:
 
     kind = "link"
     exports = ("scores", "embeddings")
-    exports_hint = ("a link prediction model scores pairs, not nodes: use --export scores --pairs FILE, or --export embeddings")
+    exports_hint = (
+        "a link prediction model scores pairs, not nodes: use --export scores --pairs FILE, or --export embeddings"
+    )
 
     def check(self, cfg: TrainConfig) -> None:
         refuse_section(cfg, "rgcn", "link prediction")
@@ -130,22 +141,39 @@ class LinkTask:
         splits = data.link_splits
         n = data.num_nodes
         part = Partition(n, env.world, env.rank)
-        check_same_on_all_ranks("link graph (nodes, edges, features, splits)",
-                                (n, data.num_edges, data.feature_dim, split_shapes(splits), cfg.to_json()))
+        check_same_on_all_ranks(
+            "link graph (nodes, edges, features, splits)",
+            (n, data.num_edges, data.feature_dim, split_shapes(splits), cfg.to_json()),
+        )
         comm = Comm(part, env.device, group=None)
         model = LinkModel(cfg, n, data.feature_dim, part)
         shape = memory_shape(data, model, env.world, env.device.type)
         streamed = partial(streamed_parts, cfg, shape) if cfg.nn_streams else None
-        placed = placement.place_nn_stage(cfg, env.device, link_memory.resident_parts(cfg, **shape),
-                                          link_memory.reserved_parts(cfg, **shape), report=env.is_main,
-                                          streamed=streamed)
+        placed = placement.place_nn_stage(
+            cfg,
+            env.device,
+            link_memory.resident_parts(cfg, **shape),
+            link_memory.reserved_parts(cfg, **shape),
+            report=env.is_main,
+            streamed=streamed,
+        )
         # the decoder and the embeddings' slice: the graph layout's device; the encoder where its rows are, or
         # there too where its rows stream through it
         model.to(env.device).encoder.to(env.device if placed.row_block else placed.home)
-        ctx = GraphContext(_topology(data), comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
-                           memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload,
-                           width=cfg.hidden, nn_device=placed.home, reserved=placed.reserved,
-                           precision=cfg.precision, row_block=placed.row_block)
+        ctx = GraphContext(
+            _topology(data),
+            comm,
+            chunk_rows=cfg.chunk_rows,
+            seed=cfg.seed,
+            memory_budget=cfg.memory_budget_bytes,
+            overlap=cfg.overlap,
+            offload=cfg.offload,
+            width=cfg.hidden,
+            nn_device=placed.home,
+            reserved=placed.reserved,
+            precision=cfg.precision,
+            row_block=placed.row_block,
+        )
         optimizer = make_optimizer(cfg, model.parameters())
         if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
             model.embedding.track_optimizer(optimizer)
@@ -153,11 +181,24 @@ class LinkTask:
         x = torch.from_numpy(data.features).to(placed.home, precision.dtype(cfg.precision))
         if placed.row_block and env.device.type == "cuda":
             x = x.pin_memory()  # its blocks reach the device at the bus's speed
-        return Job(cfg, env, data, comm, ctx, model, optimizer, x=x, y=torch.zeros(0), local_split={},
-                   global_train_count=len(splits["train"][0]), task=self)
+        return Job(
+            cfg,
+            env,
+            data,
+            comm,
+            ctx,
+            model,
+            optimizer,
+            x=x,
+            y=torch.zeros(0),
+            local_split={},
+            global_train_count=len(splits["train"][0]),
+            task=self,
+        )
 
-    def _prepare(self, splits: dict, metric: str, ogb_name: str | None, num_nodes: int, taken: torch.Tensor,
-                 seed: int) -> None:
+    def _prepare(
+        self, splits: dict, metric: str, ogb_name: str | None, num_nodes: int, taken: torch.Tensor, seed: int
+    ) -> None:
         """The edges of each split, the negatives' exclusions and the evaluation sets."""
         self.metric, self.n, self.taken = metric, num_nodes, taken
         self.score = link_evaluator(metric, ogb_name)
@@ -218,7 +259,6 @@ class LinkTask:
             out[split] = self.score(s_pos, s_neg)
         return out
 
-
     def output_rows(self, job: Job) -> Partition:
         return Partition(job.data.num_nodes, job.env.world, job.env.rank)
 
@@ -232,21 +272,29 @@ class LinkTask:
         if not cfg.memory_budget_bytes or cfg.chunk_rows:
             return None
         meta = store.meta
-        shape = dict(num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
-                     splits={name: store.link_split_shapes(name) for name in meta.split_names}, world=world,
-                     params=replicated_size(cfg, meta.feature_dim), device_type=device,
-                     symmetric=bool(meta.preprocessing.get("symmetrized")))
+        shape = dict(
+            num_nodes=meta.num_nodes,
+            num_edges=meta.num_edges,
+            feature_dim=meta.feature_dim,
+            splits={name: store.link_split_shapes(name) for name in meta.split_names},
+            world=world,
+            params=replicated_size(cfg, meta.feature_dim),
+            device_type=device,
+            symmetric=bool(meta.preprocessing.get("symmetrized")),
+        )
         if cfg.nn_device == "stream":  # the ranks size the blocks from the budget alike
             resident = streamed_parts(cfg, shape, room=cfg.memory_budget_bytes)[1]
         else:
-            resident = link_memory.resident_parts(cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device",
-                                                  **shape)
+            resident = link_memory.resident_parts(
+                cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device", **shape
+            )
         return placement.store_plan(cfg, store, world, device, resident, cfg.hidden)
 
     @torch.no_grad()
     def pair_scores(self, job: Job, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's share of ``pairs`` [P, 2] (their indices) and their scores (the decoder's logits)."""
         return own_pair_scores(job.model, graph_embeddings(job), pairs, job.comm)
+
 
 def _source_target_scores(job: Any, h_cols: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Scores [E, K] of the pairs (sources[e], targets[e, k]), formed a block of sources at a time (about a chunk of

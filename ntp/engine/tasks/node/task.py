@@ -1,5 +1,6 @@
 """Node classification inside a rank (and before launch): one full-graph step per epoch over the labeled training
 vertices of every rank, multi-class (cross-entropy, accuracy) or multi-task binary (BCE, ROC-AUC)."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -39,13 +40,15 @@ from ntp.model_specs import MODELS
 class NodeTask:
     kind = "node"
     exports = ("predictions", "embeddings")
-    exports_hint = ("a node classifier predicts nodes: use --export predictions or embeddings (--export scores is for link prediction models)")
+    exports_hint = "a node classifier predicts nodes: use --export predictions or embeddings (--export scores is for link prediction models)"
 
     def check(self, cfg: TrainConfig) -> None:
         if cfg.model_spec.heterogeneous:
             models = ", ".join(name for name, spec in MODELS.items() if not spec.heterogeneous)
-            raise ConfigError(f"--model {cfg.model} needs a heterogeneous store (node types and relations); this one "
-                              f"is homogeneous: choose {models}, or build the store from an OGB heterogeneous folder")
+            raise ConfigError(
+                f"--model {cfg.model} needs a heterogeneous store (node types and relations); this one "
+                f"is homogeneous: choose {models}, or build the store from an OGB heterogeneous folder"
+            )
         refuse_section(cfg, "link", "node classification on a homogeneous graph")
         refuse_section(cfg, "rgcn", "node classification on a homogeneous graph")
 
@@ -57,29 +60,55 @@ class NodeTask:
         y_all = torch.from_numpy(np.asarray(data.labels))
         train_count = count_train_labels(data.name, y_all, data.splits["train"])  # before a model of 0 outputs
         part = Partition(data.num_nodes, env.world, env.rank)
-        check_same_on_all_ranks("graph (nodes, edges, feature width, classes)",
-                                (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()))
+        check_same_on_all_ranks(
+            "graph (nodes, edges, feature width, classes)",
+            (data.num_nodes, data.num_edges, data.feature_dim, data.out_dim, cfg.to_json()),
+        )
         comm = Comm(part, env.device, group=None)
         width = parts.propagated_width(cfg.arch, cfg.hidden, data.out_dim)
         model = build_model(cfg, data.feature_dim, data.out_dim)
         placed = _place_nn_stage(cfg, env, data, model)
         nn_device = placed.home
         ctx_cls = DataParallelContext if cfg.mode == "data" else GraphContext
-        ctx = ctx_cls(data.topology, comm, chunk_rows=cfg.chunk_rows, seed=cfg.seed,
-                      memory_budget=cfg.memory_budget_bytes, overlap=cfg.overlap, offload=cfg.offload, width=width,
-                      nn_device=nn_device, reserved=placed.reserved, precision=cfg.precision,
-                      row_block=placed.row_block)
+        ctx = ctx_cls(
+            data.topology,
+            comm,
+            chunk_rows=cfg.chunk_rows,
+            seed=cfg.seed,
+            memory_budget=cfg.memory_budget_bytes,
+            overlap=cfg.overlap,
+            offload=cfg.offload,
+            width=width,
+            nn_device=nn_device,
+            reserved=placed.reserved,
+            precision=cfg.precision,
+            row_block=placed.row_block,
+        )
         if env.is_main and cfg.offload == "all" and ctx.device.type == "cuda":
-            print(f"[ntp] {placement.describe_streaming(ctx.column_block, ctx.slice_width, ctx.topology_offload == 'none')}",
-                  flush=True)
+            print(
+                f"[ntp] {placement.describe_streaming(ctx.column_block, ctx.slice_width, ctx.topology_offload == 'none')}",
+                flush=True,
+            )
         model = model.to(env.device if placed.row_block else nn_device)  # streamed: the parameters stay on the device
         r0, r1 = part.rows()
         local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1).to(nn_device) for name in SPLITS}
         x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
         if placed.row_block and env.device.type == "cuda":
             x = x.pin_memory()  # its blocks reach the device at the bus's speed, no staging copy
-        return Job(cfg, env, data, comm, ctx, model, make_optimizer(cfg, model.parameters()), x=x,
-                   y=y_all[r0:r1].to(nn_device), local_split=local_split, global_train_count=train_count, task=self)
+        return Job(
+            cfg,
+            env,
+            data,
+            comm,
+            ctx,
+            model,
+            make_optimizer(cfg, model.parameters()),
+            x=x,
+            y=y_all[r0:r1].to(nn_device),
+            local_split=local_split,
+            global_train_count=train_count,
+            task=self,
+        )
 
     def train_epoch(self, job: Job, epoch: int) -> float:
         job.model.train()
@@ -116,29 +145,49 @@ class NodeTask:
         meta = store.meta
         out_dim = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
         params = sum(p.numel() for p in build_model(cfg, meta.feature_dim, out_dim).parameters())
-        shape = dict(num_nodes=meta.num_nodes, num_edges=meta.num_edges, feature_dim=meta.feature_dim,
-                     out_dim=out_dim, world=world, params=params, device_type=device,
-                     symmetric=bool(meta.preprocessing.get("symmetrized")))
+        shape = dict(
+            num_nodes=meta.num_nodes,
+            num_edges=meta.num_edges,
+            feature_dim=meta.feature_dim,
+            out_dim=out_dim,
+            world=world,
+            params=params,
+            device_type=device,
+            symmetric=bool(meta.preprocessing.get("symmetrized")),
+        )
         if cfg.nn_device == "stream":  # the ranks size the blocks from the budget alike
             resident = parts.stream_parts(cfg, room=cfg.memory_budget_bytes, **shape)[1]
         else:  # on a GPU, "auto" may move the NN stage off the device; the ranks decide (and check) that themselves
-            resident = parts.rank_resident_parts(cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device",
-                                                     **shape)
+            resident = parts.rank_resident_parts(
+                cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device", **shape
+            )
         return placement.store_plan(cfg, store, world, device, resident, out_dim)
 
 
-def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData,
-                    model: torch.nn.Module) -> placement.NNPlacement:
+def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module) -> placement.NNPlacement:
     """Where the NN stage runs, and what the model keeps on the rank's device besides aggregation
     (ntp.engine.memory.placement.place_nn_stage)."""
     # the preflight's figures (the largest row block), so every rank plans alike
-    shape = dict(num_nodes=data.num_nodes, num_edges=data.num_edges, feature_dim=data.feature_dim,
-                 out_dim=data.out_dim, world=env.world, params=sum(p.numel() for p in model.parameters()),
-                 device_type=env.device.type, symmetric=data.topology.symmetric)
+    shape = dict(
+        num_nodes=data.num_nodes,
+        num_edges=data.num_edges,
+        feature_dim=data.feature_dim,
+        out_dim=data.out_dim,
+        world=env.world,
+        params=sum(p.numel() for p in model.parameters()),
+        device_type=env.device.type,
+        symmetric=data.topology.symmetric,
+    )
     resident = parts.rank_resident_parts(cfg, nn_on_device=True, **shape)
     reserved = {"NN stage": resident["NN stage"], **parts.attention_parts(cfg, data.num_nodes, data.num_edges)}
-    return placement.place_nn_stage(cfg, env.device, resident, reserved, report=env.is_main,
-                                    streamed=partial(parts.stream_parts, cfg, **shape) if cfg.nn_streams else None)
+    return placement.place_nn_stage(
+        cfg,
+        env.device,
+        resident,
+        reserved,
+        report=env.is_main,
+        streamed=partial(parts.stream_parts, cfg, **shape) if cfg.nn_streams else None,
+    )
 
 
 def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
