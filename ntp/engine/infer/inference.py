@@ -10,6 +10,7 @@ import torch
 
 from ntp.config import INFERENCE_OPTIONS, TrainConfig
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.tasks import task_for
 from ntp.engine.tasks.base import Job
 from ntp.engine.train import checkpoint
 from ntp.engine.train.loop import evaluate_splits
@@ -83,7 +84,7 @@ def _check_widths(path: str | Path, saved: dict, store_path: str | Path, meta) -
             "to the store it was trained on (or one built the same way)"
         )
     store_out = meta.num_classes if meta.task_type == "multiclass" else meta.num_tasks
-    if meta.task_type != "link" and out_dim is not None and out_dim != store_out:
+    if "predictions" in task_for(meta).exports and out_dim is not None and out_dim != store_out:
         raise ModelFileError(
             f"model {path} predicts {out_dim} outputs, but store {store_path} has {store_out} "
             f"({meta.task_type}); apply it to a store with the same classes or tasks"
@@ -117,5 +118,5 @@ def evaluate_model(model_path: str | Path, store_path: str | Path, any_store: bo
     """Metrics of a saved model on train/valid/test in this process: {"train", "valid", "test", "metric",
     "task_type"}. The store must be the one it was trained on (same fingerprint) unless ``any_store``."""
     job = single_process_job(model_path, store_path, any_store)
-    target = {"target_type": job.data.target} if getattr(job.data, "hetero", False) else {}
+    target = {"target_type": t} if (t := job.task.target_type(job)) else {}
     return {**evaluate_splits(job), "metric": job.data.metric, "task_type": job.data.task_type, **target}

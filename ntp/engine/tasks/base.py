@@ -86,6 +86,9 @@ class Task(Protocol):
     def output_rows(self, job: Job) -> Partition:
         """The nodes whose rows this rank's model outputs cover (ids local to the target type for R-GCN)."""
 
+    def target_type(self, job: Job) -> str:
+        """The node type the metrics and predictions are about ("" on a homogeneous graph)."""
+
     def layer_rows(self, job: Job, output: Any) -> torch.Tensor:
         """This rank's rows of :meth:`output_rows` in a layer's ``output`` (embeddings)."""
 

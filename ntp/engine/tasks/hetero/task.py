@@ -183,6 +183,9 @@ class HeteroTask:
         """The target type's nodes (ids local to the type) whose rows this rank's logits are."""
         return Partition(job.data.counts[job.data.target], job.env.world, job.env.rank)
 
+    def target_type(self, job: Job) -> str:
+        return job.data.target
+
     def layer_rows(self, job: Job, output: Any) -> torch.Tensor:
         """A hidden layer's output holds every node type's rows: the target type's; the last layer's, only those."""
         return output[job.data.target] if isinstance(output, dict) else output

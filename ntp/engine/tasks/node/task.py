@@ -132,6 +132,9 @@ class NodeTask:
     def output_rows(self, job: Job) -> Partition:
         return Partition(job.data.num_nodes, job.env.world, job.env.rank)
 
+    def target_type(self, job: Job) -> str:
+        return ""
+
     def layer_rows(self, job: Job, output: torch.Tensor) -> torch.Tensor:
         return output
 
