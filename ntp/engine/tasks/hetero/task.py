@@ -122,7 +122,7 @@ class HeteroTask:
             ids = torch.from_numpy(np.asarray(data.splits[name], np.int64))
             ids = ids[(ids >= r0) & (ids < r1)]
             local[name] = (ids[y[ids] >= 0] - r0).to(env.device)
-        count = count_train_labels(f"{data.name!r} (type {data.target!r})", y, data.splits["train"])
+        count = count_train_labels(f"{data.name} (type {data.target})", y, data.splits["train"])
         x = {t: torch.from_numpy(f).to(env.device, precision.dtype(cfg.precision)) for t, f in data.features.items()}
         return Job(
             cfg,
@@ -193,7 +193,7 @@ class HeteroTask:
     def check_store(self, cfg: TrainConfig, store: Any) -> None:
         self.check(cfg)
         labels = torch.from_numpy(np.asarray(store.labels(), np.int64))
-        count_train_labels(repr(store.meta.name), labels, store.split("train"))
+        count_train_labels(store.meta.name, labels, store.split("train"))
 
     def plan(self, cfg: TrainConfig, store: Any, world: int, device: str, mode: str) -> ChunkPlan | None:
         """R-GCN's plan every rank will compute (ntp.engine.tasks.hetero.memory), from the store's relations."""
