@@ -312,3 +312,30 @@ def test_the_models_drop_inside_their_products(monkeypatch, arch: str) -> None:
             job.model.train()(job.x, job.ctx).sum().backward()
         masks[least] = saved.count(torch.bool)
     assert masks == {0: 0, 1 << 40: 1}
+
+
+def test_no_two_purposes_layers_or_steps_share_a_stream_over_a_long_run() -> None:
+    """A run of 20,000 steps: the encoder's dropout (4 layers), the link decoder's (3 layers), R-GCN's (3 layers of 4
+    node types), the embeddings' tiles (8 tables) and the link sampling's epochs draw 20,000 * 19 + 10,000 distinct
+    keys. The old products of primes failed here: at seed 0 the decoder's step 651 reused the encoder's layer 1 at
+    step 20."""
+    from types import SimpleNamespace
+
+    from ntp.engine.kernels import streams
+    from ntp.engine.tasks.hetero.rgcn import _dropout_stream
+
+    seed, steps, types = 0, 20_000, ["a", "b", "c", "d"]
+    encoder = [dropout.RowDropout(0.5, layer) for layer in range(4)]
+    keys = []
+    for step in range(steps):
+        at = SimpleNamespace(seed=seed, step=step, row_offset=0, types=types)
+        keys += [d._stream(at) for d in encoder]
+        decoder = streams.stream(streams.Purpose.DECODER, seed, step)  # what the link task hands train_pairs
+        keys += [streams.with_layer(decoder, layer) for layer in range(3)]
+        keys += [_dropout_stream(at, t, layer) for layer in range(3) for t in types]
+    keys += [streams.stream(streams.Purpose.EMBEDDING, seed, tile, table) for tile in range(1000) for table in range(8)]
+    keys += [streams.stream(streams.Purpose.SAMPLING, seed, epoch) for epoch in range(2000)]
+    keys = [masks.stream_key(k) for k in keys]
+    assert len(set(keys)) == len(keys) == steps * 19 + 10_000
+    with pytest.raises(ValueError, match="layer must be in"):
+        streams.stream(streams.Purpose.ENCODER, seed, 0, layer=1 << 12)

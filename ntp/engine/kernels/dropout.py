@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ntp.engine.kernels import cuda_dropout, native
+from ntp.engine.kernels import cuda_dropout, native, streams
 from ntp.engine.kernels.linear import linear
 from ntp.engine.kernels.masks import field, keep_mask, stream_key, thread_parts
 
@@ -68,7 +68,7 @@ class RowDropout(nn.Module):
         return _DroppedLinear.apply(x, weight, bias, self.p, self._stream(ctx), ctx.row_offset * x.shape[1], relu)
 
     def _stream(self, ctx: Position) -> int:
-        return (ctx.seed * 1_000_003 + ctx.step) * 1_009 + self.layer_id
+        return streams.stream(streams.Purpose.ENCODER, ctx.seed, ctx.step, self.layer_id)
 
 
 def drops_inside_product(device_type: str, dtype: torch.dtype, nbytes: int) -> bool:

@@ -12,6 +12,7 @@ from torch import nn
 from ntp.engine.device.precision import dtype
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.distributed.traffic import EMBEDDING
+from ntp.engine.kernels import streams
 from ntp.engine.parallel.context import GraphContext
 from ntp.errors import CheckpointError
 
@@ -22,13 +23,16 @@ INIT_TILE_ROWS = 4096
 class SlicedEmbedding(nn.Module):
     """Learnable embeddings [n, width] of which this rank holds all n rows of its column slice (the graph layout);
     ``forward`` gathers them into the row layout, the encoder's input. Xavier-uniform initialisation (as OGB's
-    examples) drawn tile by tile from the seed, so every world size starts from the same matrix.
+    examples) drawn tile by tile from the seed, so every world size starts from the same matrix; each tile of each
+    ``table`` of a model from its own stream (ntp.engine.kernels.streams).
 
     Its state dict holds the whole matrix, and so does the optimiser's for its per-element state (Adam's moments;
     :meth:`track_optimizer`): :meth:`snapshot` (a collective) gathers them on every rank. Loading whole matrices keeps
     this rank's columns, so a checkpoint written with any number of ranks resumes with any other."""
 
-    def __init__(self, num_nodes: int, width: int, part: Partition, seed: int, fan_rows: int | None = None) -> None:
+    def __init__(
+        self, num_nodes: int, width: int, part: Partition, seed: int, fan_rows: int | None = None, table: int = 0
+    ) -> None:
         super().__init__()
         self.num_nodes, self.width, self.world = num_nodes, width, part.world
         self.c0, self.c1 = part.cols(width)
@@ -36,7 +40,7 @@ class SlicedEmbedding(nn.Module):
         weight = torch.empty(num_nodes, self.c1 - self.c0)
         gen = torch.Generator()
         for t0 in range(0, num_nodes, INIT_TILE_ROWS):
-            gen.manual_seed((seed * 1_000_003 + t0 // INIT_TILE_ROWS) * 7919 + 17)
+            gen.manual_seed(streams.stream(streams.Purpose.EMBEDDING, seed, t0 // INIT_TILE_ROWS, table))
             tile = torch.rand(min(INIT_TILE_ROWS, num_nodes - t0), width, generator=gen)
             weight[t0 : t0 + len(tile)] = (2 * tile[:, self.c0 : self.c1] - 1) * bound
         self.weight = nn.Parameter(weight)

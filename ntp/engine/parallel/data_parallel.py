@@ -24,6 +24,7 @@ from ntp.engine.distributed.collectives import Comm
 from ntp.engine.distributed.traffic import HALO
 from ntp.engine.graph.aggregate import csr_matmul, edge_softmax, weighted_matmul
 from ntp.engine.graph.operators import CSR, operator_pattern, with_self_loops
+from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.parallel.context import GraphContext
 
 
@@ -182,6 +183,11 @@ class DataParallelContext(GraphContext):
     """GraphContext of ``--mode data``: the graph layout is the row layout; propagation exchanges halo rows."""
 
     supports_overlap = False
+
+    @cached_property
+    def plan(self) -> ChunkPlan:  # type: ignore[override]
+        """One block of the rank's own rows: data parallelism never chunks its aggregation (its records say 1)."""
+        return ChunkPlan([0, self.topology.num_nodes], "data parallel: one block per rank")
 
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
         return moved(z, self.device)

@@ -31,6 +31,7 @@ from ntp.config import TrainConfig
 from ntp.engine.device.precision import autocast, dtype
 from ntp.engine.distributed.collectives import gather, split
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.kernels import streams
 from ntp.engine.kernels.dropout import drop
 from ntp.engine.kernels.linear import Linear, matmul
 from ntp.engine.nn.embedding import SlicedEmbedding
@@ -39,7 +40,7 @@ from ntp.engine.tasks.hetero.relations import HeteroContext
 
 def _dropout_stream(hc: HeteroContext, node_type: str, layer: int) -> int:
     """The mask's stream of (seed, step, layer, type): the row and the column layouts must draw the same one."""
-    return ((hc.seed * 1_000_003 + hc.step) * 1_009 + layer) * 101 + hc.types.index(node_type)
+    return streams.stream(streams.Purpose.HETERO, hc.seed, hc.step, layer, hc.types.index(node_type))
 
 
 def hetero_dropout(
@@ -157,7 +158,7 @@ class HeteroInput(nn.Module):
         self.linears = nn.ModuleDict({t: Linear(d, width) for t, d in feature_dims.items() if d})
         self.embeddings = nn.ModuleDict(
             {
-                t: SlicedEmbedding(hc.counts[t], width, hc.comms[t].part, seed * 1_009 + i)
+                t: SlicedEmbedding(hc.counts[t], width, hc.comms[t].part, seed, table=i)
                 for i, t in enumerate(hc.types)
                 if not feature_dims[t]
             }
@@ -217,16 +218,14 @@ class FeaturelessLayer(nn.Module):
         super().__init__()
         n, part = sum(hc.counts.values()), Partition(sum(hc.counts.values()), hc.comm.world, hc.comm.rank)
         self.width, self.c0, self.c1 = out_dim, *part.cols(out_dim)
-        self.root = SlicedEmbedding(n, out_dim, part, seed * 1_009)
+        self.root = SlicedEmbedding(n, out_dim, part, seed, table=0)
         if decomposition == "basis":
-            self.bases = nn.ModuleList(
-                SlicedEmbedding(n, out_dim, part, seed * 1_009 + 1 + b) for b in range(num_bases)
-            )
+            self.bases = nn.ModuleList(SlicedEmbedding(n, out_dim, part, seed, table=1 + b) for b in range(num_bases))
             self.comp = nn.Parameter(torch.empty(hc.num_relations, num_bases))
             nn.init.xavier_uniform_(self.comp)
         else:  # the relations' tables stacked: row r * n + u is W_r[u]
             stacked = Partition(n * hc.num_relations, hc.comm.world, hc.comm.rank)
-            self.tables = SlicedEmbedding(n * hc.num_relations, out_dim, stacked, seed * 1_009 + 1, fan_rows=n)
+            self.tables = SlicedEmbedding(n * hc.num_relations, out_dim, stacked, seed, fan_rows=n, table=1)
             self.comp = None
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
@@ -317,7 +316,7 @@ class DecoupledRGCN(HeteroModel):
                 self.mlps[t] = nn.ModuleList(Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.embeddings = nn.ModuleDict(
             {
-                t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed * 1_009 + i)
+                t: SlicedEmbedding(hc.counts[t], out_dim, hc.comms[t].part, cfg.seed, table=i)
                 for i, t in enumerate(hc.types)
                 if not feature_dims[t]
             }

@@ -22,6 +22,7 @@ from torch import nn
 from ntp.config import TrainConfig
 from ntp.engine.distributed.collectives import Comm, gather, reduce_scatter_rows
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.kernels import streams
 from ntp.engine.kernels.dropout import drop
 from ntp.engine.kernels.linear import Linear
 from ntp.engine.nn.embedding import SlicedEmbedding
@@ -61,7 +62,7 @@ class MLPDecoder(nn.Module):
         r0, r1 = pc.part.rows()
         p = self.dropout if self.training else 0.0
         for i, lin in enumerate(self.lins[:-1]):
-            x = _relu_pair_dropout(lin(x), p, (first + r0, first + r1), stream * 31 + i)
+            x = _relu_pair_dropout(lin(x), p, (first + r0, first + r1), streams.with_layer(stream, i))
         return self.lins[-1](x)[:, 0]
 
 

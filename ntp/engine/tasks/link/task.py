@@ -26,6 +26,7 @@ from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.graph.data import GraphData, load_shared
+from ntp.engine.kernels import streams
 from ntp.engine.memory import parts, placement
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.parallel.context import GraphContext
@@ -218,7 +219,7 @@ class LinkTask:
         cfg, model, comm, ctx = job.cfg, job.model, job.comm, job.ctx
         model.train()
         pos = self.pos["train"]
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+        gen = torch.Generator().manual_seed(streams.stream(streams.Purpose.SAMPLING, cfg.seed, epoch))
         perm = torch.randperm(len(pos), generator=gen)
         steps = -(-len(pos) // cfg.link_batch)
         total = torch.zeros(1, dtype=torch.float64, device=comm.device)
@@ -229,7 +230,9 @@ class LinkTask:
             ctx.step = epoch * steps + b  # the encoder's dropout masks: one stream per step
             job.optimizer.zero_grad(set_to_none=True)
             h_cols = graph_embeddings(job)
-            loss, h_grad = train_pairs(model, h_cols, pairs, k, comm, stream=cfg.seed * 1_000_003 + ctx.step)
+            loss, h_grad = train_pairs(
+                model, h_cols, pairs, k, comm, stream=streams.stream(streams.Purpose.DECODER, cfg.seed, ctx.step)
+            )
             h_cols.backward(h_grad)  # the encoder's (and the embeddings') backward, once for all chunks
             all_reduce_gradients(model.replicated(), comm)
             if cfg.clip_grad:
