@@ -57,6 +57,13 @@ def validate(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
             "--offload streams tensor parallelism's chunks; the data-parallel baseline keeps its "
             "own block on the device: use --mode tp, or --offload none"
         )
+    if cfg.mode == "data" and (cfg.memory_budget or cfg.chunk_rows):
+        given = "--memory-budget" if cfg.memory_budget else "--chunk-rows"
+        raise ConfigError(
+            f"{given} cuts tensor parallelism's aggregation into chunks; the data-parallel baseline (--mode data) "
+            f"aggregates each rank's rows in one block and cannot keep to it: use --mode tp (planned and chunked "
+            f"to fit), or drop {given}"
+        )
     if cfg.offload != "none" and cfg.model_spec.attention:
         raise ConfigError(
             "--offload streams fixed propagation operators; attention (--model gat) computes its "
