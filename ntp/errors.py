@@ -29,6 +29,10 @@ class CheckpointError(ConfigError):
     """No checkpoint can be resumed: each is damaged, or was written by another configuration or store."""
 
 
+class TrackingUnavailable(ConfigError):
+    """The MLflow tracking server does not answer before the job starts; the message names it and the ways out."""
+
+
 class TrainingError(NtpError, RuntimeError):
     """Training cannot go on inside a rank (non-finite loss, injected failure); the message says why."""
 

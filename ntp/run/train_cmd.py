@@ -72,6 +72,10 @@ def _check_tracking(args: argparse.Namespace) -> None:
             "MLflow is not installed here, so the run cannot be tracked: install the tracking extra "
             "(pip install 'ntp[tracking]') or pass --no-track"
         )
+    if not args.no_track:
+        from ntp.run.tracking.mlflow_store import check_server
+
+        check_server()
 
 
 def _train(args: argparse.Namespace):
@@ -178,7 +182,9 @@ def _print_outcome(result) -> None:
         print(f"results: {result.results_path}")
     if result.model_path:
         print(f"model: {result.model_path}")
-    if result.run_id:
+    if result.run_id and result.tracking_lost:
+        print(f"mlflow run: {result.run_id} (incomplete: its tracking server stopped answering during the job)")
+    elif result.run_id:
         from ntp.run.tracking import run_url
 
         print(f"mlflow run: {result.run_id}  ({run_url(result.run_id)})")

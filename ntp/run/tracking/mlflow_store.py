@@ -1,7 +1,8 @@
 """Where MLflow lives and how runs are named, tagged and linked.
 
 The tracking URI is ``$MLFLOW_TRACKING_URI`` when set (a real server), else a sqlite database in the data
-directory, with artifacts beside it. Links point at ``$NTP_MLFLOW_UI_URL`` (default: the server itself, or
+directory, with artifacts beside it. A server is checked before a job starts (:func:`check_server`), and MLflow's
+HTTP client gives up on one in seconds, not minutes (:data:`HTTP_DEFAULTS`). Links point at ``$NTP_MLFLOW_UI_URL`` (default: the server itself, or
 http://127.0.0.1:5000 where ``mlflow ui`` serves a sqlite database).
 """
 
@@ -29,6 +30,49 @@ UI_URL_ENV = "NTP_MLFLOW_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
 
 
+#: MLflow's HTTP client settings unless the environment sets them: its own (7 retries, backoff factor 2, 120 s
+#: timeouts) kept a job silent for 253 s on a server that refused connections before it failed
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+#: seconds a tracking server has to answer its health check
+SERVER_CHECK_S = 5.0
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def server_problem(uri: str, timeout_s: float = SERVER_CHECK_S) -> str | None:
+    """Why the tracking server at ``uri`` does not answer its health check within ``timeout_s``, or None when it
+    does (and for a URI that is no server)."""
+    import urllib.request
+
+    if not is_server(uri):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as reply:
+            return None if reply.status == 200 else f"its health check answered HTTP {reply.status}"
+    except OSError as exc:  # URLError, connection refused, timeout
+        return str(getattr(exc, "reason", None) or exc)
+
+
+def check_server(uri: str | None = None) -> None:
+    """Raise TrackingUnavailable, naming the URI and the ways out, when the tracking server does not answer."""
+    from ntp.errors import TrackingUnavailable
+
+    uri = uri or tracking_uri()
+    problem = server_problem(uri)
+    if problem is not None:
+        raise TrackingUnavailable(
+            f"the MLflow tracking server at {uri} (MLFLOW_TRACKING_URI) does not answer ({problem}): start it "
+            f"(mlflow server --host HOST --port PORT), train without tracking (--no-track), or set "
+            f"MLFLOW_TRACKING_URI to another server (unset, runs go to a sqlite database in the data directory)"
+        )
+
+
 def data_dir() -> Path:
     from storage import default_data_dir
 
@@ -54,6 +98,9 @@ def client(uri: str | None = None) -> Any:
     from mlflow.tracking import MlflowClient
 
     uri = uri or tracking_uri()
+    if is_server(uri):
+        for name, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
     if not uri.startswith("sqlite:///") or uri in _READY:
         return MlflowClient(uri)
     # MLflow creates and migrates a sqlite schema when a process first opens it; several processes doing it at once

@@ -6,10 +6,11 @@ Every method logs into an explicit run id (no global active run), so several job
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from ntp.records import EpochRecord, Results, read_results
+from ntp.run.tracking.guard import MONITOR_LOGGER, GuardedClient, QuietMonitor, TrackingGuard
 from ntp.run.tracking.mlflow_store import (
     TAG_ERROR,
     TAG_FLOW_RUN,
@@ -27,6 +29,7 @@ from ntp.run.tracking.mlflow_store import (
     client,
     experiment_id,
     git_commit,
+    is_server,
     run_url,
     tracking_uri,
 )
@@ -66,6 +69,12 @@ class TrainingRun:
     client: Any
     uri: str
     num_edges: int | None = None  #: the store's, for the bytes-per-edge summaries
+
+    @property
+    def lost(self) -> bool:
+        """Whether its tracking server stopped answering (ntp.run.tracking.guard): what is left is not logged."""
+        guard = getattr(self.client, "guard", None)
+        return guard is not None and guard.lost
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -258,10 +267,15 @@ def start_training_run(
     system_metrics: bool = True,
     system_metrics_interval_s: float = 2.0,
     uri: str | None = None,
+    warn: Callable[[str], None] | None = None,
+    lost_note: str = "",
 ) -> Iterator[TrainingRun]:
     """A parent run for one training job: FINISHED on normal exit, KILLED when interrupted (Ctrl-C, SIGTERM), FAILED
     on any other exception (with the error as a tag); the exception is re-raised. Params: every config field, world
-    size, store fingerprint. Runs of this experiment whose launcher on this host died (SIGKILL) are closed first."""
+    size, store fingerprint. Runs of this experiment whose launcher on this host died (SIGKILL) are closed first.
+    With ``warn``, a server that stops answering once the run exists is said once (with ``lost_note``) and the
+    rest is skipped (ntp.run.tracking.guard; the run's ``lost``); that run is closed KILLED by the next job of its
+    experiment started on this host."""
     uri = uri or tracking_uri()
     c = client(uri)
     meta = dict(store_meta or {})
@@ -281,8 +295,10 @@ def start_training_run(
         **(tags or {}),
     }
     run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in run_tags.items() if v is not None})
+    guard = TrackingGuard(uri, warn, lost_note) if warn is not None and is_server(uri) else None
+    c = c if guard is None else GuardedClient(c, guard)
     tr = TrainingRun(run.info.run_id, exp_id, c, uri, _as_int(meta.get("num_edges")))
-    monitor = None
+    monitor, quiet = None, None if guard is None else QuietMonitor(guard)
     try:
         params = {**dict(config), "world_size": world_size, "store_fingerprint": meta.get("fingerprint")}
         params.update(
@@ -305,9 +321,12 @@ def start_training_run(
             tr.log_dataset(store_path, meta)
         if system_metrics:
             monitor = _monitor(tr.run_id, uri, system_metrics_interval_s)
+            if monitor is not None and guard is not None:  # it would flush to the lost server when it finishes
+                guard.on_lost.append(monitor._shutdown_event.set)
+                logging.getLogger(MONITOR_LOGGER).addFilter(quiet)
         yield tr
     except BaseException as exc:
-        if monitor is not None:
+        if monitor is not None and not tr.lost:
             monitor.finish()
             monitor = None
         try:
@@ -316,9 +335,11 @@ def start_training_run(
             c.set_terminated(tr.run_id, end_status(exc))
         raise
     else:
-        if monitor is not None:
+        if monitor is not None and not tr.lost:
             monitor.finish()
         c.set_terminated(tr.run_id, "FINISHED")
+    finally:
+        logging.getLogger(MONITOR_LOGGER).removeFilter(quiet)
 
 
 def log_evaluation(

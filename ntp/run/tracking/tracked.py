@@ -13,9 +13,10 @@ from ntp.engine.tasks import task_for
 from ntp.records import FinalRecord, read_results
 from ntp.run.launch import launch_training, leads
 from ntp.run.tracking.live import Consumer, EpochLogger, ResultsFollower
-from ntp.run.tracking.mlflow_store import data_dir
+from ntp.run.tracking.mlflow_store import check_server, data_dir
 from ntp.run.tracking.orphans import end_status
 from ntp.run.tracking.runs import start_training_run
+from ntp.run.tracking.tables import summarize
 from ntp.spec import LaunchSpec
 
 
@@ -31,6 +32,7 @@ class TrackedTraining:
     world_size: int
     config: dict[str, Any] = field(default_factory=dict)
     final: FinalRecord | None = None
+    tracking_lost: bool = False  #: the tracking server stopped answering during the job (the run is incomplete)
 
 
 def default_run_name(spec: LaunchSpec) -> str:
@@ -70,11 +72,14 @@ def train_tracked(
     plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id or job id>/`` unless the
     config names them. A failed job's run ends FAILED with what it logged so far, and the error is re-raised. Of a
     multi-node job only the leading node tracks (ntp.run.launch.leads); the others just train. The best model of
-    a node task is also logged as an MLflow model, and with ``register`` registered as a new version of that name."""
+    a node task is also logged as an MLflow model, and with ``register`` registered as a new version of that name.
+    A tracking server that does not answer stops the job before it starts (TrackingUnavailable); one lost while it
+    trains is said once, and the job trains on and ends with its results file (ntp.run.tracking.guard)."""
     if not leads(spec):  # it names the files the leader will, or the ranks' configs would disagree
         return train_untracked(with_outputs_in(spec, job_dir(spec.job_id or "")), on_line=on_line, consumers=consumers)
     from storage import open_store
 
+    check_server()
     cfg = spec.config
     store_meta = open_store(cfg.store).meta
     meta = store_meta.to_dict()
@@ -89,6 +94,8 @@ def train_tracked(
         flow_run_id=flow_run_id,
         system_metrics=system_metrics,
         tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node, "ntp.device": spec.device},
+        warn=on_line,
+        lost_note="; its results file is written to the end, as without tracking",
     ) as run:
         spec = with_outputs_in(spec, job_dir(spec.job_id or run.run_id))
         cfg = spec.config
@@ -101,18 +108,39 @@ def train_tracked(
                 try:
                     run.log_results(cfg.results, status=end_status(exc))
                 except Exception as log_exc:  # never hide the training error behind a logging error
-                    on_line(f"warning: could not log partial results: {log_exc}")
+                    if not run.lost:  # a lost server was said once
+                        on_line(f"warning: could not log partial results: {log_exc}")
             raise
+        summary = _log_outcome(run, cfg, res, meta)
+    final = read_results(cfg.results).final
+    if res.model_path is not None and "predictions" in task_for(store_meta).exports and not run.lost:
+        _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)  # a pyfunc of node ids
+    return TrackedTraining(
+        run.run_id,
+        Path(cfg.results),
+        res.model_path,
+        res.wall_s,
+        summary,
+        spec.world_size,
+        cfg.to_dict(),
+        final,
+        tracking_lost=run.lost,
+    )
+
+
+def _log_outcome(run: Any, cfg: Any, res: Any, meta: dict) -> dict[str, float]:
+    """The finished job's summary, workers, files and model, into ``run``; where its server is lost (before or
+    during this), the summary alone, from the results file."""
+    try:
         summary = run.log_results(cfg.results)
         if res.model_path is not None:
             run.log_model(res.model_path, config=cfg.to_dict(), store_meta=meta)
         run.log_metrics({"wall_s": res.wall_s})
-    final = read_results(cfg.results).final
-    if res.model_path is not None and "predictions" in task_for(store_meta).exports:  # a pyfunc of node ids
-        _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)
-    return TrackedTraining(
-        run.run_id, Path(cfg.results), res.model_path, res.wall_s, summary, spec.world_size, cfg.to_dict(), final
-    )
+        return summary
+    except Exception:
+        if not run.lost:  # a skipped call's None broke the rest: already said
+            raise
+    return summarize(read_results(cfg.results), run.num_edges)
 
 
 def _log_mlflow_model(
