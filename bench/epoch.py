@@ -241,7 +241,7 @@ def main() -> None:
             for peer in ("pyg", "dgl"):
                 if row.get(f"{peer}_s"):
                     row[f"{peer}/ntp_coupled"] = row[f"{peer}_s"] / row["ntp_coupled_s"]
-            if args.dropout_shares and model != "gat":
+            if args.dropout_shares:
                 row |= dropout_shares(store, model, args.hidden, args.heads, threads, repeats, args.dropout)
             rows.append(row)
             print(row, flush=True)
