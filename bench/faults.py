@@ -181,7 +181,7 @@ CASES = [
         "low",
         "a damaged store: missing array, chunk or metadata, truncated or corrupt chunk, wrong schema, counts that "
         "disagree, not a directory",
-        "a StoreError naming what is damaged and the rebuild command",
+        "a StoreError naming the store, what is damaged and the rebuild command",
         tuple(
             f"{CORRUPT}::{name}"
             for name in (
