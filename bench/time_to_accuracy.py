@@ -153,7 +153,8 @@ def run_pyg(store: Path, epochs: int, lr: float, eval_every: int, device: str, t
 
     torch.set_num_threads(threads)
     s = open_store(store)
-    indptr, src = torch.from_numpy(np.asarray(s.indptr(), np.int64)), torch.from_numpy(np.asarray(s.indices()))
+    indptr = torch.from_numpy(np.asarray(s.indptr(), np.int64))
+    src = torch.from_numpy(np.asarray(s.indices(), np.int64))
     n = len(indptr) - 1
     dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
     y = torch.from_numpy(np.asarray(s.labels(), np.int64))
