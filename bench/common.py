@@ -196,11 +196,12 @@ def in_process(step: Callable[[], Any]) -> Callable[[int], list[float]]:
 
 
 def alternating_turns(
-    systems: dict[str, Callable[[int], list[float]]], warmup: int, turns: int, per_turn: int
+    systems: dict[str, Callable[[int], list[float]]], warmup: int, turns: int, per_turn: int, settle: float = 0.2
 ) -> dict[str, float]:
     """Every system timed the same way: ``warmup`` untimed epochs each, then ``turns`` turns of ``per_turn``
     epochs each, the order rotating by one system a turn (a shared machine drifts; no system always goes first);
-    per system the median over turns of the turn's median epoch."""
+    per system the median over turns of the turn's median epoch. ``settle`` seconds pass before each turn, so the
+    previous system's OpenMP threads stop spinning (DGL's live in another process) before the next one's clock."""
     names = list(systems)
     for name in names:
         if warmup:
@@ -208,6 +209,7 @@ def alternating_turns(
     medians: dict[str, list[float]] = {name: [] for name in names}
     for t in range(turns):
         for name in names[t % len(names) :] + names[: t % len(names)]:
+            time.sleep(settle)
             medians[name].append(statistics.median(systems[name](per_turn)))
     return {name: statistics.median(m) for name, m in medians.items()}
 
