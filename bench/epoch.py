@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,9 @@ def pyg_graph(a: dict, path: str):
     n = len(a["indptr"]) - 1
     indptr, src = torch.from_numpy(a["indptr"]), torch.from_numpy(a["indices"])
     if path == "adj_t":
-        return torch.sparse_csr_tensor(indptr, src, torch.ones(len(src)), (n, n))
+        with warnings.catch_warnings():  # torch's notes that sparse CSR is in beta and unchecked
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.sparse_csr_tensor(indptr, src, torch.ones(len(src)), (n, n))
     dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
     ei = torch.stack([src, dst])
     if path == "EdgeIndex":

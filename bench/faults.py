@@ -20,6 +20,7 @@ import argparse
 import ast
 import datetime
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -373,7 +374,7 @@ def main() -> int:
     today = datetime.date.today().isoformat()
     summary = (
         f"Run of {today} on {platform.node()} ({platform.machine()}, Python {platform.python_version()}), "
-        f"commit {commit}, `python bench/faults.py {' '.join(sys.argv[1:])}`: {counts['passed']} tests passed, "
+        f"commit {commit}, `{shlex.join(['python', 'bench/faults.py', *sys.argv[1:]])}`: {counts['passed']} tests passed, "
         f"{counts['skipped']} skipped, {counts['failure'] + counts['error']} failed."
     )
     text = report("faults", rows, {"date": today, "commit": commit, **counts}, COLUMNS)
