@@ -50,3 +50,12 @@ def test_a_case_holds_only_when_every_instance_ran_and_passed() -> None:
     failed = faults.row(case, {**passed, "tests/x.py::test_b": ("failure", "AssertionError: left")})
     assert failed["held"] == "NO" and "FAILED test_b: AssertionError: left" in failed["observed"]
     assert faults.row(case, passed)["held"] == "NO"  # test_b never reported
+
+
+def test_the_matrix_replaces_only_its_block_of_the_page(tmp_path, monkeypatch) -> None:
+    page = tmp_path / "reliability.md"
+    page.write_text(f"intro\n{faults.BEGIN}\nold table\n{faults.END}\n\n## next\n")
+    monkeypatch.setattr(faults, "DOC", page)
+    faults.write_docs("Run of today, commit abc.\n\n| new |")
+    assert page.read_text() == f"intro\n{faults.BEGIN}\nRun of today, commit abc.\n\n| new |\n{faults.END}\n\n## next\n"
+    assert faults.BEGIN in (faults.REPO / "docs" / "reliability.md").read_text()  # the real page has the block
