@@ -181,6 +181,39 @@ def time_median(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[f
     return statistics.median(times), times
 
 
+def in_process(step: Callable[[], Any]) -> Callable[[int], list[float]]:
+    """A turn of ``step``: ``k`` epochs in this process, each one's seconds."""
+
+    def turn(k: int) -> list[float]:
+        times = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    return turn
+
+
+def alternating_turns(
+    systems: dict[str, Callable[[int], list[float]]], warmup: int, turns: int, per_turn: int, settle: float = 0.2
+) -> dict[str, float]:
+    """Every system timed the same way: ``warmup`` untimed epochs each, then ``turns`` turns of ``per_turn``
+    epochs each, the order rotating by one system a turn (a shared machine drifts; no system always goes first);
+    per system the median over turns of the turn's median epoch. ``settle`` seconds pass before each turn, so the
+    previous system's OpenMP threads stop spinning (DGL's live in another process) before the next one's clock."""
+    names = list(systems)
+    for name in names:
+        if warmup:
+            systems[name](warmup)
+    medians: dict[str, list[float]] = {name: [] for name in names}
+    for t in range(turns):
+        for name in names[t % len(names) :] + names[: t % len(names)]:
+            time.sleep(settle)
+            medians[name].append(statistics.median(systems[name](per_turn)))
+    return {name: statistics.median(m) for name, m in medians.items()}
+
+
 @contextlib.contextmanager
 def torch_ops_dropout():
     """ntp's CPU dropout without its C kernel (NTP_NATIVE=0): the masks drawn, then applied by torch's ops."""
@@ -251,6 +284,47 @@ def run_dgl(py: Path, script: str, payload: dict) -> dict | None:
         last = (res.stderr.strip().splitlines() or ["no error output"])[-1]
         return {"note": f"DGL failed: {last[:160]}"} if payload.get("errors_to_note") else None
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def dgl_server(py: Path, script: str, payload: dict, timeout: float = 900.0):
+    """``bench/<script>`` in the DGL environment as one long-lived process that builds its job once, then runs
+    ``k`` epochs for each ``k`` sent to it: yields a turn function, as :func:`in_process` gives for this process."""
+    import selectors
+
+    proc = subprocess.Popen(
+        [str(py), str(REPO / "bench" / script), json.dumps({**payload, "serve": True})],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+
+    def answer() -> Any:
+        if not sel.select(timeout):
+            raise TimeoutError(f"DGL's worker gave no answer in {timeout:.0f} s")
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"DGL's worker ended (exit {proc.wait(timeout=10)}); its error is above")
+        return json.loads(line)
+
+    def turn(k: int) -> list[float]:
+        proc.stdin.write(f"{k}\n")
+        proc.stdin.flush()
+        return answer()["times"]
+
+    try:
+        answer()  # ready: the graph and the model are built
+        yield turn
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # -- output -------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Runs inside the DGL environment (torch 2.2.1, dgl 2.1.0): kernel and epoch timings for bench/kernel.py and
-bench/epoch.py. Input: one JSON argument {task, npz, width, threads, repeats, ...}; output: one JSON line."""
+bench/epoch.py. Input: one JSON argument {task, npz, width, threads, repeats, ...}; output: one JSON line. With
+"serve": true (bench/common.py:dgl_server) it prints {"ready": true} once the job is built, then for each number k
+read from stdin runs k epochs and prints {"times": [...]}, until stdin closes."""
 
 import json
 import statistics
@@ -18,6 +20,17 @@ def timed(fn, repeats):
         fn()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts), ts
+
+
+def serve(step):
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        times = []
+        for _ in range(int(line)):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps({"times": times}), flush=True)
 
 
 def main():
@@ -49,7 +62,7 @@ def main():
 
         out["seconds"], out["times"] = timed(step, p["repeats"])
     else:
-        from dgl.nn import GATConv, GraphConv
+        from dgl.nn import GATConv, GraphConv, SAGEConv
 
         g = dgl.add_self_loop(dgl.remove_self_loop(g))
         x = torch.from_numpy(d["x"])
@@ -64,6 +77,12 @@ def main():
                     GraphConv(hid, classes, allow_zero_in_degree=True),
                 ]
             )
+
+            def forward():
+                h = torch.relu(layers[0](g, torch.nn.functional.dropout(x, rate)))
+                return layers[1](g, torch.nn.functional.dropout(h, rate))
+        elif p["model"] == "sage":
+            layers = torch.nn.ModuleList([SAGEConv(x.shape[1], hid, "mean"), SAGEConv(hid, classes, "mean")])
 
             def forward():
                 h = torch.relu(layers[0](g, torch.nn.functional.dropout(x, rate)))
@@ -88,6 +107,8 @@ def main():
             loss.backward()
             opt.step()
 
+        if p.get("serve"):
+            return serve(step)
         out["seconds"], out["times"] = timed(step, p["repeats"])
     print(json.dumps(out))
 

@@ -96,8 +96,29 @@ def chunking() -> None:
     fig.savefig(DOCS / "bench_chunking.png", dpi=110)
 
 
+def time_to_accuracy() -> None:
+    """Validation accuracy against training seconds, one panel per graph, the 98 % target as a dashed line."""
+    rows = _rows("time_to_accuracy")
+    graphs = list(dict.fromkeys(r["graph"] for r in rows))
+    if not graphs:
+        return
+    fig, axes = plt.subplots(1, len(graphs), figsize=(3.2 * len(graphs), 3), squeeze=False)
+    for ax, graph in zip(axes[0], graphs):
+        for r in (r for r in rows if r["graph"] == graph):
+            ax.plot([t for t, _ in r["curve"]], [a for _, a in r["curve"]], label=r["system"])
+            ax.axhline(r["target_valid"], color="gray", linestyle="--", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_title(graph, fontsize=9)
+        ax.set_xlabel("training seconds (log)")
+    axes[0][0].set_ylabel("validation accuracy")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(DOCS / "bench_time_to_accuracy.png", dpi=110)
+
+
 if __name__ == "__main__":
     kernel()
     modes()
     depth_width()
     chunking()
+    time_to_accuracy()
