@@ -94,6 +94,7 @@ def test_a_segment_sees_its_blocks_global_rows_and_returns_gradients_of_inputs_a
     [
         (dict(model="gat"), "--model gat computes on its edges"),
         (dict(norm="batch"), "--norm batch needs statistics over all rows"),
+        (dict(arch="coupled", residual=True, jk="max"), "--residual, --jk max run(s) in memory only"),
         (dict(nn_device="cpu", nn_block_rows=64), "--nn-block-rows sizes the blocks of --nn-device stream"),
     ],
 )
