@@ -305,9 +305,8 @@ class TrainConfig:
     @property
     def nn_streams(self) -> bool:
         """Whether the NN stage can stream in row blocks (ntp.engine.parallel.row_stream): its work is row-wise
-        (no attention or relations), needs no statistics over all rows (--norm batch) and is the plain coupled stack
-        (:attr:`classic_options`: not streamed yet)."""
-        return self.model_spec.row_wise and self.norm != "batch" and not self.classic_options
+        (no attention or relations) and needs no statistics over all rows (--norm batch)."""
+        return self.model_spec.row_wise and self.norm != "batch"
 
     @property
     def classic_options(self) -> list[str]:

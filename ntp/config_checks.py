@@ -136,11 +136,6 @@ def _check_streaming(cfg) -> None:  # noqa: ANN001
             "edges or relations on the device: use --nn-device cpu (or device) with it, or "
             "--model gcn, sage, gin, sgc or appnp"
         )
-    if cfg.classic_options and cfg.norm != "batch":
-        raise ConfigError(
-            f"--nn-device stream streams the plain coupled layers; {', '.join(cfg.classic_options)} "
-            "run(s) in memory only: use --nn-device device or cpu (or auto), or drop them"
-        )
     raise ConfigError(
         "--norm batch needs statistics over all rows before any row's output, which a stage "
         "streamed in row blocks does not have: use --norm layer with --nn-device stream, or "

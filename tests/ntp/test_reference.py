@@ -10,6 +10,7 @@ from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.infer.predict import embedding_layers
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
@@ -221,13 +222,16 @@ def test_classic_options_equal_pyg_layers_composed_as_basic_gnn(model: str, opti
     combine = {"cat": lambda xs: torch.cat(xs, 1), "max": lambda xs: torch.stack(xs).amax(0)}
     combine["sum"] = lambda xs: sum(xs)
 
+    embeddings = []  # each layer's output after residual and norm, before the activation: what exports take
+
     def reference(x):
         x = project(x) if project is not None else x
         outputs = []
         for i, conv in enumerate(convs):
             h = conv(x, edge_index) + skips[i](x)
             if i < len(norms):
-                h = act(norms[i](h))
+                embeddings.append(norms[i](h))
+                h = act(embeddings[-1])
                 outputs.append(h)
             x = h
         return head(combine[options["jk"]](outputs)) if head is not None else x
@@ -238,4 +242,12 @@ def test_classic_options_equal_pyg_layers_composed_as_basic_gnn(model: str, opti
         pairs.append((ours.head.weight, head.weight))
     if project is not None:
         pairs.append((ours.project.weight, project.weight))
+    layers = embedding_layers(ours)
+    assert len(layers) == 3 + (head is not None) and (head is None or layers[-1] is ours.head)
+    taken = []
+    hooks = [layer.register_forward_hook(lambda m, i, out: taken.append(out.detach())) for layer in layers[:2]]
     _compare(job, reference, [*ours_params, *(a for a, _ in pairs)], [*ref_params, *(b for _, b in pairs)])
+    for hook in hooks:
+        hook.remove()
+    for ours_embedding, ref_embedding in zip(taken, embeddings[:2]):
+        torch.testing.assert_close(ours_embedding, ref_embedding, rtol=1e-5, atol=1e-5)

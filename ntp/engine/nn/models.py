@@ -296,6 +296,9 @@ class CoupledGNN(GraphModel):
         sites = n + bool(self.project) + bool(self.head)  # the dropouts: projection's input, layers' inputs, head's
         self.dropouts = layer_dropouts(cfg.first_dropout, cfg.dropout, sites)
         self.materialized = cfg.residual or head  # each layer's dropped input is a tensor of its own
+        #: each layer's output after its residual and norm, before the activation: what embedding exports hook
+        self.taps = nn.ModuleList(nn.Identity() for _ in range(n))
+        self.classic = bool(cfg.classic_options)
 
     @staticmethod
     def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool, bias: bool) -> nn.Module:
@@ -305,7 +308,7 @@ class CoupledGNN(GraphModel):
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         if ctx.streams_rows:
-            return self._streamed(x, ctx)
+            return self._streamed_classic(x, ctx) if self.classic else self._streamed(x, ctx)
         drops = list(self.dropouts)
         if self.project is not None:
             p = self.project
@@ -321,12 +324,41 @@ class CoupledGNN(GraphModel):
             else:
                 x = F.elu(x) if self.attention and activate else x
                 h = layer(x, ctx, dropout, relu=activate and not self.attention)
-            x = self.norms[i](h, ctx) if i < len(self.norms) and not _identity(self.norms[i]) else h
+            x = self._normed(i, h, ctx)
             activate = i < len(self.norms)
         if self.head is None:
             return x
         outputs.append(self._dropped(drops[-1], x, ctx, True))
         return self.head(jumping_knowledge(self.jk, outputs))
+
+    def _normed(self, i: int, h: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        """Layer ``i``'s output ``h`` normalised where a norm follows it (through its tap)."""
+        return self.taps[i](self.norms[i](h, ctx) if i < len(self.norms) and not _identity(self.norms[i]) else h)
+
+    def _streamed_classic(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        """The classic options' layers as row-wise segments between propagations, as :meth:`_streamed` (not batch
+        norm: the config refuses it): each layer's dropped input is an output of the segment before it, kept with the
+        rows for its layer's part after propagation (the residual, GraphSAGE's root term) and for jumping knowledge;
+        the head is a segment of its own. The same values as :meth:`compute`'s."""
+        n = len(self.layers)
+        params = lambda *modules: [p for m in modules if m is not None for p in m.parameters()]  # noqa: E731
+        a, z = ctx.rows(partial(_classic_first, self), x, params=params(self.project, self.layers[0]))
+        outputs = []
+        for i, layer in enumerate(self.layers):
+            p = ctx.propagate_rows(layer.operator, z, 1)
+            following = self.layers[i + 1] if i + 1 < n else None
+            skip = self.skips[i] if self.skips is not None else None
+            norm = self.norms[i] if i < len(self.norms) else None
+            out = ctx.rows(partial(_classic_segment, self, i), p, a, params=params(layer, skip, norm, following))
+            if following is None:
+                return (
+                    out
+                    if self.head is None
+                    else ctx.rows(partial(_head, self), *outputs, out, params=params(self.head))
+                )
+            a, z = out
+            outputs.append(a)
+        return x
 
     def _dropped(self, dropout: RowDropout, x: torch.Tensor, ctx: GraphContext, activate: bool) -> torch.Tensor:
         """``dropout(activation(x))`` (``activate``), as a tensor: GAT's ELU, the others' ReLU (in the mask)."""
@@ -361,6 +393,32 @@ def _identity(module: nn.Module) -> bool:
 
 #: a layer's dropout where its input was dropped already (CoupledGNN's materialised inputs)
 NO_DROPOUT = RowDropout(0.0, -1)
+
+
+def _classic_first(model: CoupledGNN, ctx: GraphContext, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input projection, the first layer's dropped input and its part before propagation."""
+    drops = model.dropouts
+    if model.project is not None:
+        x = drops[0].linear(x, ctx, model.project.weight, model.project.bias)
+    a = model._dropped(drops[model.project is not None], x, ctx, False)
+    return a, model.layers[0].before(ctx, a, NO_DROPOUT, False)
+
+
+def _classic_segment(model: CoupledGNN, i: int, ctx: GraphContext, p: torch.Tensor, a: torch.Tensor):
+    """Layer ``i``'s part after its propagation ``p`` (``a``: its dropped input) with its residual and norm; then the
+    next layer's dropped input and its part before propagation (the output itself after the last layer, dropped
+    where a head follows)."""
+    layer, last = model.layers[i], i == len(model.layers) - 1
+    h = layer.after(ctx, p, a, NO_DROPOUT, False)
+    h = model._normed(i, h + model.skips[i](a) if model.skips is not None else h, ctx)
+    if last and model.head is None:
+        return h
+    a = model._dropped(model.dropouts[i + 1 + (model.project is not None)], h, ctx, True)
+    return a if last else (a, model.layers[i + 1].before(ctx, a, NO_DROPOUT, False))
+
+
+def _head(model: CoupledGNN, ctx: GraphContext, *outputs: torch.Tensor) -> torch.Tensor:
+    return model.head(jumping_knowledge(model.jk, list(outputs)))
 
 
 def _first_segment(layer: nn.Module, dropout: RowDropout, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
