@@ -351,14 +351,12 @@ class CoupledGNN(GraphModel):
             norm = self.norms[i] if i < len(self.norms) else None
             out = ctx.rows(partial(_classic_segment, self, i), p, a, params=params(layer, skip, norm, following))
             if following is None:
-                return (
-                    out
-                    if self.head is None
-                    else ctx.rows(partial(_head, self), *outputs, out, params=params(self.head))
-                )
+                break
             a, z = out
             outputs.append(a)
-        return x
+        if self.head is None:
+            return out
+        return ctx.rows(partial(_head, self), *outputs, out, params=params(self.head))
 
     def _dropped(self, dropout: RowDropout, x: torch.Tensor, ctx: GraphContext, activate: bool) -> torch.Tensor:
         """``dropout(activation(x))`` (``activate``), as a tensor: GAT's ELU, the others' ReLU (in the mask)."""
