@@ -85,6 +85,7 @@ _LITERALS = {
     "Mode": Mode,
     "Optimizer": Optimizer,
     "Norm": Norm,
+    "JumpingKnowledge": JumpingKnowledge,
     "Offload": Offload,
     "NNDevice": NNDevice,
     "Decoder": Decoder,
