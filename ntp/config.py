@@ -20,6 +20,7 @@ from ntp.options import (
     Arch,
     Decoder,
     Decomposition,
+    JumpingKnowledge,
     Mode,
     Model,
     NNDevice,
@@ -143,7 +144,30 @@ class TrainConfig:
     )
     optimizer: Optimizer = opt("optim", "adam", "adam or adamw.")
     norm: Norm = opt(
-        "gnn", "none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer."
+        "gnn",
+        "none",
+        "Normalisation after each hidden layer (decoupled: the NN stage's Linears; coupled: the GNN layers, "
+        "before their activation): none, batch (statistics over all rows of all ranks) or layer.",
+    )
+    residual: bool = opt(
+        "gnn",
+        False,
+        "Coupled: add each GNN layer's input to its output, before the norm (a Linear projection where "
+        "the widths differ, as the first layer's without --input-proj).",
+    )
+    jk: JumpingKnowledge = opt(
+        "gnn",
+        "none",
+        "Coupled: jumping knowledge. none: the last GNN layer predicts the classes; otherwise every "
+        "layer is hidden-wide (norm, activation, dropout) and a Linear head predicts from the last "
+        "layer's output (last), or all layers' summed (sum, tunedGNN's), concatenated (cat) or "
+        "element-wise max (max), as PyG's jk.",
+    )
+    input_proj: bool = opt(
+        "gnn",
+        False,
+        "Coupled: a Linear projection of the (input-dropped) features to --hidden before the first "
+        "GNN layer, followed by --dropout (tunedGNN's pre_linear).",
     )
     alpha: float = opt("gnn", 0.1, "APPNP teleport probability.")
     heads: int = opt("gnn", 4, "GAT attention heads.")
@@ -283,6 +307,18 @@ class TrainConfig:
         """Whether the NN stage can stream in row blocks (ntp.engine.parallel.row_stream): its work is row-wise
         (no attention or relations) and needs no statistics over all rows (--norm batch)."""
         return self.model_spec.row_wise and self.norm != "batch"
+
+    @property
+    def classic_options(self) -> list[str]:
+        """The coupled layers' options beyond the plain stack that are set (residual, jumping knowledge, input
+        projection, normalisation): ntp.engine.nn.models.CoupledGNN builds them."""
+        chosen = {
+            "--residual": self.residual,
+            f"--jk {self.jk}": self.jk != "none",
+            "--input-proj": self.input_proj,
+            f"--norm {self.norm}": self.norm != "none" and self.arch == "coupled",
+        }
+        return [name for name, on in chosen.items() if on]
 
     @property
     def first_dropout(self) -> float:

@@ -111,10 +111,21 @@ def _check_used_options(cfg) -> None:  # noqa: ANN001
             "SIZE (or --chunk-rows N): drop them and use that"
         )
     _check_streaming(cfg)
-    if cfg.norm != "none" and cfg.arch == "coupled":
+    _check_classic(cfg)
+
+
+def _check_classic(cfg) -> None:  # noqa: ANN001
+    """The coupled layers' classic options (--residual, --jk, --input-proj, --norm): homogeneous coupled models."""
+    layer_only = [name for name in cfg.classic_options if not name.startswith("--norm")]
+    if cfg.arch == "decoupled" and (cfg.residual or cfg.jk != "none" or cfg.input_proj):
         raise ConfigError(
-            f"--norm {cfg.norm} normalises the hidden layers of the decoupled NN stage; coupled "
-            "layers have none: use --arch decoupled, or drop --norm"
+            f"{', '.join(layer_only)} shape(s) the coupled GNN layers; the decoupled NN stage is an MLP whose first "
+            "Linear already projects the features (--norm applies to it): use --arch coupled, or drop them"
+        )
+    if cfg.model_spec.heterogeneous and (cfg.classic_options or cfg.norm != "none"):
+        raise ConfigError(
+            "--residual, --jk, --input-proj and --norm apply to the homogeneous models (gcn, sage, gin, gat); "
+            "R-GCN's layers have none of them: drop them"
         )
 
 

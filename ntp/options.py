@@ -17,6 +17,7 @@ Arch = Literal["decoupled", "coupled"]
 Mode = Literal["single", "tp", "data"]
 Optimizer = Literal["adam", "adamw"]
 Norm = Literal["none", "batch", "layer"]
+JumpingKnowledge = Literal["none", "last", "sum", "cat", "max"]
 Offload = Literal["none", "topology", "all"]
 NNDevice = Literal["auto", "device", "stream", "cpu"]
 Decoder = Literal["mlp", "dot"]
@@ -84,6 +85,7 @@ _LITERALS = {
     "Mode": Mode,
     "Optimizer": Optimizer,
     "Norm": Norm,
+    "JumpingKnowledge": JumpingKnowledge,
     "Offload": Offload,
     "NNDevice": NNDevice,
     "Decoder": Decoder,

@@ -31,6 +31,9 @@ def _name(c: dict) -> str:
         + (f"-L{c['nn_layers']}" if c["nn_layers"] != 2 else "")
         + (f"-{c.get('norm')}" if c.get("norm") else "")
         + (f"-h{c['hidden']}" if c["hidden"] != BASE["hidden"] else "")
+        + ("-residual" if c.get("residual") else "")
+        + (f"-jk{c['jk']}" if c.get("jk") else "")
+        + ("-proj" if c.get("input_proj") else "")
     )
 
 
@@ -44,10 +47,42 @@ def reference() -> dict:
 @pytest.mark.parametrize("mode", ["tp", "data"])
 def test_parallel_equals_single(mode: str, world: int, graph_name: str, reference: dict) -> None:
     per_rank = run_on_ranks(trace_all, world, [dict(c, mode=mode) for c in CONFIGS], GRAPHS[graph_name], EPOCHS)
-    for i, cfg in enumerate(CONFIGS):
-        ref = reference[graph_name][i]
+    assert_same(CONFIGS, per_rank, reference[graph_name], mode, f"{mode} on {graph_name} graph, world {world}")
+
+
+#: The coupled layers' classic options (tunedGNN's recipe), each in one model: residual, jumping knowledge, input
+#: projection, layer and batch norm (whose layers have no bias); on one graph, every world size and both modes.
+CLASSIC = [
+    dict(BASE, model="gcn", arch="coupled", residual=True, jk="cat", norm="layer", input_proj=True),
+    dict(BASE, model="sage", arch="coupled", residual=True, jk="max", norm="batch"),
+    dict(BASE, model="gat", arch="coupled", nn_layers=3, residual=True, jk="sum", norm="layer"),
+    dict(BASE, model="gin", arch="coupled", nn_layers=3, residual=True, norm="batch", input_dropout=0.2),
+    dict(BASE, model="gcn", arch="coupled", jk="last", norm="batch", input_proj=True),
+]
+
+
+@pytest.fixture(scope="module")
+def classic_reference() -> list[dict]:
+    return trace_all([dict(c, mode="single") for c in CLASSIC], GRAPHS["directed"], EPOCHS)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_classic_options_parallel_equal_single(world: int, classic_reference: list[dict]) -> None:
+    """Tensor parallel on 1-4 ranks; data parallel too on 3 (in the same process group: one start of the ranks)."""
+    modes = ["tp", "data"] if world == 3 else ["tp"]
+    configs = [dict(c, mode=m) for m in modes for c in CLASSIC]
+    per_rank = run_on_ranks(trace_all, world, configs, GRAPHS["directed"], EPOCHS)
+    for k, mode in enumerate(modes):
+        ranks = [r[k * len(CLASSIC) : (k + 1) * len(CLASSIC)] for r in per_rank]
+        assert_same(CLASSIC, ranks, classic_reference, mode, f"{mode} on directed graph, world {world}")
+
+
+def assert_same(configs: list[dict], per_rank: list[list[dict]], reference: list[dict], mode: str, run: str) -> None:
+    """Every rank's losses and gradients, and the ranks' predictions together, equal the single process's."""
+    for i, cfg in enumerate(configs):
+        ref = reference[i]
         ranks = [r[i] for r in per_rank]
-        where = f"{mode} {_name(cfg)} on {graph_name} graph, world {world}"
+        where = f"{_name(cfg)}, {run}"
         for rank_result in ranks:
             torch.testing.assert_close(
                 torch.tensor(rank_result["losses"]),
@@ -56,11 +91,12 @@ def test_parallel_equals_single(mode: str, world: int, graph_name: str, referenc
                 atol=1e-6,
                 msg=lambda m: f"losses differ: {where}\n{m}",
             )
+            assert rank_result["grads"].keys() == ref["grads"].keys(), where
             for name, g in ref["grads"].items():
                 assert_close_to_scale(rank_result["grads"][name], g, f"gradient of {name}: {where}")
             if mode == "data":
                 assert SPLIT not in rank_result["bytes"], f"data mode must not split/gather: {where}"
-                assert world == 1 or rank_result["bytes"].get(HALO, 0) > 0, f"no halo bytes counted: {where}"
+                assert len(per_rank) == 1 or rank_result["bytes"].get(HALO, 0) > 0, f"no halo bytes counted: {where}"
         # after every epoch's update: batch norm divides by a batch's spread and so magnifies the layouts' rounding
         # (up to 1.1e-5 of the scale, data mode on 3 ranks; 7.6e-6 on one)
         assert_close_to_scale(

@@ -36,6 +36,12 @@ ATTENTION_CONFIGS = [
     dict(arch="coupled", model="gat", hidden=32, heads=4, nn_layers=3, dropout=0.5),
     dict(arch="decoupled", model="gat", hidden=64, heads=4, prop_steps=3, dropout=0.5),
 ]
+#: the coupled layers' classic options (ntp.engine.memory.parts.classic_width)
+CLASSIC_CONFIGS = [
+    dict(arch="coupled", model="gcn", hidden=64, nn_layers=3, residual=True, jk="cat", norm="layer", input_proj=True),
+    dict(arch="coupled", model="sage", hidden=64, nn_layers=3, residual=True, jk="max", norm="batch"),
+    dict(arch="coupled", model="gat", hidden=64, heads=4, residual=True, jk="sum", norm="layer"),
+]
 DENSE = 64
 
 
@@ -96,7 +102,9 @@ def _two_rank_worker(options: dict, device_type: str) -> tuple[int, int]:
         return measured_and_estimated(options, env, device_type)
 
 
-@pytest.mark.parametrize("options", CONFIGS + ATTENTION_CONFIGS, ids=lambda o: "-".join(map(str, o.values())))
+@pytest.mark.parametrize(
+    "options", CONFIGS + ATTENTION_CONFIGS + CLASSIC_CONFIGS, ids=lambda o: "-".join(map(str, o.values()))
+)
 def test_the_estimate_covers_a_training_step_on_one_rank(options: dict) -> None:
     measured, estimate = measured_and_estimated(options)
     assert estimate >= measured, f"the plan counts {estimate} bytes, a step allocates {measured}"

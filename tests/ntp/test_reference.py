@@ -10,6 +10,7 @@ from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import DistEnv
+from ntp.engine.infer.predict import embedding_layers
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
@@ -108,16 +109,27 @@ def test_decoupled_gat_equals_dense_attention() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def _copy_bias(theirs: torch.Tensor | None, ours: torch.Tensor | None) -> None:
+    assert (theirs is None) == (ours is None)
+    if ours is not None:
+        theirs.data.copy_(ours.data)
+
+
 def _pyg_pair(model: str, job):
     layers = job.model.layers
     if model == "gcn":
-        convs = [GCNConv(layer.lin.in_features, layer.lin.out_features) for layer in layers]
+        convs = [
+            GCNConv(layer.lin.in_features, layer.lin.out_features, bias=layer.bias is not None) for layer in layers
+        ]
         for c, layer in zip(convs, layers):
             c.lin.weight.data.copy_(layer.lin.weight.data)
-            c.bias.data.copy_(layer.bias.data)
+            _copy_bias(c.bias, layer.bias)
         return convs, [layer.lin.weight for layer in layers], [c.lin.weight for c in convs]
     if model == "sage":
-        convs = [SAGEConv(layer.lin_l.in_features, layer.lin_l.out_features) for layer in layers]
+        convs = [
+            SAGEConv(layer.lin_l.in_features, layer.lin_l.out_features, bias=layer.lin_l.bias is not None)
+            for layer in layers
+        ]
         for c, layer in zip(convs, layers):
             c.lin_l.load_state_dict(layer.lin_l.state_dict())
             c.lin_r.load_state_dict(layer.lin_r.state_dict())
@@ -129,19 +141,24 @@ def _pyg_pair(model: str, job):
                 torch.nn.Sequential(
                     torch.nn.Linear(layer.lin1.in_features, layer.lin1.out_features),
                     torch.nn.ReLU(),
-                    torch.nn.Linear(layer.lin2.in_features, layer.lin2.out_features),
+                    torch.nn.Linear(layer.lin2.in_features, layer.lin2.out_features, bias=layer.lin2.bias is not None),
                 )
             )
             conv.nn[0].load_state_dict(layer.lin1.state_dict())  # after construction: GINConv re-initialises its nn
             conv.nn[2].load_state_dict(layer.lin2.state_dict())
             convs.append(conv)
         return convs, [layer.lin1.weight for layer in layers], [c.nn[0].weight for c in convs]
-    convs = [GATConv(layer.lin.in_features, layer.head_dim, heads=layer.heads, concat=layer.concat) for layer in layers]
+    convs = [
+        GATConv(
+            layer.lin.in_features, layer.head_dim, heads=layer.heads, concat=layer.concat, bias=layer.bias is not None
+        )
+        for layer in layers
+    ]
     for c, layer in zip(convs, layers):
         c.lin.weight.data.copy_(layer.lin.weight.data)
         c.att_src.data.copy_(layer.attention.att_src.data)
         c.att_dst.data.copy_(layer.attention.att_dst.data)
-        c.bias.data.copy_(layer.bias.data)
+        _copy_bias(c.bias, layer.bias)
     return convs, [layer.attention.att_src for layer in layers], [c.att_src for c in convs]
 
 
@@ -162,3 +179,75 @@ def test_coupled_equals_pyg(model: str, hidden: int) -> None:
         return x
 
     _compare(job, pyg, ours_params, ref_params)
+
+
+def _copied(module: torch.nn.Module) -> torch.nn.Module:
+    """A plain torch module with ``module``'s parameters (Linear, LayerNorm, BatchNorm1d, Identity)."""
+    if isinstance(module, torch.nn.Identity):
+        return torch.nn.Identity()
+    if isinstance(module, torch.nn.LayerNorm):
+        plain = torch.nn.LayerNorm(module.normalized_shape)
+    elif hasattr(module, "running_mean"):
+        plain = torch.nn.BatchNorm1d(module.weight.shape[0])
+    else:
+        plain = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+    plain.load_state_dict(module.state_dict(), strict=False)
+    return plain
+
+
+@pytest.mark.parametrize(
+    "model, options",
+    [
+        ("gcn", dict(residual=True, jk="cat", norm="layer", input_proj=True)),
+        ("sage", dict(residual=True, jk="max", norm="batch")),
+        ("gat", dict(residual=True, jk="sum", norm="layer")),
+        ("gin", dict(residual=True, norm="batch", input_proj=True)),
+    ],
+)
+def test_classic_options_equal_pyg_layers_composed_as_basic_gnn(model: str, options: dict) -> None:
+    """Residual, jumping knowledge, input projection and norms as PyG's BasicGNN (and tunedGNN) compose them around
+    PyG's layers: projection; per layer conv + skip (identity, or a projection where widths differ), then norm and
+    activation where one follows; the head on the combined outputs. In training mode: batch norm's batch
+    statistics (dropout is 0)."""
+    job = _job(model=model, arch="coupled", nn_layers=3, **options)
+    ours = job.model
+    ours.train()
+    convs, ours_params, ref_params = _pyg_pair(model, job)
+    project = _copied(ours.project) if ours.project is not None else None
+    skips = [_copied(s) for s in ours.skips]
+    norms = [_copied(n) for n in ours.norms]
+    head = _copied(ours.head) if ours.head is not None else None
+    edge_index = torch.from_numpy(GRAPH["edge_index"])
+    act = F.elu if model == "gat" else F.relu
+    combine = {"cat": lambda xs: torch.cat(xs, 1), "max": lambda xs: torch.stack(xs).amax(0)}
+    combine["sum"] = lambda xs: sum(xs)
+
+    embeddings = []  # each layer's output after residual and norm, before the activation: what exports take
+
+    def reference(x):
+        x = project(x) if project is not None else x
+        outputs = []
+        for i, conv in enumerate(convs):
+            h = conv(x, edge_index) + skips[i](x)
+            if i < len(norms):
+                embeddings.append(norms[i](h))
+                h = act(embeddings[-1])
+                outputs.append(h)
+            x = h
+        return head(combine[options["jk"]](outputs)) if head is not None else x
+
+    pairs = [(ours.norms[1].weight, norms[1].weight)]
+    pairs += [(a.weight, b.weight) for a, b in zip(ours.skips, skips) if not isinstance(b, torch.nn.Identity)]
+    if head is not None:
+        pairs.append((ours.head.weight, head.weight))
+    if project is not None:
+        pairs.append((ours.project.weight, project.weight))
+    layers = embedding_layers(ours)
+    assert len(layers) == 3 + (head is not None) and (head is None or layers[-1] is ours.head)
+    taken = []
+    hooks = [layer.register_forward_hook(lambda m, i, out: taken.append(out.detach())) for layer in layers[:2]]
+    _compare(job, reference, [*ours_params, *(a for a, _ in pairs)], [*ref_params, *(b for _, b in pairs)])
+    for hook in hooks:
+        hook.remove()
+    for ours_embedding, ref_embedding in zip(taken, embeddings[:2]):
+        torch.testing.assert_close(ours_embedding, ref_embedding, rtol=1e-5, atol=1e-5)

@@ -25,6 +25,9 @@ CONFIGS = (
     + [
         dict(BASE, model="gin", arch="coupled", nn_layers=3),
         dict(BASE, model="gcn", arch="decoupled", nn_layers=3, norm="layer"),
+        dict(BASE, model="sage", arch="coupled", residual=True, jk="cat", norm="layer", input_proj=True),
+        dict(BASE, model="gcn", arch="coupled", nn_layers=3, residual=True, norm="layer"),
+        dict(BASE, model="gin", arch="coupled", jk="max", input_proj=True),
     ]
 )
 GRAPHS = {"directed": random_graph(directed=True, seed=1), "symmetric": random_graph(directed=False, seed=2)}
@@ -94,6 +97,7 @@ def test_a_segment_sees_its_blocks_global_rows_and_returns_gradients_of_inputs_a
     [
         (dict(model="gat"), "--model gat computes on its edges"),
         (dict(norm="batch"), "--norm batch needs statistics over all rows"),
+        (dict(arch="coupled", residual=True, norm="batch"), "--norm batch needs statistics over all rows"),
         (dict(nn_device="cpu", nn_block_rows=64), "--nn-block-rows sizes the blocks of --nn-device stream"),
     ],
 )

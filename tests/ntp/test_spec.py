@@ -55,7 +55,9 @@ def test_contradictory_launches_are_refused_with_the_fix(config: dict, launch: d
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(arch="coupled", norm="batch"), "coupled layers have none"),
+        (dict(residual=True, jk="cat"), "--residual, --jk cat shape(s) the coupled GNN layers"),
+        (dict(arch="coupled", jk="mean"), "--jk 'mean' is not valid; choose one of: none, last, sum, cat, max"),
+        (dict(model="rgcn", arch="coupled", norm="layer"), "R-GCN's layers have none of them"),
         (dict(model="gat", overlap=True), "attention (--model gat)"),
         (dict(mode="data", overlap=True), "--mode data has none"),
         (dict(model="rgcn", input_dropout=0.0), "drop --input-dropout"),

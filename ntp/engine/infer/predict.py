@@ -53,9 +53,11 @@ def check_export(export: str, task: Task, fmt: str = "parquet") -> None:
 
 def embedding_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Modules whose outputs (row layout, before any activation) are the embeddings ``--layer`` chooses from: a
-    coupled model's GNN layers; a decoupled model's MLP Linears, then the propagated output; link models: their
-    encoder's. The last one is the model's output."""
+    coupled model's GNN layers (after their residual and norm), then its jumping-knowledge head; a decoupled model's
+    MLP Linears, then the propagated output; link models: their encoder's. The last one is the model's output."""
     encoder = getattr(model, "encoder", model)
+    if hasattr(encoder, "taps"):
+        return [*encoder.taps, *([encoder.head] if encoder.head is not None else [])]
     if hasattr(encoder, "layers"):
         return list(encoder.layers)
     return [*encoder.mlp.linears, encoder]

@@ -32,6 +32,11 @@ SCALING_BYTES = 3 * 4
 #: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
 SECTOR_BYTES = 32
 
+#: copies per activation element of the coupled layers' classic options (ntp.engine.memory.parts.classic_width):
+#: the value the backward keeps and its gradient (tests/ntp/test_memory_estimate.py: steps with them allocate 1.1 to
+#: 2x less than so counted)
+KEPT_COPIES = 2
+
 #: fp32 copies per parameter: the weight, its gradient and Adam's two moments.
 PARAMETER_COPIES = 4
 
@@ -72,12 +77,14 @@ def nn_stage_bytes(
     input_dropout: float = 0.5,
     inner: int = 0,
     in_product: bool = True,
+    kept: int = 0,
 ) -> int:
     """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
     features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
     ntp.engine.kernels.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product, which
     ``in_product`` allows: :func:`input_dropped_in_product`), activations of every layer (and ``inner`` columns more:
-    :func:`inner_width`), and the (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor
+    :func:`inner_width`), ``kept`` columns more that live with their gradient only (:func:`classic_width`), and the
+    (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor
     bytes against it."""
     eb = element_bytes(precision)
     dropped = (
@@ -89,20 +96,43 @@ def nn_stage_bytes(
     )
     features = eb * rows * in_dim + dropped
     activations = eb * rows * (hidden * (layers - 1) + out_dim + inner) * ACTIVATION_COPIES
-    return features + activations + 4 * params * PARAMETER_COPIES
+    return features + activations + eb * rows * kept * KEPT_COPIES + 4 * params * PARAMETER_COPIES
 
 
 def input_dropped_in_product(cfg) -> bool:
     """Whether the first layer's input dropout may run inside its product (ntp.engine.kernels.dropout.RowDropout.linear;
     ``cfg``: a TrainConfig): not in a coupled GraphSAGE, whose two products read the dropped input
-    (ntp.engine.nn.models.SAGELayer)."""
-    return not (cfg.model_spec.root_term and cfg.arch == "coupled")
+    (ntp.engine.nn.models.SAGELayer), nor where the coupled layers' inputs are tensors of their own (``--residual``,
+    ``--jk``) and no input projection drops the features inside its product."""
+    coupled = cfg.arch == "coupled"
+    materialized = coupled and (cfg.residual or cfg.jk != "none") and not cfg.input_proj
+    return not (cfg.model_spec.root_term and coupled) and not materialized
 
 
 def inner_width(cfg) -> int:
     """Activation columns of a layer besides its output, summed over the layers (``cfg``: a TrainConfig): a coupled
     GIN layer's MLP hidden layer, ``hidden`` wide."""
     return cfg.hidden * cfg.nn_layers if cfg.model_spec.inner_mlp and cfg.arch == "coupled" else 0
+
+
+def classic_width(cfg, out_dim: int) -> int:  # noqa: ANN001 (a TrainConfig)
+    """Activation columns the coupled layers' classic options add (ntp.engine.nn.models.CoupledGNN), summed over the
+    layers: the input projection's output; each layer's residual sum (and its projection's output where the widths
+    differ); each norm's output (its statistics, a few values a row or a column, are left out); with ``--jk``, a last
+    layer ``hidden`` wide, the layers' outputs stacked (sum, max) or concatenated (cat), their combination (sum,
+    max) and the head's output."""
+    if cfg.arch != "coupled":
+        return 0
+    hidden, n, jk = cfg.hidden, cfg.nn_layers, cfg.jk != "none"
+    last = hidden if jk else out_dim
+    width = hidden if cfg.input_proj else 0
+    if cfg.residual:
+        width += hidden * (n - 1) + last + hidden * (not cfg.input_proj) + last * (last != hidden)
+    if cfg.norm != "none":
+        width += hidden * (n if jk else n - 1)
+    if jk:
+        width += hidden + hidden * n * (cfg.jk != "last") + hidden * (cfg.jk in ("sum", "max")) + out_dim
+    return width
 
 
 def graph_resident_parts(
@@ -276,6 +306,7 @@ def rank_resident_parts(
             cfg.first_dropout,
             inner_width(cfg),
             input_dropped_in_product(cfg),
+            classic_width(cfg, out_dim),
         )
         if nn_on_device and not row_block
         else 0
@@ -317,6 +348,7 @@ def stream_row_bytes(cfg, in_dim: int, out_dim: int, device_type: str = "cuda") 
         cfg.first_dropout,
         inner_width(cfg),
         input_dropped_in_product(cfg),
+        classic_width(cfg, out_dim),
     )
     return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim)
 

@@ -57,6 +57,31 @@ def make_norm(kind: str, width: int) -> nn.Module | None:
     return {"batch": DistBatchNorm, "layer": RowLayerNorm}.get(kind, lambda w: None)(width)
 
 
+def skip_connection(in_dim: int, out_dim: int) -> nn.Module:
+    """A residual branch from ``in_dim`` to ``out_dim`` columns: the input itself, or a Linear projection (no bias:
+    the layer it skips has one) where the widths differ."""
+    return nn.Identity() if in_dim == out_dim else Linear(in_dim, out_dim, bias=False)
+
+
+def jumping_knowledge(mode: str, outputs: list[torch.Tensor]) -> torch.Tensor:
+    """Combine the layers' row-layout outputs (all as wide): the last one, their sum, concatenation or element-wise
+    max (PyG's JumpingKnowledge; tunedGNN sums)."""
+    if mode == "last":
+        return outputs[-1]
+    if mode == "sum":
+        return torch.stack(outputs).sum(0)
+    if mode == "cat":
+        return torch.cat(outputs, dim=1)
+    if mode == "max":
+        return torch.stack(outputs).amax(0)
+    raise ValueError(f"unknown jumping knowledge {mode!r}")
+
+
+def jk_width(mode: str, width: int, layers: int) -> int:
+    """Columns of :func:`jumping_knowledge`'s output for ``layers`` outputs of ``width`` columns."""
+    return width * layers if mode == "cat" else width
+
+
 class MLP(nn.Module):
     """dropout -> Linear -> [norm] -> act, repeated; the last Linear has no norm or activation. The input's dropout
     is ``input_dropout``, the others' ``dropout``."""

@@ -25,7 +25,7 @@ from ntp.engine.distributed.collectives import all_gather_rows
 from ntp.engine.distributed.traffic import ATTENTION
 from ntp.engine.kernels.dropout import RowDropout, layer_dropouts
 from ntp.engine.kernels.linear import Linear, linear
-from ntp.engine.nn.layers import MLP
+from ntp.engine.nn.layers import MLP, jk_width, jumping_knowledge, make_norm, skip_connection
 from ntp.engine.parallel.context import GraphContext
 
 #: Decoupled propagation operator of each model (see ntp.engine.graph.operators).
@@ -155,13 +155,13 @@ class GCNLayer(nn.Module):
     operator = "gcn"
     reads_input_after = False  #: whether :meth:`after` reads the layer's input
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
         super().__init__()
         self.lin = Linear(in_dim, out_dim, bias=False)
-        self.bias = nn.Parameter(torch.zeros(out_dim))
+        self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
-        return propagated_linear(ctx, "gcn", x, self.lin.weight, dropout, relu) + self.bias
+        return biased(propagated_linear(ctx, "gcn", x, self.lin.weight, dropout, relu), self.bias)
 
     # the same layer as two row-wise parts around its propagation (CoupledGNN's streamed form)
     def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
@@ -170,7 +170,13 @@ class GCNLayer(nn.Module):
     def after(
         self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout, relu: bool
     ) -> torch.Tensor:
-        return product_after(p, self.lin.weight) + self.bias
+        return biased(product_after(p, self.lin.weight), self.bias)
+
+
+def biased(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x + bias``; a layer followed by batch norm has none (it would cancel, and Adam would amplify its
+    rounding-level gradient into steps that differ between layouts)."""
+    return x if bias is None else x + bias
 
 
 def dropped_product(
@@ -194,15 +200,15 @@ class SAGELayer(nn.Module):
     operator = "mean"
     reads_input_after = True
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
         super().__init__()
-        self.lin_l = Linear(in_dim, out_dim)
+        self.lin_l = Linear(in_dim, out_dim, bias=bias)
         self.lin_r = Linear(in_dim, out_dim, bias=False)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
         x = dropout(x, ctx, relu)  # two products read it
         agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
-        return agg + self.lin_l.bias + self.lin_r(x)
+        return biased(agg, self.lin_l.bias) + self.lin_r(x)
 
     def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
         return dropped_product(ctx, dropout(x, ctx, relu), self.lin_l.weight, None, False)
@@ -210,7 +216,7 @@ class SAGELayer(nn.Module):
     def after(
         self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout, relu: bool
     ) -> torch.Tensor:  # the root term drops the input again: the same mask
-        return product_after(p, self.lin_l.weight) + self.lin_l.bias + self.lin_r(dropout(x, ctx, relu))
+        return biased(product_after(p, self.lin_l.weight), self.lin_l.bias) + self.lin_r(dropout(x, ctx, relu))
 
 
 class GINLayer(nn.Module):
@@ -219,10 +225,10 @@ class GINLayer(nn.Module):
     operator = "sum_root"
     reads_input_after = False
 
-    def __init__(self, in_dim: int, out_dim: int, hidden: int) -> None:
+    def __init__(self, in_dim: int, out_dim: int, hidden: int, bias: bool = True) -> None:
         super().__init__()
         self.lin1 = Linear(in_dim, hidden)
-        self.lin2 = Linear(hidden, out_dim)
+        self.lin2 = Linear(hidden, out_dim, bias=bias)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
         agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout, relu)
@@ -240,12 +246,12 @@ class GINLayer(nn.Module):
 class GATLayer(nn.Module):
     """PyG GATConv (self-loops added, LeakyReLU 0.2, no attention dropout); heads concatenated or averaged."""
 
-    def __init__(self, in_dim: int, head_dim: int, heads: int, concat: bool) -> None:
+    def __init__(self, in_dim: int, head_dim: int, heads: int, concat: bool, bias: bool = True) -> None:
         super().__init__()
         self.heads, self.head_dim, self.concat = heads, head_dim, concat
         self.lin = Linear(in_dim, heads * head_dim, bias=False)
         self.attention = EdgeAttention(heads, head_dim)
-        self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads * head_dim if concat else head_dim)) if bias else None
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
         z = dropout.linear(x, ctx, self.lin.weight, module=self.lin, relu=relu)
@@ -255,39 +261,108 @@ class GATLayer(nn.Module):
         out = ctx.from_graph(h, width)
         if not self.concat:
             out = out.view(-1, self.heads, self.head_dim).mean(dim=1)
-        return out + self.bias
+        return biased(out, self.bias)
 
 
 class CoupledGNN(GraphModel):
     """``nn_layers`` GNN layers: dropout -> layer -> activation (none after the last); the first layer's input
     dropout is ``cfg.first_dropout``. Each layer applies its input's dropout, with the ReLU before it in the same
-    mask, inside its product where that comes first (:func:`propagated_linear`)."""
+    mask, inside its product where that comes first (:func:`propagated_linear`).
+
+    The classic options (tunedGNN's recipe, PyG's BasicGNN): ``--input-proj`` a Linear from the features to
+    ``hidden`` first (its input dropped at ``first_dropout``, its output at ``dropout``); ``--residual`` adds each
+    layer's dropped input to its output (:func:`skip_connection`); ``--norm`` after each layer an activation follows;
+    ``--jk`` makes every layer hidden-wide with norm, activation and dropout, combines their outputs
+    (:func:`jumping_knowledge`) and predicts with a Linear head. All of them are row-wise: they run in the row layout
+    on every rank's own rows (batch norm's statistics all-reduced), so tensor parallelism needs no other exchange."""
 
     def __init__(self, cfg: TrainConfig, in_dim: int, out_dim: int) -> None:
         super().__init__()
         self.attention = cfg.model_spec.attention
         hidden = max(1, cfg.hidden // cfg.heads) * cfg.heads if self.attention else cfg.hidden
-        layers, dims = [], [in_dim] + [hidden] * (cfg.nn_layers - 1) + [out_dim]
-        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
-            last = i == cfg.nn_layers - 1
-            layers.append(self._layer(cfg, a, b, last))
-        self.layers = nn.ModuleList(layers)
-        self.dropouts = layer_dropouts(cfg.first_dropout, cfg.dropout, cfg.nn_layers)
+        n, self.jk = cfg.nn_layers, cfg.jk
+        head = cfg.jk != "none"
+        self.project = Linear(in_dim, hidden) if cfg.input_proj else None
+        first = hidden if cfg.input_proj else in_dim
+        dims = [first] + [hidden] * (n - 1) + [hidden if head else out_dim]
+        activated = n if head else n - 1  # the layers an activation follows
+        self.layers = nn.ModuleList(
+            self._layer(cfg, a, b, last=i == n - 1 and not head, bias=not (cfg.norm == "batch" and i < activated))
+            for i, (a, b) in enumerate(zip(dims[:-1], dims[1:]))
+        )
+        self.skips = nn.ModuleList(skip_connection(a, b) for a, b in zip(dims[:-1], dims[1:])) if cfg.residual else None
+        self.norms = nn.ModuleList(make_norm(cfg.norm, hidden) or nn.Identity() for _ in range(activated))
+        self.head = Linear(jk_width(cfg.jk, hidden, n), out_dim) if head else None
+        sites = n + bool(self.project) + bool(self.head)  # the dropouts: projection's input, layers' inputs, head's
+        self.dropouts = layer_dropouts(cfg.first_dropout, cfg.dropout, sites)
+        self.materialized = cfg.residual or head  # each layer's dropped input is a tensor of its own
+        #: each layer's output after its residual and norm, before the activation: what embedding exports hook
+        self.taps = nn.ModuleList(nn.Identity() for _ in range(n))
+        self.classic = bool(cfg.classic_options)
 
     @staticmethod
-    def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool) -> nn.Module:
+    def _layer(cfg: TrainConfig, in_dim: int, out_dim: int, last: bool, bias: bool) -> nn.Module:
         if cfg.model not in COUPLED_LAYERS:
             raise ValueError(f"model {cfg.model} has no coupled form")
-        return COUPLED_LAYERS[cfg.model](cfg, in_dim, out_dim, last)
+        return COUPLED_LAYERS[cfg.model](cfg, in_dim, out_dim, last, bias)
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         if ctx.streams_rows:
-            return self._streamed(x, ctx)
-        elu = self.attention  # GAT's activation; the others' ReLU is their dropout's mask
-        for i, (layer, dropout) in enumerate(zip(self.layers, self.dropouts)):
-            x = F.elu(x) if elu and i > 0 else x
-            x = layer(x, ctx, dropout, relu=i > 0 and not elu)
-        return x
+            return self._streamed_classic(x, ctx) if self.classic else self._streamed(x, ctx)
+        drops = list(self.dropouts)
+        if self.project is not None:
+            p = self.project
+            x = drops.pop(0).linear(x, ctx, p.weight, p.bias, p)
+        outputs, activate = [], False  # whether x awaits its activation (folded into the next dropout)
+        for i, (layer, dropout) in enumerate(zip(self.layers, drops)):
+            if self.materialized:
+                x = self._dropped(dropout, x, ctx, activate)
+                if i > 0:
+                    outputs.append(x)
+                h = layer(x, ctx, NO_DROPOUT)
+                h = h + self.skips[i](x) if self.skips is not None else h
+            else:
+                x = F.elu(x) if self.attention and activate else x
+                h = layer(x, ctx, dropout, relu=activate and not self.attention)
+            x = self._normed(i, h, ctx)
+            activate = i < len(self.norms)
+        if self.head is None:
+            return x
+        outputs.append(self._dropped(drops[-1], x, ctx, True))
+        return self.head(jumping_knowledge(self.jk, outputs))
+
+    def _normed(self, i: int, h: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        """Layer ``i``'s output ``h`` normalised where a norm follows it (through its tap)."""
+        return self.taps[i](self.norms[i](h, ctx) if i < len(self.norms) and not _identity(self.norms[i]) else h)
+
+    def _streamed_classic(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        """The classic options' layers as row-wise segments between propagations, as :meth:`_streamed` (not batch
+        norm: the config refuses it): each layer's dropped input is an output of the segment before it, kept with the
+        rows for its layer's part after propagation (the residual, GraphSAGE's root term) and for jumping knowledge;
+        the head is a segment of its own. The same values as :meth:`compute`'s."""
+        n = len(self.layers)
+        params = lambda *modules: [p for m in modules if m is not None for p in m.parameters()]  # noqa: E731
+        a, z = ctx.rows(partial(_classic_first, self), x, params=params(self.project, self.layers[0]))
+        outputs = []
+        for i, layer in enumerate(self.layers):
+            p = ctx.propagate_rows(layer.operator, z, 1)
+            following = self.layers[i + 1] if i + 1 < n else None
+            skip = self.skips[i] if self.skips is not None else None
+            norm = self.norms[i] if i < len(self.norms) else None
+            out = ctx.rows(partial(_classic_segment, self, i), p, a, params=params(layer, skip, norm, following))
+            if following is None:
+                break
+            a, z = out
+            outputs.append(a)
+        if self.head is None:
+            return out
+        return ctx.rows(partial(_head, self), *outputs, out, params=params(self.head))
+
+    def _dropped(self, dropout: RowDropout, x: torch.Tensor, ctx: GraphContext, activate: bool) -> torch.Tensor:
+        """``dropout(activation(x))`` (``activate``), as a tensor: GAT's ELU, the others' ReLU (in the mask)."""
+        if self.attention:
+            return dropout(F.elu(x) if activate else x, ctx)
+        return dropout(x, ctx, relu=activate)
 
     def _streamed(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         """The layers regrouped into row-wise segments between propagations, each streamed through the device
@@ -308,6 +383,40 @@ class CoupledGNN(GraphModel):
                 return out
             x, z = out if following.reads_input_after else (None, out)
         return x
+
+
+def _identity(module: nn.Module) -> bool:
+    return isinstance(module, nn.Identity)
+
+
+#: a layer's dropout where its input was dropped already (CoupledGNN's materialised inputs)
+NO_DROPOUT = RowDropout(0.0, -1)
+
+
+def _classic_first(model: CoupledGNN, ctx: GraphContext, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input projection, the first layer's dropped input and its part before propagation."""
+    drops = model.dropouts
+    if model.project is not None:
+        x = drops[0].linear(x, ctx, model.project.weight, model.project.bias)
+    a = model._dropped(drops[model.project is not None], x, ctx, False)
+    return a, model.layers[0].before(ctx, a, NO_DROPOUT, False)
+
+
+def _classic_segment(model: CoupledGNN, i: int, ctx: GraphContext, p: torch.Tensor, a: torch.Tensor):
+    """Layer ``i``'s part after its propagation ``p`` (``a``: its dropped input) with its residual and norm; then the
+    next layer's dropped input and its part before propagation (the output itself after the last layer, dropped
+    where a head follows)."""
+    layer, last = model.layers[i], i == len(model.layers) - 1
+    h = layer.after(ctx, p, a, NO_DROPOUT, False)
+    h = model._normed(i, h + model.skips[i](a) if model.skips is not None else h, ctx)
+    if last and model.head is None:
+        return h
+    a = model._dropped(model.dropouts[i + 1 + (model.project is not None)], h, ctx, True)
+    return a if last else (a, model.layers[i + 1].before(ctx, a, NO_DROPOUT, False))
+
+
+def _head(model: CoupledGNN, ctx: GraphContext, *outputs: torch.Tensor) -> torch.Tensor:
+    return model.head(jumping_knowledge(model.jk, list(outputs)))
 
 
 def _first_segment(layer: nn.Module, dropout: RowDropout, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
@@ -333,13 +442,15 @@ def _segment(
     return (h, z) if following.reads_input_after else z
 
 
-#: A coupled layer of each homogeneous model: (config, in width, out width, last layer) -> layer.
+#: A coupled layer of each homogeneous model: (config, in width, out width, last layer, with a bias) -> layer.
 COUPLED_LAYERS = {
-    "gcn": lambda cfg, a, b, last: GCNLayer(a, b),
-    "sage": lambda cfg, a, b, last: SAGELayer(a, b),
-    "gin": lambda cfg, a, b, last: GINLayer(a, b, cfg.hidden),
-    "gat": lambda cfg, a, b, last: (
-        GATLayer(a, b, heads=1, concat=False) if last else GATLayer(a, b // cfg.heads, cfg.heads, concat=True)
+    "gcn": lambda cfg, a, b, last, bias: GCNLayer(a, b, bias),
+    "sage": lambda cfg, a, b, last, bias: SAGELayer(a, b, bias),
+    "gin": lambda cfg, a, b, last, bias: GINLayer(a, b, cfg.hidden, bias),
+    "gat": lambda cfg, a, b, last, bias: (
+        GATLayer(a, b, heads=1, concat=False, bias=bias)
+        if last
+        else GATLayer(a, b // cfg.heads, cfg.heads, concat=True, bias=bias)
     ),
 }
 
