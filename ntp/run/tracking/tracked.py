@@ -31,6 +31,7 @@ class TrackedTraining:
     world_size: int
     config: dict[str, Any] = field(default_factory=dict)
     final: FinalRecord | None = None
+    registered_version: str | None = None  #: the model registry version made with ``register``
 
 
 def default_run_name(spec: LaunchSpec) -> str:
@@ -65,12 +66,14 @@ def train_tracked(
     consumers: Sequence[Consumer] = (),
     system_metrics: bool = True,
     register: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> TrackedTraining:
     """Launch ``spec`` inside a parent MLflow run: epochs are logged as they happen, the summary, worker runs,
     plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id or job id>/`` unless the
     config names them. A failed job's run ends FAILED with what it logged so far, and the error is re-raised. Of a
     multi-node job only the leading node tracks (ntp.run.launch.leads); the others just train. The best model of
-    a node task is also logged as an MLflow model, and with ``register`` registered as a new version of that name."""
+    a node task is also logged as an MLflow model, and with ``register`` registered as a new version of that name.
+    ``tags``: extra run tags (``mlflow.parentRunId`` makes the run a child, as a sweep's trials are)."""
     if not leads(spec):  # it names the files the leader will, or the ranks' configs would disagree
         return train_untracked(with_outputs_in(spec, job_dir(spec.job_id or "")), on_line=on_line, consumers=consumers)
     from storage import open_store
@@ -88,7 +91,12 @@ def train_tracked(
         run_name=run_name or default_run_name(spec),
         flow_run_id=flow_run_id,
         system_metrics=system_metrics,
-        tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node, "ntp.device": spec.device},
+        tags={
+            "ntp.nnodes": spec.nnodes,
+            "ntp.nproc": spec.nproc_per_node,
+            "ntp.device": spec.device,
+            **(tags or {}),
+        },
     ) as run:
         spec = with_outputs_in(spec, job_dir(spec.job_id or run.run_id))
         cfg = spec.config
@@ -108,10 +116,19 @@ def train_tracked(
             run.log_model(res.model_path, config=cfg.to_dict(), store_meta=meta)
         run.log_metrics({"wall_s": res.wall_s})
     final = read_results(cfg.results).final
+    logged = None
     if res.model_path is not None and "predictions" in task_for(store_meta).exports:  # a pyfunc of node ids
-        _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)
+        logged = _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)
     return TrackedTraining(
-        run.run_id, Path(cfg.results), res.model_path, res.wall_s, summary, spec.world_size, cfg.to_dict(), final
+        run.run_id,
+        Path(cfg.results),
+        res.model_path,
+        res.wall_s,
+        summary,
+        spec.world_size,
+        cfg.to_dict(),
+        final,
+        None if logged is None or logged["version"] is None else str(logged["version"]),
     )
 
 
@@ -123,7 +140,7 @@ def _log_mlflow_model(
     final: FinalRecord | None,
     register: str | None,
     on_line: Callable[[str], None],
-) -> None:
+) -> dict[str, Any] | None:
     """The best model as an MLflow model (after the run ended: MLflow reopens it). Failing to log it is a warning
     (the training succeeded), unless ``register`` asked for it."""
     from ntp.run.tracking.mlflow_model import log_mlflow_model
@@ -143,9 +160,10 @@ def _log_mlflow_model(
         if register:
             raise
         on_line(f"warning: the model could not be logged as an MLflow model: {type(exc).__name__}: {exc}")
-        return
+        return None
     if register:
         on_line(f"[ntp] registered {register} version {logged['version']} ({logged['model_uri']})")
+    return logged
 
 
 def job_dir(name: str) -> Path:
