@@ -163,3 +163,25 @@ def test_sweep_flow_maps_trials_and_publishes_the_leaderboard(prefect_harness, c
 
     key = artifact_key(f"sweep-{study}")
     assert {key, f"{key}-leaderboard"} <= {a.key for a in asyncio.run(artifacts())}
+
+
+def test_lineage_evaluation_runs_log_the_store_with_digest_source_and_schema(cora_store):
+    from ntp.run import tracking
+    from storage import open_store
+
+    meta = open_store(cora_store).meta
+    metrics = {"train": 0.9, "valid": 0.8, "test": 0.7, "metric": "acc"}
+    with tracking.start_training_run(
+        {"model": "gcn"}, world_size=1, store_meta=meta.to_dict(), store_path=cora_store, system_metrics=False
+    ) as run:
+        pass
+    new = tracking.log_evaluation(None, metrics, model_path="m.pt", store=cora_store, experiment="lineage")
+    assert tracking.log_evaluation(run.run_id, metrics, store=cora_store) == run.run_id  # the same store again
+    # evaluated on the store it trained on: MLflow keeps the one input (a run lists a dataset once)
+    for run_id, contexts in ((new, {"evaluation"}), (run.run_id, {"train"})):
+        inputs = run.client.get_run(run_id).inputs.dataset_inputs
+        assert len(inputs) == 1
+        assert {t.value for i in inputs for t in i.tags if t.key == "mlflow.data.context"} == contexts
+        ds = inputs[0].dataset
+        assert ds.digest == meta.fingerprint[:36] and cora_store in ds.source
+        assert f"[-1, {meta.feature_dim}]" in ds.schema.replace(" ", "") or str(meta.feature_dim) in ds.schema

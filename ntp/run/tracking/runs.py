@@ -343,7 +343,7 @@ def log_evaluation(
     for key in ("metric", "task_type", "target_type"):
         if metrics.get(key):
             c.set_tag(run_id, f"{prefix}.{key}", str(metrics[key]))
-    if finish and store is not None:  # a run of its own records what it evaluated on
+    if store is not None:  # lineage: the store it was evaluated on (context "evaluation")
         _log_evaluated_store(c, run_id, store)
     if finish:
         c.set_terminated(run_id, "FINISHED")
