@@ -1,6 +1,7 @@
 """Champion and challenger through the real deployment loop: a Prefect server, the process pool, `prefect deploy
 --all`, a worker. Three pipeline runs register three versions: the worse second one leaves the champion alias where
-it was, the better third one moves it, and the predict deployment's trigger serves the new champion."""
+it was, the better third one moves it, and the predict deployment's trigger serves the new champion. Then the sweep
+deployment runs on the same pool and worker."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from tests.pipeline.conftest import CORA
 from tests.pipeline.test_deployment import UUID, _free_port, _get, _prefect, _started, _wait_healthy
 
-pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MODEL = "cora-champion"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -104,11 +105,40 @@ def test_worse_model_keeps_the_champion_better_one_moves_it_and_triggers_predict
                 time.sleep(1)
             else:
                 raise AssertionError(f"predict runs: {_predict_runs(api)}\n{log.read_text()[-4000:]}")
+            # the sweep deployment on the same pool and worker: 2 trials at once, the best registered
+            (train_run,) = client.search_runs(
+                [client.get_experiment_by_name("champion-test").experiment_id], "tags.`ntp.champion.decision` = 'kept'"
+            )
+            sweep = {
+                "store": train_run.data.params["store"],
+                "space": {"fixed": {"epochs": 3, "hidden": 16}, "space": {"lr": [0.01, 0.05]}},
+                "study_name": "deployed",
+                "trials": 2,
+                "parallel": 2,
+                "sampler": "grid",
+                "experiment": "sweep-deployment-test",
+                "registered_model": "cora-swept",
+                "launch": {"nproc": 1, "device": "cpu"},
+            }
+            out = _prefect(["deployment", "run", "sweep/sweep", "--params", json.dumps(sweep)], env)
+            sweep_run = _wait_run(api, UUID.findall(out)[-1], log)
     assert [r["state_type"] for r in runs] == ["COMPLETED", "COMPLETED"]
     assert {r["parameters"]["model_uri"] for r in runs} == {f"models:/{MODEL}@champion"}
     last = runs[-1]
     assert last["parameters"]["out"] == str(predictions)
     assert any(predictions.iterdir())
+
+    assert _get(f"{api}/deployments/{sweep_run['deployment_id']}")["work_pool_name"] == "gpu-pool"
+    parent = client.search_runs(
+        [client.get_experiment_by_name("sweep-deployment-test").experiment_id], "tags.`ntp.kind` = 'sweep'"
+    )
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    trials = client.search_runs([parent[0].info.experiment_id], f"tags.mlflow.parentRunId = '{parent[0].info.run_id}'")
+    assert sorted(t.data.tags["ntp.sweep.state"] for t in trials) == ["COMPLETE", "COMPLETE"]
+    assert (
+        client.get_model_version_by_alias("cora-swept", "champion").run_id
+        == parent[0].data.tags["ntp.sweep.best_run_id"]
+    )
 
     kept = client.search_runs(
         [client.get_experiment_by_name("champion-test").experiment_id],
