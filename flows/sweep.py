@@ -56,6 +56,7 @@ def sweep(
         experiment=experiment,
         register=registered_model,
         launch_args=_launch_args(launch),
+        device=launch.device,
     )
     started = start_sweep(settings, on_line=get_run_logger().info)
     try:

@@ -39,7 +39,12 @@ def add_sweep_command(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--trials", type=int, default=20, help="trials in the study, resumed ones included (default: 20)"
     )
-    parser.add_argument("--parallel", type=int, default=1, help="training jobs at once on this machine (default: 1)")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="training jobs at once on this machine; on GPUs each gets its own share of the visible GPUs (default: 1)",
+    )
     parser.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe", help="(default: tpe)")
     parser.add_argument(
         "--pruner",
@@ -107,6 +112,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
             experiment=args.experiment,
             register=args.register,
             launch_args=trial_launch_args(args),
+            device=args.device,
         )
         result = run_sweep(settings, margin=args.margin)
     except (Exception, KeyboardInterrupt, Terminated) as exc:

@@ -122,13 +122,13 @@ def test_worse_model_keeps_the_champion_better_one_moves_it_and_triggers_predict
             }
             out = _prefect(["deployment", "run", "sweep/sweep", "--params", json.dumps(sweep)], env)
             sweep_run = _wait_run(api, UUID.findall(out)[-1], log)
+            assert _get(f"{api}/deployments/{sweep_run['deployment_id']}")["work_pool_name"] == "gpu-pool"
     assert [r["state_type"] for r in runs] == ["COMPLETED", "COMPLETED"]
     assert {r["parameters"]["model_uri"] for r in runs} == {f"models:/{MODEL}@champion"}
     last = runs[-1]
     assert last["parameters"]["out"] == str(predictions)
     assert any(predictions.iterdir())
 
-    assert _get(f"{api}/deployments/{sweep_run['deployment_id']}")["work_pool_name"] == "gpu-pool"
     parent = client.search_runs(
         [client.get_experiment_by_name("sweep-deployment-test").experiment_id], "tags.`ntp.kind` = 'sweep'"
     )

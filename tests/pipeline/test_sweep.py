@@ -12,6 +12,7 @@ import pytest
 
 from ntp.errors import ConfigError
 from ntp.run.sweep.space import parse_space
+from ntp.run.sweep.trial import split_gpus
 from tests.pipeline.conftest import PROJECT
 from tests.processes import processes_with
 
@@ -130,6 +131,10 @@ def test_search_space_errors_name_the_entry_and_the_fix():
     space = parse_space({"space": {"prop_steps": {"low": 1, "high": 3}, "lr": {"low": "1e-3", "high": 0.1}}})
     assert space.dimensions[0].grid() == [1, 2, 3]
     assert space.dimensions[1].low == pytest.approx(1e-3)
+    # concurrent trials on GPUs never share one
+    assert split_gpus(["0", "1", "2", "3", "4"], 2) == ["0,1", "2,3"]
+    with pytest.raises(ConfigError, match="lower --parallel"):
+        split_gpus(["0"], 2)
 
 
 def test_sweep_flow_maps_trials_and_publishes_the_leaderboard(prefect_harness, cora_store, tmp_path):

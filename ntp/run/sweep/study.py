@@ -16,7 +16,15 @@ from typing import Any
 
 from ntp.errors import ConfigError, Terminated, WorkerFailed
 from ntp.run.sweep.space import SearchSpace
-from ntp.run.sweep.trial import ERROR_ATTR, INTERRUPTED_ATTR, TAG_SWEEP, TrialJob, run_trial
+from ntp.run.sweep.trial import (
+    ERROR_ATTR,
+    INTERRUPTED_ATTR,
+    TAG_SWEEP,
+    TrialJob,
+    gpu_groups,
+    run_trial,
+    slot_queue,
+)
 from ntp.run.tracking.mlflow_store import TAG_KIND, client, data_dir, experiment_id, git_commit, tracking_uri
 from ntp.run.tracking.orphans import end_status, launcher_tags
 
@@ -42,6 +50,7 @@ class SweepSettings:
     experiment: str | None = None  #: default: the store's dataset name
     register: str | None = None  #: register the best trial's model under this name
     launch_args: list[str] = field(default_factory=list)
+    device: str = "auto"  #: cpu, cuda or auto: on GPUs, each concurrent trial gets its own (trial.gpu_groups)
     folder: Path | None = None  #: trial folders (default: <data dir>/sweeps/<study name>)
 
 
@@ -268,6 +277,7 @@ def start_sweep(settings: SweepSettings, on_line: Callable[[str], None] = print)
         folder=settings.folder or data_dir().resolve() / "sweeps" / settings.study_name,
         fixed=dict(settings.space.fixed),
         launch_args=settings.launch_args,
+        gpu_slots=slot_queue(gpu_groups(settings.parallel, settings.device)),
     )
     requeued = 0 if settings.sampler == "grid" else requeue_interrupted(study)  # grid revisits them itself
     remaining = max(settings.n_trials - finished_trials(study), 0)

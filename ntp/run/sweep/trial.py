@@ -4,6 +4,8 @@ process group gets SIGTERM, so its MLflow run ends KILLED and is tagged ``ntp.sw
 
 from __future__ import annotations
 
+import os
+import queue
 import subprocess
 import sys
 import threading
@@ -14,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ntp.errors import WorkerFailed
+from ntp.errors import ConfigError, WorkerFailed
 from ntp.records import EpochRecord, Record, read_results
 from ntp.run.processes import spawn_group, stop_group
 from ntp.run.tracking.live import ResultsFollower
@@ -46,6 +48,42 @@ class TrialJob:
     fixed: dict[str, Any] = field(default_factory=dict)
     launch_args: Sequence[str] = ()  #: `ntp train` launch flags (--nproc, --device, --job-timeout)
     stop: threading.Event = field(default_factory=threading.Event)  #: set when the sweep is interrupted
+    gpu_slots: queue.Queue | None = None  #: CUDA_VISIBLE_DEVICES of each concurrent trial (None: CPU trials)
+
+
+def gpu_groups(parallel: int, device: str) -> list[str] | None:
+    """The GPUs each of ``parallel`` concurrent trials sees (CUDA_VISIBLE_DEVICES values: the visible GPUs split
+    evenly, so trials never share one); None for CPU trials."""
+    from ntp.spec import visible_gpus
+
+    if device == "cpu":
+        return None
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in env.split(",") if d.strip()] if env is not None else []
+    ids = ids or [str(i) for i in range(visible_gpus())]
+    if not ids or (env is not None and not visible_gpus()):
+        return None
+    return split_gpus(ids, parallel)
+
+
+def split_gpus(ids: list[str], parallel: int) -> list[str]:
+    """``ids`` in ``parallel`` equal groups (the remainder unused), as CUDA_VISIBLE_DEVICES values."""
+    if len(ids) < parallel:
+        raise ConfigError(
+            f"--parallel {parallel} runs that many trials at once, each on its own GPU, but {len(ids)} GPU(s) are "
+            "visible: lower --parallel, or use --device cpu"
+        )
+    per = len(ids) // parallel
+    return [",".join(ids[i * per : (i + 1) * per]) for i in range(parallel)]
+
+
+def slot_queue(groups: list[str] | None) -> queue.Queue | None:
+    if groups is None:
+        return None
+    slots: queue.Queue = queue.Queue()
+    for group in groups:
+        slots.put(group)
+    return slots
 
 
 class _Reporter:
@@ -71,7 +109,6 @@ class _Reporter:
 def run_trial(trial: Any, params: dict[str, Any], job: TrialJob, client: Any) -> float:
     """Train ``params`` (over ``job.fixed``) as one tracked job; returns its best validation metric. Raises
     optuna.TrialPruned when pruned, WorkerFailed when the job failed, SweepInterrupted when the sweep was stopped."""
-    import optuna
 
     folder = job.folder / f"trial-{trial.number:04d}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -87,8 +124,22 @@ def run_trial(trial: Any, params: dict[str, Any], job: TrialJob, client: Any) ->
         f"{TAG_TRIAL}={trial.number}",
     ]
     log = folder / "output.log"
+    gpus = job.gpu_slots.get() if job.gpu_slots is not None else None
+    try:
+        return _train(trial, job, cmd, results, log, client, gpus)
+    finally:
+        if gpus is not None:
+            job.gpu_slots.put(gpus)
+
+
+def _train(trial: Any, job: TrialJob, cmd: list[str], results: Path, log: Path, client: Any, gpus: str | None) -> float:
+    import optuna
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else None
     with open(log, "w") as out:
-        proc = spawn_group(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = spawn_group(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    if gpus is not None:
+        trial.set_user_attr("gpus", gpus)
     reporter = _Reporter(trial, proc)
     try:
         with ResultsFollower(results, [reporter], interval_s=0.5, warn=lambda line: None):
