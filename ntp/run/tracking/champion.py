@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ntp.run.tracking.mlflow_store import client
+from ntp.run.tracking.mlflow_store import client, tracking_uri
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -50,7 +50,7 @@ def register_challenger(
     metrics, under the alias ``challenger``. Returns the version."""
     import mlflow
 
-    mlflow.set_tracking_uri(uri or mlflow.get_tracking_uri())
+    mlflow.set_tracking_uri(uri or tracking_uri())
     c = client(uri)
     tags = {TAG_FINGERPRINT: fingerprint, TAG_METRIC: metric}
     for key, value in ((TAG_VALID, valid_metric), (TAG_TEST, test_metric)):
