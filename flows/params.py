@@ -163,6 +163,17 @@ class PipelineParams(BaseModel):
     registered_model: str | None = Field(
         None, description="Register the best model as a new version of this name in the MLflow model registry."
     )
+    champion_margin: float = Field(
+        0.0,
+        ge=0,
+        description="With registered_model: the new version is the 'challenger'; the 'champion' alias moves to it "
+        "only if its validation metric beats the champion's on the same store by more than this.",
+    )
+    predictions_out: str | None = Field(
+        None,
+        description="Where the predict deployment's trigger writes the new champion's predictions "
+        "(default: <data dir>/predictions/<registered model>).",
+    )
     embeddings_out: str | None = Field(
         None,
         description="Publish the best model's node embeddings (last hidden "

@@ -1,5 +1,5 @@
-"""The `pipeline` flow: prepare -> train (and register) -> evaluate (and publish embeddings), then a markdown artifact
-with the results."""
+"""The `pipeline` flow: prepare -> train (and register the challenger) -> evaluate (and publish embeddings) ->
+promote the challenger to champion if it wins, then a markdown artifact with the results."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ntp.errors import ConfigError
 from ntp.run.tracking import run_url
 from tasks.evaluate import evaluate_model
 from tasks.prepare import prepare_store
+from tasks.promote import promote_challenger
 from tasks.publish import artifact_key, publish_results, results_markdown
 
 
@@ -43,6 +44,19 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
                 export="embeddings",
                 launch=launch,
             )["out"]
+    champion = None
+    if params.registered_model and trained.registered_version:  # challenger; champion if it wins
+        final = trained.final
+        champion = promote_challenger(
+            params.registered_model,
+            trained.registered_version,
+            run_id=trained.run_id,
+            store=store,
+            valid_metric=final.best_valid_metric if final else None,
+            test_metric=evaluation.get("test"),
+            margin=params.champion_margin,
+            predictions_out=params.predictions_out,
+        )
     markdown = results_markdown(
         dataset=params.dataset.name,
         config=trained.config,
@@ -59,4 +73,5 @@ def pipeline(params: PipelineParams) -> dict[str, Any]:
         "summary": trained.summary,
         "evaluation": evaluation,
         "embeddings": embeddings,
+        "champion": champion,
     }

@@ -76,7 +76,14 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
         "--register",
         default=None,
         metavar="NAME",
-        help="register the best model as a new version of NAME in the MLflow model registry",
+        help="register the best model as a new version of NAME in the MLflow model registry (alias challenger; "
+        "champion if it beats the champion)",
+    )
+    p.add_argument(
+        "--champion-margin",
+        type=float,
+        default=0.0,
+        help="with --register: the champion alias moves only if the new model beats it by more than this (default: 0)",
     )
     p.add_argument(
         "--embeddings-out",
@@ -118,6 +125,7 @@ def params_from_args(args: argparse.Namespace) -> Any:
         ),
         experiment=args.experiment,
         registered_model=args.register,
+        champion_margin=args.champion_margin,
         embeddings_out=args.embeddings_out,
     )
 

@@ -18,6 +18,7 @@ from ntp.run.compare import add_compare_command
 from ntp.run.evaluate_cmd import add_evaluate_command
 from ntp.run.predict_cmd import add_predict_command
 from ntp.run.scratch import owned_tempdir
+from ntp.run.sweep_cmd import add_sweep_command
 from ntp.run.train_cmd import add_train_command
 
 PLUGIN_GROUP = "ntp.commands"
@@ -63,7 +64,7 @@ def build_parser(load_plugin: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_VersionAction, help="print the versions of ntp, torch and Python")
     plugins = _plugins()
-    names = ["data", "train", "evaluate", "predict", *sorted(plugins), "compare"]
+    names = ["data", "train", "evaluate", "predict", "sweep", *sorted(plugins), "compare"]
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(names) + "}")
     if load_plugin == "data":
         from storage.cli import add_data_commands  # the storage package imports Zarr
@@ -74,6 +75,7 @@ def build_parser(load_plugin: str | None = None) -> argparse.ArgumentParser:
     add_train_command(sub)
     add_evaluate_command(sub)
     add_predict_command(sub)
+    add_sweep_command(sub)
     for name, ep in sorted(plugins.items()):
         if name == load_plugin:
             ep.load()(sub)  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("experiment", "experiment", "s"),
     ("status", "status", "s"),
     ("dataset", "param:data.name", "s"),
+    ("store fingerprint", "param:store_fingerprint", "digest"),
     ("model", "param:model", "s"),
     ("arch", "param:arch", "s"),
     ("mode", "param:mode", "s"),
@@ -37,6 +38,8 @@ def _fmt(value: Any, kind: str) -> str:
         return "-"
     if kind == "s":
         return str(value)
+    if kind == "digest":  # as MLflow shows a dataset's digest
+        return str(value)[:12]
     v = float(value)
     if kind == "int":
         return str(int(v))

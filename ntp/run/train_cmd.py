@@ -41,6 +41,13 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
         help="register the best model (logged as an MLflow model: node ids -> predictions) as a "
         "new version of NAME in the MLflow model registry",
     )
+    tracking.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra tag of the MLflow run (repeatable); --tag mlflow.parentRunId=RUN_ID makes it a child run",
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=run_train)
     return parser
@@ -78,6 +85,19 @@ def _check_tracking(args: argparse.Namespace) -> None:
         check_server()
 
 
+def parse_tags(items: list[str]) -> dict[str, str]:
+    """``--tag KEY=VALUE`` flags as a dict (ConfigError for one without ``=``)."""
+    from ntp.errors import ConfigError
+
+    tags = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--tag {item!r}: write it as KEY=VALUE")
+        tags[key] = value
+    return tags
+
+
 def _train(args: argparse.Namespace):
     from ntp.run.progress import ProgressBar
     from ntp.run.tracking import train_tracked, train_untracked
@@ -98,6 +118,7 @@ def _train(args: argparse.Namespace):
             on_line=on_line,
             consumers=consumers,
             register=args.register,
+            tags=parse_tags(args.tag),
         )
     finally:
         if bar:

@@ -45,6 +45,7 @@ def test_compare_run_ids(two_runs: list[str], capsys: pytest.CaptureFixture[str]
     world = next(line for line in lines if line.startswith("world size")).split()
     assert world[-2:] == ["2", "4"]
     assert "0.5500" in next(line for line in lines if line.startswith("final test metric"))
+    assert next(line for line in lines if line.startswith("store fingerprint")).split()[-2:] == ["x", "x"]
 
 
 def test_compare_experiment_lists_parent_runs_only(two_runs: list[str], capsys: pytest.CaptureFixture[str]) -> None:

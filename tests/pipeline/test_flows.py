@@ -100,6 +100,10 @@ def test_pipeline_registers_the_model_and_publishes_embeddings(pipeline_result: 
 
     (version,) = tracking.client().search_model_versions("name = 'cora-pipeline'")
     assert version.run_id == pipeline_result["run_id"]
+    # the first version is the challenger and, with no champion yet, the champion; it carries its store
+    version = tracking.client().get_model_version("cora-pipeline", version.version)  # search omits aliases
+    assert pipeline_result["champion"]["promoted"] and set(version.aliases) == {"challenger", "champion"}
+    assert version.tags["ntp.store_fingerprint"] and float(version.tags["ntp.test_metric"]) > 0
     served = mlflow.pyfunc.load_model("models:/cora-pipeline/1")
     assert served.predict(pd.DataFrame({"node_id": [0, 1]}))["pred"].between(0, 6).all()
     embeddings = pd.read_parquet(pipeline_result["embeddings"])

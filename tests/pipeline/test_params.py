@@ -131,21 +131,24 @@ def test_packages_do_not_import_prefect_eagerly() -> None:
 def test_prefect_yaml_deployments() -> None:
     spec = yaml.safe_load((PROJECT / "prefect.yaml").read_text())
     deps = {d["name"]: d for d in spec["deployments"]}
-    assert set(deps) == {"nightly-arxiv", "pipeline", "train", "predict"}
+    assert set(deps) == {"nightly-arxiv", "pipeline", "train", "sweep", "predict"}
     for d in deps.values():
         assert d["work_pool"]["name"] == "gpu-pool"
         assert d["concurrency_limit"]["limit"] == 1
         module, func = d["entrypoint"].split(":")
-        assert (PROJECT / module).is_file() and func in {"pipeline", "train", "predict"}
+        assert (PROJECT / module).is_file() and func in {"pipeline", "train", "sweep", "predict"}
     nightly = deps["nightly-arxiv"]
     assert nightly["schedules"][0]["cron"].split()[:2] == ["0", "2"]
     params = PipelineParams(**nightly["parameters"]["params"])
     assert params.dataset.name == "ogbn-arxiv"
     launch_spec(params.training, params.launch.model_copy(update={"device": "cpu"}), store="s")  # valid options
+    trigger = deps["predict"]["triggers"][0]  # the champion's move runs predict with it
+    assert trigger["expect"] == ["ntp.champion.moved"] and "model_uri" in trigger["parameters"]
+    assert params.registered_model  # the nightly retrain registers a challenger
     assert spec["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"]
 
 
-@pytest.mark.parametrize("command", ["train", "pipeline", "evaluate", "predict", "compare"])
+@pytest.mark.parametrize("command", ["train", "pipeline", "evaluate", "predict", "sweep", "compare"])
 def test_help_states_each_default_once(command: str) -> None:
     from ntp.run.cli import build_parser
 

@@ -62,6 +62,10 @@ def log_mlflow_model(
         values = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         if values:
             mlflow.log_metrics(values, model_id=info.model_id)
+    if register and info.registered_model_version is not None and meta.get("fingerprint"):  # lineage
+        mlflow.MlflowClient().set_model_version_tag(
+            register, str(info.registered_model_version), "ntp.store_fingerprint", str(meta["fingerprint"])
+        )
     return {"model_uri": info.model_uri, "model_id": info.model_id, "version": info.registered_model_version}
 
 

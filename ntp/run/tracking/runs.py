@@ -99,27 +99,11 @@ class TrainingRun:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
-    def log_dataset(self, store_path: str | Path, meta: Mapping[str, Any]) -> None:
-        """The store as an MLflow dataset: source = store path, digest = store fingerprint."""
-        import mlflow.data  # noqa: F401 (registers the artifact dataset sources)
-        from mlflow.data.meta_dataset import MetaDataset
-        from mlflow.data.sources import LocalArtifactDatasetSource
-        from mlflow.entities import DatasetInput, InputTag
+    def log_dataset(self, store_path: str | Path, meta: Mapping[str, Any], context: str = "train") -> None:
+        """The store as this run's MLflow dataset input (ntp.run.tracking.lineage)."""
+        from ntp.run.tracking.lineage import log_store_input
 
-        from storage.location import is_url
-
-        if is_url(store_path):  # s3://...: MLflow's artifact source for that scheme
-            from mlflow.data.dataset_source_registry import resolve_dataset_source
-
-            source = resolve_dataset_source(str(store_path))
-        else:
-            source = LocalArtifactDatasetSource(str(Path(store_path).resolve()))
-        digest = str(meta.get("fingerprint") or "")[:36] or None
-        name = meta.get("name") or str(store_path).rstrip("/").rsplit("/", 1)[-1]
-        ds = MetaDataset(source=source, name=str(name), digest=digest)
-        self.client.log_inputs(
-            self.run_id, [DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "train")])]
-        )
+        log_store_input(self.client, self.run_id, store_path, meta, context)
 
     def log_epochs(self, records: Sequence[EpochRecord]) -> None:
         """Per-epoch metrics of the parent run (step = epoch), in as few calls as MLflow allows."""
@@ -380,9 +364,22 @@ def log_evaluation(
     for key in ("metric", "task_type", "target_type"):
         if metrics.get(key):
             c.set_tag(run_id, f"{prefix}.{key}", str(metrics[key]))
+    if store is not None:  # lineage: the store it was evaluated on (context "evaluation")
+        _log_evaluated_store(c, run_id, store)
     if finish:
         c.set_terminated(run_id, "FINISHED")
     return run_id
+
+
+def _log_evaluated_store(c: Any, run_id: str, store: str | Path) -> None:
+    from ntp.run.tracking.lineage import log_store_input
+    from storage import open_store
+
+    try:
+        meta = open_store(store).meta.to_dict()
+    except Exception:  # the metrics are logged; a store that cannot be opened has no lineage to add
+        return
+    log_store_input(c, run_id, store, meta, "evaluation")
 
 
 def _store_name(store: str | Path | None) -> str | None:

@@ -33,6 +33,7 @@ class TrackedTraining:
     config: dict[str, Any] = field(default_factory=dict)
     final: FinalRecord | None = None
     tracking_lost: bool = False  #: the tracking server stopped answering during the job (the run is incomplete)
+    registered_version: str | None = None  #: the model registry version made with ``register``
 
 
 def default_run_name(spec: LaunchSpec) -> str:
@@ -67,6 +68,7 @@ def train_tracked(
     consumers: Sequence[Consumer] = (),
     system_metrics: bool = True,
     register: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> TrackedTraining:
     """Launch ``spec`` inside a parent MLflow run: epochs are logged as they happen, the summary, worker runs,
     plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id or job id>/`` unless the
@@ -74,7 +76,8 @@ def train_tracked(
     multi-node job only the leading node tracks (ntp.run.launch.leads); the others just train. The best model of
     a node task is also logged as an MLflow model, and with ``register`` registered as a new version of that name.
     A tracking server that does not answer stops the job before it starts (TrackingUnavailable); one lost while it
-    trains is said once, and the job trains on and ends with its results file (ntp.run.tracking.guard)."""
+    trains is said once, and the job trains on and ends with its results file (ntp.run.tracking.guard).
+    ``tags``: extra run tags (``mlflow.parentRunId`` makes the run a child, as a sweep's trials are)."""
     if not leads(spec):  # it names the files the leader will, or the ranks' configs would disagree
         return train_untracked(with_outputs_in(spec, job_dir(spec.job_id or "")), on_line=on_line, consumers=consumers)
     from storage import open_store
@@ -93,7 +96,7 @@ def train_tracked(
         run_name=run_name or default_run_name(spec),
         flow_run_id=flow_run_id,
         system_metrics=system_metrics,
-        tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node, "ntp.device": spec.device},
+        tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node, "ntp.device": spec.device, **(tags or {})},
         warn=on_line,
         lost_note="; its results file is written to the end, as without tracking",
     ) as run:
@@ -113,8 +116,9 @@ def train_tracked(
             raise
         summary = _log_outcome(run, cfg, res, meta)
     final = read_results(cfg.results).final
+    logged = None
     if res.model_path is not None and "predictions" in task_for(store_meta).exports and not run.lost:
-        _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)  # a pyfunc of node ids
+        logged = _log_mlflow_model(run.run_id, res.model_path, cfg, meta, final, register, on_line)  # a pyfunc
     return TrackedTraining(
         run.run_id,
         Path(cfg.results),
@@ -125,6 +129,7 @@ def train_tracked(
         cfg.to_dict(),
         final,
         tracking_lost=run.lost,
+        registered_version=None if logged is None or logged["version"] is None else str(logged["version"]),
     )
 
 
@@ -151,7 +156,7 @@ def _log_mlflow_model(
     final: FinalRecord | None,
     register: str | None,
     on_line: Callable[[str], None],
-) -> None:
+) -> dict[str, Any] | None:
     """The best model as an MLflow model (after the run ended: MLflow reopens it). Failing to log it is a warning
     (the training succeeded), unless ``register`` asked for it."""
     from ntp.run.tracking.mlflow_model import log_mlflow_model
@@ -171,9 +176,10 @@ def _log_mlflow_model(
         if register:
             raise
         on_line(f"warning: the model could not be logged as an MLflow model: {type(exc).__name__}: {exc}")
-        return
+        return None
     if register:
         on_line(f"[ntp] registered {register} version {logged['version']} ({logged['model_uri']})")
+    return logged
 
 
 def job_dir(name: str) -> Path:

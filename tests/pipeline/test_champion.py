@@ -1,0 +1,156 @@
+"""Champion and challenger through the real deployment loop: a Prefect server, the process pool, `prefect deploy
+--all`, a worker. Three pipeline runs register three versions: the worse second one leaves the champion alias where
+it was, the better third one moves it, and the predict deployment's trigger serves the new champion. Then the sweep
+deployment runs on the same pool and worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline.conftest import CORA
+from tests.pipeline.test_deployment import UUID, _free_port, _get, _prefect, _started, _wait_healthy
+
+pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(900)]
+
+MODEL = "cora-champion"
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _post(url: str, body: dict) -> list:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _wait_run(api: str, flow_run_id: str, log: Path, timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = _get(f"{api}/flow_runs/{flow_run_id}")
+        if run["state_type"] in TERMINAL:
+            assert run["state_type"] == "COMPLETED", f"flow run {run['state_type']}:\n{log.read_text()[-6000:]}"
+            return run
+        time.sleep(1)
+    raise AssertionError(f"flow run {flow_run_id} not done after {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _predict_runs(api: str) -> list[dict]:
+    return _post(f"{api}/flow_runs/filter", {"flows": {"name": {"any_": ["predict"]}}, "sort": "START_TIME_ASC"})
+
+
+def test_worse_model_keeps_the_champion_better_one_moves_it_and_triggers_predict(tmp_path: Path) -> None:
+    if not CORA.is_dir():
+        pytest.skip(f"{CORA} is missing")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_API_URL": api,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_UI_ENABLED": "false",
+            "MLFLOW_TRACKING_URI": mlflow_uri,
+            "NTP_DATA_DIR": str(tmp_path / "data"),
+        }
+    )
+    server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+    server_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    predictions = tmp_path / "predictions"
+
+    def params(epochs: int, lr: float) -> dict:
+        return {
+            "params": {
+                "dataset": {"name": "cora", "from_dir": str(CORA)},
+                "training": {"epochs": epochs, "lr": lr, "hidden": 16, "eval_every": 1},
+                "launch": {"nproc": 1, "device": "cpu", "job_timeout_s": 120},
+                "experiment": "champion-test",
+                "registered_model": MODEL,
+                "predictions_out": str(predictions),
+            }
+        }
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    log = tmp_path / "worker.log"
+    with _started([*server_cmd, "--no-ui", "--analytics-off"], server_env, tmp_path / "server.log") as server:
+        _wait_healthy(api, server, tmp_path / "server.log")
+        _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
+        _prefect(["work-pool", "set-concurrency-limit", "gpu-pool", "1"], env)
+        _prefect(["--no-prompt", "deploy", "--all"], env, timeout=180)
+        worker_cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu-pool"]
+        with _started(worker_cmd, env, log):
+            champions = []
+            for epochs, lr in ((8, 0.01), (1, 1e-6), (40, 0.01)):  # decent, worse (untrained), better
+                out = _prefect(
+                    ["deployment", "run", "pipeline/pipeline", "--params", json.dumps(params(epochs, lr))], env
+                )
+                _wait_run(api, UUID.findall(out)[-1], log)
+                champions.append(str(client.get_model_version_by_alias(MODEL, "champion").version))
+                assert str(client.get_model_version_by_alias(MODEL, "challenger").version) == str(len(champions))
+            assert champions == ["1", "1", "3"]
+            deadline = time.monotonic() + 240  # the trigger's predict runs: one per champion move (versions 1 and 3)
+            while time.monotonic() < deadline:
+                runs = _predict_runs(api)
+                if len(runs) == 2 and all(r["state_type"] in TERMINAL for r in runs):
+                    break
+                time.sleep(1)
+            else:
+                raise AssertionError(f"predict runs: {_predict_runs(api)}\n{log.read_text()[-4000:]}")
+            # the sweep deployment on the same pool and worker: 2 trials at once, the best registered
+            (train_run,) = client.search_runs(
+                [client.get_experiment_by_name("champion-test").experiment_id], "tags.`ntp.champion.decision` = 'kept'"
+            )
+            sweep = {
+                "store": train_run.data.params["store"],
+                "space": {"fixed": {"epochs": 3, "hidden": 16}, "space": {"lr": [0.01, 0.05]}},
+                "study_name": "deployed",
+                "trials": 2,
+                "parallel": 2,
+                "sampler": "grid",
+                "experiment": "sweep-deployment-test",
+                "registered_model": "cora-swept",
+                "launch": {"nproc": 1, "device": "cpu"},
+            }
+            out = _prefect(["deployment", "run", "sweep/sweep", "--params", json.dumps(sweep)], env)
+            sweep_run = _wait_run(api, UUID.findall(out)[-1], log)
+            assert _get(f"{api}/deployments/{sweep_run['deployment_id']}")["work_pool_name"] == "gpu-pool"
+    assert [r["state_type"] for r in runs] == ["COMPLETED", "COMPLETED"]
+    assert {r["parameters"]["model_uri"] for r in runs} == {f"models:/{MODEL}@champion"}
+    last = runs[-1]
+    assert last["parameters"]["out"] == str(predictions)
+    assert any(predictions.iterdir())
+
+    parent = client.search_runs(
+        [client.get_experiment_by_name("sweep-deployment-test").experiment_id], "tags.`ntp.kind` = 'sweep'"
+    )
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    trials = client.search_runs([parent[0].info.experiment_id], f"tags.mlflow.parentRunId = '{parent[0].info.run_id}'")
+    assert sorted(t.data.tags["ntp.sweep.state"] for t in trials) == ["COMPLETE", "COMPLETE"]
+    assert (
+        client.get_model_version_by_alias("cora-swept", "champion").run_id
+        == parent[0].data.tags["ntp.sweep.best_run_id"]
+    )
+
+    kept = client.search_runs(
+        [client.get_experiment_by_name("champion-test").experiment_id],
+        "tags.`ntp.champion.decision` = 'kept'",
+    )
+    assert len(kept) == 1  # the worse second run, with both metrics logged
+    assert kept[0].data.metrics["champion/challenger_valid"] < kept[0].data.metrics["champion/champion_valid"]
+    v3 = client.get_model_version(MODEL, "3")
+    from datetime import datetime
+
+    # the last predict run started once version 3 was the champion: models:/NAME@champion served it
+    assert datetime.fromisoformat(last["start_time"]).timestamp() * 1000 >= v3.creation_timestamp
+    assert v3.tags["ntp.store_fingerprint"] and float(v3.tags["ntp.valid_metric"]) > float(
+        client.get_model_version(MODEL, "1").tags["ntp.valid_metric"]
+    )
