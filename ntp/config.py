@@ -20,6 +20,7 @@ from ntp.options import (
     Arch,
     Decoder,
     Decomposition,
+    MetricName,
     Mode,
     Model,
     NNDevice,
@@ -28,6 +29,7 @@ from ntp.options import (
     Optimizer,
     Precision,
     RelNorm,
+    Schedule,
     load_config_file,
     parse_bytes,
 )
@@ -61,6 +63,8 @@ RESUMABLE_CHANGES = frozenset(
         "nn_block_rows",
         "mode",
         "store",
+        "splits",
+        "seeds",
     }
 )
 
@@ -107,6 +111,19 @@ class TrainConfig:
     """Everything that defines a training run."""
 
     store: str = opt("data", "", "Path of the graph store (from `ntp data prepare`).")
+    split: int = opt(
+        "data",
+        0,
+        "Which split set of a store that holds several (e.g. the heterophilous benchmarks' ten, from "
+        "`ntp data prepare --from-npz`): 0..sets-1.",
+    )
+    metric: MetricName | None = opt(
+        "data",
+        None,
+        "Node classification's metric: acc or rocauc (one-vs-rest mean over classes; for 2 classes the "
+        "positive class's ROC-AUC); empty: the store's (ROC-AUC for 2-class heterophilous benchmarks such as "
+        "tolokers and questions, as Platonov et al. report them; OGB's own; accuracy otherwise).",
+    )
     model: Model = opt("gnn", "gcn", f"The model ({models_help()})")
     arch: Arch = opt(
         "gnn",
@@ -142,6 +159,19 @@ class TrainConfig:
         "pulls learned node embeddings, whose gradients are small, to zero).",
     )
     optimizer: Optimizer = opt("optim", "adam", "adam or adamw.")
+    lr_schedule: Schedule = opt(
+        "optim",
+        "none",
+        "Learning-rate schedule after the warm-up, one step per epoch (torch.optim.lr_scheduler): none, cosine "
+        "(CosineAnnealingLR to --min-lr at the last epoch) or plateau (ReduceLROnPlateau on the validation "
+        "metric: x --plateau-factor after --plateau-patience evaluations without a better one).",
+    )
+    warmup_epochs: int = opt(
+        "optim", 0, "Linear warm-up from lr/(N+1) to --lr over the first N epochs (LinearLR), then the schedule."
+    )
+    min_lr: float = opt("optim", 0.0, "Lowest learning rate of cosine and plateau schedules.")
+    plateau_factor: float = opt("optim", 0.5, "plateau: factor the learning rate is multiplied by (0 < f < 1).")
+    plateau_patience: int = opt("optim", 10, "plateau: evaluations without a better validation metric before a cut.")
     norm: Norm = opt(
         "gnn", "none", "Normalisation after hidden Linear layers: none, batch (statistics over all ranks) or layer."
     )
@@ -151,6 +181,18 @@ class TrainConfig:
     eval_every: int = opt("optim", 1, "Evaluate train/valid/test every N epochs (and at the last epoch).")
     patience: int = opt(
         "optim", 0, "Early stopping: stop after this many evaluations without a better validation metric (0: off)."
+    )
+    splits: str = opt(
+        "run",
+        "",
+        "Train once per split set and report mean +- std: all, or a comma list (e.g. 0,1,2); one MLflow parent "
+        "run with a child per split. Empty: the one --split.",
+    )
+    seeds: int = opt(
+        "run",
+        0,
+        "Train with seeds --seed .. --seed+N-1 (on each split of --splits) and report mean +- std, one MLflow "
+        "child per run (0: one run).",
     )
     results: str | None = opt(
         "run", None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record)."

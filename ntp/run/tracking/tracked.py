@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ntp.engine.tasks import task_for
+from ntp.engine.train.schedule import describe as describe_schedule
 from ntp.records import FinalRecord, read_results
 from ntp.run.launch import launch_training, leads
 from ntp.run.tracking.live import Consumer, EpochLogger, ResultsFollower
@@ -65,6 +66,7 @@ def train_tracked(
     consumers: Sequence[Consumer] = (),
     system_metrics: bool = True,
     register: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> TrackedTraining:
     """Launch ``spec`` inside a parent MLflow run: epochs are logged as they happen, the summary, worker runs,
     plots and model when the job ends. Results and model go to ``<data dir>/runs/<run id or job id>/`` unless the
@@ -79,6 +81,7 @@ def train_tracked(
     store_meta = open_store(cfg.store).meta
     meta = store_meta.to_dict()
     params = cfg.for_task(meta["task_type"]).to_dict()  # the values the ranks train with
+    params["lr_schedule_resolved"] = describe_schedule(cfg)
     with start_training_run(
         params,
         world_size=spec.world_size,
@@ -88,7 +91,12 @@ def train_tracked(
         run_name=run_name or default_run_name(spec),
         flow_run_id=flow_run_id,
         system_metrics=system_metrics,
-        tags={"ntp.nnodes": spec.nnodes, "ntp.nproc": spec.nproc_per_node, "ntp.device": spec.device},
+        tags={
+            "ntp.nnodes": spec.nnodes,
+            "ntp.nproc": spec.nproc_per_node,
+            "ntp.device": spec.device,
+            **(tags or {}),
+        },
     ) as run:
         spec = with_outputs_in(spec, job_dir(spec.job_id or run.run_id))
         cfg = spec.config
