@@ -15,7 +15,7 @@ from typing import Any
 
 from ntp.config_checks import validate
 from ntp.errors import ConfigError
-from ntp.model_specs import MODELS, ModelSpec, models_help
+from ntp.model_specs import MODELS, ModelSpec, model_default, models_help
 from ntp.options import (
     Arch,
     Decoder,
@@ -350,8 +350,7 @@ class TrainConfig:
 
     def changed(self, section: str) -> list[str]:
         """The options of ``section`` set away from their defaults."""
-        defaults = TrainConfig.__dataclass_fields__
-        return [k for k, v in self.section(section).items() if v != defaults[k].default]
+        return [k for k, v in self.section(section).items() if v != self.default_of(k)]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -372,7 +371,12 @@ class TrainConfig:
         unknown = sorted(set(clean) - known)
         if unknown:
             raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {', '.join(sorted(known))}")
-        return cls(**clean)
+        spec = MODELS.get(clean.get("model", cls.__dataclass_fields__["model"].default))
+        return cls(**{**(spec.defaults if spec else {}), **clean})  # the model's defaults where nothing was given
+
+    def default_of(self, name: str) -> Any:
+        """Option ``name``'s default for this config's model (ntp.model_specs.ModelSpec.defaults)."""
+        return model_default(self.model, name, TrainConfig.__dataclass_fields__[name].default)
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":

@@ -150,7 +150,7 @@ def _changed_options(cfg) -> str:
     changed = {
         f.name: getattr(cfg, f.name)
         for f in fields(cfg)
-        if f.name not in ("store", "mode", *KEY_FIELDS) and getattr(cfg, f.name) != f.default
+        if f.name not in ("store", "mode", *KEY_FIELDS) and getattr(cfg, f.name) != cfg.default_of(f.name)
     }
     return (
         " ".join(
