@@ -198,8 +198,7 @@ def _restore(job: Job, path: Path, state: dict) -> None:
         ) from exc
     for group, options in zip(job.optimizer.param_groups, today):
         group.update(options)
-    if "schedule" in state and not job.cfg.resume_anyway:  # the schedule goes on where it was (not a new one)
-        job.schedule.load_state_dict(state["schedule"])
+    job.schedule.resume(int(state["epoch"]) + 1, state.get("schedule"))
     job.best = Best(**state["best"])
     job.history[:] = [from_dict(r) for r in state["history"]]
 

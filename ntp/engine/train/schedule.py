@@ -5,6 +5,8 @@ same schedule on the same (all-reduced) metric, so the learning rates agree on a
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.optim import lr_scheduler as S
 
@@ -46,20 +48,24 @@ class Schedule:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def state_dict(self) -> dict:
+        """What a checkpoint keeps: the plateau's state and the rates reached (warm-up and cosine are replayed)."""
         return {
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "plateau": self.plateau.state_dict() if self.plateau is not None else None,
             "lrs": [float(g["lr"]) for g in self.optimizer.param_groups],
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """A checkpoint's schedule, and the learning rates it had reached (torch's schedulers step from them)."""
-        for name in ("scheduler", "plateau"):
-            own = getattr(self, name)
-            if own is not None and state.get(name) is not None:
-                own.load_state_dict(state[name])
-        for group, lr in zip(self.optimizer.param_groups, state.get("lrs", [])):
-            group["lr"] = lr
+    def resume(self, epochs_done: int, state: dict | None) -> None:
+        """Go on after ``epochs_done`` epochs: warm-up and cosine are replayed for today's --epochs (which a resume
+        may change), the plateau's counters and rates come from the checkpoint's ``state``."""
+        with warnings.catch_warnings():  # replayed without optimiser steps, on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            for epoch in range(epochs_done):
+                if self.scheduler is not None and (self.plateau is None or epoch < self.warmup):
+                    self.scheduler.step()
+        if self.plateau is not None and state and state.get("plateau") is not None:
+            self.plateau.load_state_dict(state["plateau"])
+            for group, lr in zip(self.optimizer.param_groups, state["lrs"]):
+                group["lr"] = lr
 
 
 def describe(cfg: TrainConfig) -> str:
