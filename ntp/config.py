@@ -36,6 +36,8 @@ from ntp.options import (
 
 #: --weight-decay left out: Kipf's GCN for node classifiers (and R-GCN), none for link prediction (OGB's examples)
 WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
+#: A config file's top-level key that training ignores: what a recipe (recipes/) reproduces and how its store is made.
+RECIPE_KEY = "recipe"
 #: Keys of configs saved by older versions -> their names now.
 RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
 #: Fields that steer how long a run goes, where it writes and how it spreads the work, not what an epoch computes
@@ -388,6 +390,8 @@ def _flattened(data: dict[str, Any]) -> dict[str, Any]:
     key must then be in its own section."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
+        if key == RECIPE_KEY:  # a recipe's description (recipes/README.md), not an option
+            continue
         if not (isinstance(value, dict) and key in SECTIONS):
             flat[key] = value
             continue

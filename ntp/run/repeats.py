@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -120,8 +121,11 @@ def train_repeats(
                 tags = parent.child_tags(**{"ntp.split": cfg.split, "ntp.seed": cfg.seed})
                 name = f"{base}-split{cfg.split}-seed{cfg.seed}"
                 result = train_tracked(child, experiment=exp, run_name=name, on_line=on_line, tags=tags)
-            else:
-                result = train_untracked(child, on_line=on_line)
+            else:  # the final record is read from the results file: one in a scratch folder unless --results
+                with tempfile.TemporaryDirectory(prefix="ntp-repeat-") as tmp:
+                    if not cfg.results:
+                        child = dataclasses.replace(child, config=cfg.replace(results=str(Path(tmp) / "r.jsonl")))
+                    result = train_untracked(child, on_line=on_line)
             final = result.final
             if final is None or final.test_metric is None:
                 raise TrainingError(f"{label}: the job reported no test metric (no evaluation improved on the first)")
