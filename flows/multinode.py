@@ -58,13 +58,13 @@ def train_multinode(
     node_launch = launch.model_copy(update={"nnodes": len(hosts), "rdzv_endpoint": rdzv_endpoint, "retries": 0})
     # named here, not resolved: this (control) host may have no GPU while the nodes train on theirs
     job_id = launch.job_id or derived_job_id(
-        TrainConfig.from_dict({**training.model_dump(), "store": store}), rdzv_endpoint
+        TrainConfig.from_dict({**training.model_dump(exclude_unset=True), "store": store}), rdzv_endpoint
     )
     runs = []
     for rank, host in enumerate(hosts):
         params = {
             "store": store,
-            "training": training.model_dump(),
+            "training": training.model_dump(exclude_unset=True),  # a model's own defaults apply on every node
             "experiment": experiment,
             "launch": node_launch.model_copy(update={"node_rank": rank, "job_id": job_id}).model_dump(),
         }

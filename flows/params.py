@@ -134,7 +134,14 @@ class LaunchOptions(BaseModel):
 
 def launch_spec(training: BaseModel, launch: LaunchOptions, *, store: str) -> LaunchSpec:
     """The resolved launch of the form's training and launch options on ``store`` (ntp.spec.resolve)."""
-    cfg = TrainConfig.from_dict({**training.model_dump(), "store": store})
+    cfg = TrainConfig.from_dict({**training.model_dump(exclude_unset=True), "store": store})
+    if cfg.splits.strip() or cfg.seeds:
+        from ntp.errors import ConfigError
+
+        raise ConfigError(
+            "splits/seeds (several runs under one MLflow parent) run from `ntp train --splits/--seeds`; "
+            "the train flow trains one job: drop them, or pass split and seed for one run"
+        )
     return resolve(
         cfg,
         nproc=launch.nproc,

@@ -15,12 +15,13 @@ from typing import Any
 
 from ntp.config_checks import validate
 from ntp.errors import ConfigError
-from ntp.model_specs import MODELS, ModelSpec, models_help
+from ntp.model_specs import MODELS, ModelSpec, model_default, models_help
 from ntp.options import (
     Arch,
     Decoder,
     Decomposition,
     JumpingKnowledge,
+    MetricName,
     Mode,
     Model,
     NNDevice,
@@ -29,12 +30,15 @@ from ntp.options import (
     Optimizer,
     Precision,
     RelNorm,
+    Schedule,
     load_config_file,
     parse_bytes,
 )
 
 #: --weight-decay left out: Kipf's GCN for node classifiers (and R-GCN), none for link prediction (OGB's examples)
 WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
+#: A config file's top-level key that training ignores: what a recipe (recipes/) reproduces and how its store is made.
+RECIPE_KEY = "recipe"
 #: Keys of configs saved by older versions -> their names now.
 RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
 #: Fields that steer how long a run goes, where it writes and how it spreads the work, not what an epoch computes
@@ -62,6 +66,8 @@ RESUMABLE_CHANGES = frozenset(
         "nn_block_rows",
         "mode",
         "store",
+        "splits",
+        "seeds",
     }
 )
 
@@ -108,6 +114,19 @@ class TrainConfig:
     """Everything that defines a training run."""
 
     store: str = opt("data", "", "Path of the graph store (from `ntp data prepare`).")
+    split: int = opt(
+        "data",
+        0,
+        "Which split set of a store that holds several (e.g. the heterophilous benchmarks' ten, from "
+        "`ntp data prepare --from-npz`): 0..sets-1.",
+    )
+    metric: MetricName | None = opt(
+        "data",
+        None,
+        "Node classification's metric: acc or rocauc (one-vs-rest mean over classes; for 2 classes the "
+        "positive class's ROC-AUC); empty: the store's (ROC-AUC for 2-class heterophilous benchmarks such as "
+        "tolokers and questions, as Platonov et al. report them; OGB's own; accuracy otherwise).",
+    )
     model: Model = opt("gnn", "gcn", f"The model ({models_help()})")
     arch: Arch = opt(
         "gnn",
@@ -143,6 +162,19 @@ class TrainConfig:
         "pulls learned node embeddings, whose gradients are small, to zero).",
     )
     optimizer: Optimizer = opt("optim", "adam", "adam or adamw.")
+    lr_schedule: Schedule = opt(
+        "optim",
+        "none",
+        "Learning-rate schedule after the warm-up, one step per epoch (torch.optim.lr_scheduler): none, cosine "
+        "(CosineAnnealingLR to --min-lr at the last epoch) or plateau (ReduceLROnPlateau on the validation "
+        "metric: x --plateau-factor after --plateau-patience evaluations without a better one).",
+    )
+    warmup_epochs: int = opt(
+        "optim", 0, "Linear warm-up from lr/(N+1) to --lr over the first N epochs (LinearLR), then the schedule."
+    )
+    min_lr: float = opt("optim", 0.0, "Lowest learning rate of cosine and plateau schedules.")
+    plateau_factor: float = opt("optim", 0.5, "plateau: factor the learning rate is multiplied by (0 < f < 1).")
+    plateau_patience: int = opt("optim", 10, "plateau: evaluations without a better validation metric before a cut.")
     norm: Norm = opt(
         "gnn",
         "none",
@@ -175,6 +207,18 @@ class TrainConfig:
     eval_every: int = opt("optim", 1, "Evaluate train/valid/test every N epochs (and at the last epoch).")
     patience: int = opt(
         "optim", 0, "Early stopping: stop after this many evaluations without a better validation metric (0: off)."
+    )
+    splits: str = opt(
+        "run",
+        "",
+        "Train once per split set and report mean +- std: all, or a comma list (e.g. 0,1,2); one MLflow parent "
+        "run with a child per split. Empty: the one --split.",
+    )
+    seeds: int = opt(
+        "run",
+        0,
+        "Train with seeds --seed .. --seed+N-1 (on each split of --splits) and report mean +- std, one MLflow "
+        "child per run (0: one run).",
     )
     results: str | None = opt(
         "run", None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record)."
@@ -344,8 +388,7 @@ class TrainConfig:
 
     def changed(self, section: str) -> list[str]:
         """The options of ``section`` set away from their defaults."""
-        defaults = TrainConfig.__dataclass_fields__
-        return [k for k, v in self.section(section).items() if v != defaults[k].default]
+        return [k for k, v in self.section(section).items() if v != self.default_of(k)]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -366,7 +409,12 @@ class TrainConfig:
         unknown = sorted(set(clean) - known)
         if unknown:
             raise ConfigError(f"unknown configuration keys {unknown}; valid keys: {', '.join(sorted(known))}")
-        return cls(**clean)
+        spec = MODELS.get(clean.get("model", cls.__dataclass_fields__["model"].default))
+        return cls(**{**(spec.defaults if spec else {}), **clean})  # the model's defaults where nothing was given
+
+    def default_of(self, name: str) -> Any:
+        """Option ``name``'s default for this config's model (ntp.model_specs.ModelSpec.defaults)."""
+        return model_default(self.model, name, TrainConfig.__dataclass_fields__[name].default)
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> "TrainConfig":
@@ -378,6 +426,8 @@ def _flattened(data: dict[str, Any]) -> dict[str, Any]:
     key must then be in its own section."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
+        if key == RECIPE_KEY:  # a recipe's description (recipes/README.md), not an option
+            continue
         if not (isinstance(value, dict) and key in SECTIONS):
             flat[key] = value
             continue

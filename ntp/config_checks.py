@@ -21,7 +21,21 @@ def validate(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
     _positive(
         cfg, "epochs", "hidden", "nn_layers", "eval_every", "checkpoint_every", "heads", "decoder_layers", "link_batch"
     )
-    _non_negative(cfg, "prop_steps", "patience", "chunk_rows", "threads", "num_bases", "nn_block_rows")
+    _non_negative(
+        cfg,
+        "prop_steps",
+        "patience",
+        "chunk_rows",
+        "threads",
+        "num_bases",
+        "nn_block_rows",
+        "split",
+        "seeds",
+        "warmup_epochs",
+        "plateau_patience",
+    )
+    _check_schedule(cfg)
+    parse_split_list(cfg.splits)
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"--dropout {cfg.dropout} must be in [0, 1); e.g. --dropout 0.5")
     if cfg.input_dropout is not None and not 0.0 <= cfg.input_dropout < 1.0:
@@ -160,3 +174,36 @@ def _non_negative(cfg, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{flag(name)} {getattr(cfg, name)} must be >= 0")
+
+
+def _check_schedule(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
+    if not 0.0 <= cfg.min_lr < cfg.lr:
+        raise ConfigError(f"--min-lr {cfg.min_lr} must be in [0, --lr {cfg.lr}); e.g. --min-lr 0")
+    if not 0.0 < cfg.plateau_factor < 1.0:
+        raise ConfigError(f"--plateau-factor {cfg.plateau_factor} must be in (0, 1); e.g. --plateau-factor 0.5")
+    if cfg.warmup_epochs >= cfg.epochs:
+        raise ConfigError(
+            f"--warmup-epochs {cfg.warmup_epochs} leaves no epoch of training at --lr (--epochs {cfg.epochs}): "
+            "use fewer warm-up epochs, e.g. a tenth of --epochs"
+        )
+    if cfg.lr_schedule == "plateau" and cfg.eval_every != 1:
+        raise ConfigError(
+            "--lr-schedule plateau steps on every epoch's validation metric: use --eval-every 1, or --lr-schedule cosine"
+        )
+
+
+def parse_split_list(text: str, sets: int | None = None) -> list[int] | None:
+    """``--splits``: "" (None: the one --split), "all" (every one of ``sets``), or a comma list of split sets."""
+    text = text.strip()
+    if not text:
+        return None
+    if text == "all":
+        return list(range(sets)) if sets is not None else []
+    try:
+        chosen = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--splits {text!r}: write all, or split sets as a comma list, e.g. --splits 0,1,2") from None
+    if any(k < 0 or (sets is not None and k >= sets) for k in chosen) or len(set(chosen)) != len(chosen):
+        limit = f" 0..{sets - 1}" if sets is not None else ""
+        raise ConfigError(f"--splits {text!r}: each split set once, each in{limit or ' 0..'}; e.g. --splits all")
+    return chosen

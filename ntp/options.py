@@ -24,6 +24,8 @@ Decoder = Literal["mlp", "dot"]
 Precision = Literal["fp32", "bf16"]
 RelNorm = Literal["mean", "total", "sum"]
 Decomposition = Literal["none", "basis", "block"]
+Schedule = Literal["none", "cosine", "plateau"]
+MetricName = Literal["acc", "rocauc"]
 
 
 _UNITS = {
@@ -92,6 +94,8 @@ _LITERALS = {
     "Precision": Precision,
     "RelNorm": RelNorm,
     "Decomposition": Decomposition,
+    "Schedule": Schedule,
+    "MetricName": MetricName,
 }
 
 

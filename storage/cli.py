@@ -16,6 +16,7 @@ examples:
   ntp data prepare ogbn-arxiv --mirror http://host/ogb   same zip from a mirror folder
   ntp data prepare cora --from-dir ../shared/datasets/ogb-layout/cora
   ntp data prepare synthetic --nodes 1000000 --avg-degree 20 --features 64 --classes 10
+  ntp data prepare tolokers --from-npz ../shared/datasets/heterophilous/tolokers.npz   10 split sets, ROC-AUC
   ntp data prepare mygraph --edges e.parquet --node-features x.npy --labels y.npy --splits splits/
   ntp data prepare ogbl-ddi --from-dir ../shared/datasets/ogb-link/ogbl-ddi    link prediction (OGB layout)
   ntp data prepare cora --from-dir ../shared/datasets/ogb-layout/cora --link-split 0.05,0.1
@@ -42,6 +43,13 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--from-dir", metavar="DIR", help="an unzipped OGB-layout folder (raw/, split/); offline")
+    src.add_argument(
+        "--from-npz",
+        metavar="FILE",
+        help="a heterophilous-benchmark .npz (node_features, node_labels, edges, train/val/test_masks; e.g. "
+        "tolokers.npz): every split set kept (`ntp train --split K`), edges symmetrised, 2-class tasks scored "
+        "by ROC-AUC",
+    )
     src.add_argument("--mirror", metavar="URL", help="base URL serving the OGB zip under its official name")
     p.add_argument("--data-dir", metavar="DIR", help="where downloads and stores go (default: $NTP_DATA_DIR or ./data)")
     p.add_argument("--out", metavar="STORE", help="store path (default: DATA_DIR/stores/NAME-HASH)")
@@ -102,6 +110,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
     path = prepare(
         args.name,
         from_dir=args.from_dir,
+        from_npz=args.from_npz,
         mirror=args.mirror,
         data_dir=args.data_dir,
         out=args.out,

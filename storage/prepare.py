@@ -20,6 +20,7 @@ from storage.schema import FEATURE_DTYPES, StoreError
 from storage.sources.base import GraphSource
 from storage.sources.download import fetch_ogb
 from storage.sources.edgelist import edgelist_source
+from storage.sources.heterophilous import heterophilous_source
 from storage.sources.ogb_hetero import is_hetero_folder, ogb_hetero_source
 from storage.sources.ogb_layout import ogb_layout_source
 from storage.sources.ogb_meta import ogb_info, ogb_table
@@ -57,6 +58,7 @@ def prepare(
     name: str,
     *,
     from_dir: PathLike = None,
+    from_npz: PathLike = None,
     mirror: str | None = None,
     data_dir: PathLike = None,
     out: PathLike = None,
@@ -83,7 +85,8 @@ def prepare(
 ) -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
-    name: an OGB node-property dataset (downloaded, or read from `from_dir`), "synthetic",
+    name: an OGB node-property dataset (downloaded, or read from `from_dir`), any name with `from_npz` (the
+    heterophilous benchmarks' .npz, storage.sources.heterophilous: all split sets kept, edges symmetrised), "synthetic",
     "edgelist" (or any name with `edges`), or any name with `from_dir` (an OGB-layout folder).
     Default location: <data_dir>/stores/<name>-<hash of the inputs' bytes and the options>.
     layout: chunk sizes (storage.layout.Layout); they do not change content or the store's path.
@@ -93,8 +96,8 @@ def prepare(
     progress = progress or stderr_progress
     if feature_dtype not in FEATURE_DTYPES:
         raise StoreError(f"feature dtype {feature_dtype!r} is not supported. Fix: use one of {FEATURE_DTYPES}")
-    if from_dir is not None and mirror is not None:
-        raise StoreError("--from-dir and --mirror exclude each other. Fix: pass only one")
+    if sum(x is not None for x in (from_dir, from_npz, mirror, edges)) > 1:
+        raise StoreError("--from-dir, --from-npz, --mirror and --edges exclude each other. Fix: pass only one")
     if self_loops and drop_self_loops:
         raise StoreError("--self-loops and --drop-self-loops contradict each other. Fix: pass only one")
     _check_sizes(nodes, avg_degree, features, classes)
@@ -105,7 +108,7 @@ def prepare(
             "train with --store s3://bucket/store"
         )
     data_dir = _path(data_dir) or default_data_dir().resolve()
-    from_dir, edges = _path(from_dir), _path(edges)
+    from_dir, from_npz, edges = _path(from_dir), _path(from_npz), _path(edges)
     node_features, labels, splits = _path(node_features), _path(labels), _path(splits)
     argv = ["ntp", "data", "prepare", name]
     info = ogb_info(name)
@@ -135,6 +138,12 @@ def prepare(
             str(spec.seed),
         ]
         make_source: Callable[[], GraphSource] = lambda: synthetic_source(spec)
+    elif from_npz is not None:
+        digests = Digests(progress)
+        identity = {"kind": "heterophilous-npz", "name": name, "file": _file_id(from_npz, digests)}
+        digests.save()
+        argv += ["--from-npz", str(from_npz)]
+        make_source = lambda: heterophilous_source(from_npz, name)
     elif edges is not None or name == "edgelist":
         if edges is None:
             raise StoreError(
@@ -194,7 +203,9 @@ def prepare(
             f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
             "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)"
         )
+    # OGB's undirected datasets and the heterophilous files list each edge once: the models run on both directions
     inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic" and not hetero)
+    inverse = inverse or from_npz is not None
     prep = Preprocessing(
         symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops
     )

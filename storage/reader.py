@@ -208,10 +208,17 @@ class GraphStore:
         """Node labels; empty for a link-prediction store (its targets are edges: link_split)."""
         return np.zeros(0, np.int64) if self.meta.task_type == "link" else self._read(S.LABELS)
 
-    def split(self, name: str) -> np.ndarray:
-        """Sorted int64 vertex ids of a split ("train", "valid", "test")."""
+    def split(self, name: str, k: int = 0) -> np.ndarray:
+        """Sorted int64 vertex ids of a split ("train", "valid", "test") of split set ``k`` (0: the store's first
+        or only one; storage.schema.split_array)."""
         if self.meta.task_type == "link":  # edge splits, not vertices: link_split
             return np.zeros(0, np.int64)
+        sets = S.split_sets(self.meta.split_names)
+        if not 0 <= k < sets:
+            raise ValueError(
+                f"store {self.location} has {sets} split set(s) (0..{sets - 1}), not {k}: pass --split 0..{sets - 1}"
+            )
+        name = S.split_array(name, k)
         if name not in self.meta.split_names:
             raise ValueError(f"store {self.location} has no split {name!r}; it has {self.meta.split_names}")
         return self._read(S.SPLIT_PREFIX + name)

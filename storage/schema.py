@@ -38,6 +38,17 @@ def link_array(split: str, kind: str) -> str:
     return f"{LINK_PREFIX}{split}/{kind}"
 
 
+def split_array(name: str, k: int = 0) -> str:
+    """The stored name of split ``name`` (train, valid, test) of split set ``k``: set 0 keeps the plain names (every
+    store has it), set k > 0 of a multi-split store (e.g. the heterophilous benchmarks' ten) is ``NAME_k``."""
+    return name if k == 0 else f"{name}_{k}"
+
+
+def split_sets(split_names: tuple[str, ...] | list[str]) -> int:
+    """How many split sets a node store holds (1 for most; 10 for the heterophilous benchmarks)."""
+    return 1 + sum(1 for s in split_names if re.fullmatch(r"train_[1-9][0-9]*", s))
+
+
 def is_metric(metric: str) -> bool:
     """acc, rocauc, mrr or hits@K (K >= 1)."""
     return metric in METRICS or re.fullmatch(r"hits@[1-9][0-9]*", metric) is not None

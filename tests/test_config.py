@@ -116,3 +116,18 @@ def test_help_groups_options_by_section_and_hides_the_test_hooks(capsys: pytest.
     assert "--fail-rank" not in text and "--fail-at-epoch" not in text
     cfg = config_from_args(parser.parse_args(["--fail-rank", "1", "--fail-at-epoch", "2"]))
     assert (cfg.fail_rank, cfg.fail_at_epoch) == (1, 2)  # hidden, still taken
+
+
+def test_a_models_defaults_apply_where_nothing_was_given_and_reach_the_workers() -> None:
+    from ntp.run.flags import config_to_argv
+
+    rgcn = TrainConfig.from_dict({"model": "rgcn"})
+    assert (rgcn.arch, rgcn.hidden, rgcn.dropout, rgcn.weight_decay, rgcn.epochs) == ("coupled", 16, 0.0, 0.0, 50)
+    assert TrainConfig.from_dict({"model": "gcn"}).arch == "decoupled", "gcn keeps the general defaults"
+    # a value equal to the general default but not the model's must reach torchrun's workers as a flag
+    chosen = TrainConfig.from_dict({"model": "rgcn", "arch": "decoupled", "dropout": 0.5})
+    argv = config_to_argv(chosen)
+    assert argv == ["--model", "rgcn", "--arch", "decoupled", "--dropout", "0.5"]
+    parsed = dict(zip(argv[::2], argv[1::2]))
+    again = TrainConfig.from_dict({k[2:].replace("-", "_"): v for k, v in parsed.items()} | {"dropout": 0.5})
+    assert again == chosen

@@ -10,6 +10,7 @@ import argparse
 from dataclasses import fields
 
 from ntp.config import SECTIONS, TrainConfig
+from ntp.model_specs import MODELS
 from ntp.options import flag, literal_choices, load_config_file
 from ntp.spec import DEVICES, LaunchSpec, resolve
 
@@ -35,7 +36,9 @@ def add_config_arguments(
     }
     for f in chosen:
         section = f.metadata["section"]
-        help_text = f.metadata["help"] + ("" if f.default in (None, "") else f" (default: {f.default})")
+        own = ", ".join(f"{m.name}: {m.defaults[f.name]}" for m in MODELS.values() if f.name in m.defaults)
+        default = "" if f.default in (None, "") else f"default: {f.default}"
+        help_text = f.metadata["help"] + (f" ({'; '.join(x for x in (default, own) if x)})" if default or own else "")
         if section == "testing":
             help_text = argparse.SUPPRESS
         kind = f.type.removesuffix(" | None")
@@ -123,7 +126,7 @@ def config_to_argv(cfg: TrainConfig) -> list[str]:
     argv: list[str] = []
     for f in fields(TrainConfig):
         value = getattr(cfg, f.name)
-        if value is None or value == f.default:
+        if value is None or value == cfg.default_of(f.name):  # the worker's TrainConfig.from_dict fills it alike
             continue
         if f.type == "bool":
             argv += [f"--{flag(f.name)}"] if value else []

@@ -100,11 +100,21 @@ def parse_tags(items: list[str]) -> dict[str, str]:
 
 def _train(args: argparse.Namespace):
     from ntp.run.progress import ProgressBar
+    from ntp.run.repeats import repeated, train_repeats
     from ntp.run.tracking import train_tracked, train_untracked
 
     spec = spec_from_args(args)
     print(f"[ntp] {spec.describe()}", flush=True)
     _check_tracking(args)
+    if repeated(spec.config):
+        if args.register:
+            from ntp.errors import ConfigError
+
+            raise ConfigError("--register names one model; --splits/--seeds train several: register one run's model")
+        summary = train_repeats(
+            spec, track=not args.no_track, experiment=args.experiment, run_name=args.run_name, on_line=print
+        )
+        return summary
     # one process trains here and prints its own lines; a bar is for the output streamed from torchrun
     bar = ProgressBar(spec.config.epochs) if ProgressBar.wanted() and spec.mode != "single" else None
     on_line, consumers = (bar.line, [bar]) if bar else (print, [])
@@ -165,7 +175,7 @@ def _changed_options(cfg) -> str:
     changed = {
         f.name: getattr(cfg, f.name)
         for f in fields(cfg)
-        if f.name not in ("store", "mode", *KEY_FIELDS) and getattr(cfg, f.name) != f.default
+        if f.name not in ("store", "mode", *KEY_FIELDS) and getattr(cfg, f.name) != cfg.default_of(f.name)
     }
     return (
         " ".join(
@@ -193,6 +203,9 @@ def _describe_plan(spec, plan) -> str:
 
 
 def _print_outcome(result) -> None:
+    if hasattr(result, "lines"):  # --splits/--seeds: ntp.run.repeats.RepeatSummary
+        print("\n".join(result.lines()))
+        return
     final = result.final
     if final is not None and final.test_metric is not None:
         print(

@@ -57,9 +57,11 @@ class GraphData:
         return self.num_classes if self.task_type == "multiclass" else self.labels.shape[1]
 
 
-def load_rank_data(store, world: int, rank: int, share: Share = lambda build: build(T.empty)) -> GraphData:
+def load_rank_data(
+    store, world: int, rank: int, share: Share = lambda build: build(T.empty), split: int = 0
+) -> GraphData:
     """Read the whole topology (built through ``share``: once per node when shared) and this rank's feature rows
-    from ``store`` (a path, or an open ``storage.GraphStore``)."""
+    from ``store`` (a path, or an open ``storage.GraphStore``); the node splits of split set ``split``."""
     from storage import open_store
 
     store = open_store(store) if isinstance(store, (str, os.PathLike)) else store
@@ -69,7 +71,7 @@ def load_rank_data(store, world: int, rank: int, share: Share = lambda build: bu
         topology=T.Topology.from_arrays(share(lambda alloc: store_topology(store, alloc))),
         features=store.features(rows=slice(start, stop)),
         labels=store.labels(),
-        splits={name: store.split(name) for name in ("train", "valid", "test")},
+        splits={name: store.split(name, split) for name in ("train", "valid", "test")},
         feature_dim=meta.feature_dim,
         num_classes=meta.num_classes,
         task_type=meta.task_type,
@@ -136,7 +138,7 @@ def from_arrays(
     )
 
 
-def load_shared(store, env) -> GraphData:  # noqa: ANN001 (storage.Store, ntp.engine.distributed.dist.DistEnv)
+def load_shared(store, env, split: int = 0) -> GraphData:  # noqa: ANN001 (storage.Store, ntp...dist.DistEnv)
     """This rank's data from an opened store; the topology is built once per machine and shared by its ranks
     (ntp.engine.graph.node_shared)."""
     from ntp.engine.graph.node_shared import job_key, on_node
@@ -149,4 +151,4 @@ def load_shared(store, env) -> GraphData:  # noqa: ANN001 (storage.Store, ntp.en
         key=job_key(meta.fingerprint),
         required_bytes=topology_bytes(meta.num_nodes, meta.num_edges),
     )
-    return load_rank_data(store, env.world, env.rank, share)
+    return load_rank_data(store, env.world, env.rank, share, split)

@@ -55,6 +55,7 @@ class Job:
     global_train_count: int  #: what the loss is averaged over on all ranks (labeled vertices, positive edges)
     task: Task
     best: Best = field(default_factory=Best)
+    schedule: Any = None  #: the learning-rate schedule (ntp.engine.train.schedule.Schedule), made by the loop
     history: list[EpochRecord] = field(default_factory=list)  #: epoch records (rank 0 writes them)
 
 

@@ -15,6 +15,7 @@ from ntp.engine.distributed.collectives import all_gather_objects
 from ntp.engine.distributed.dist import distributed
 from ntp.engine.tasks.base import Best, Job
 from ntp.engine.train import checkpoint
+from ntp.engine.train.schedule import Schedule
 from ntp.engine.train.setup import DataLoader, setup
 from ntp.engine.train.sinks import RecordSink, default_sinks
 from ntp.errors import CheckpointError, TrainingError
@@ -66,6 +67,7 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
     """Train for cfg.epochs (or until early stopping); returns the final record. Rank 0 writes every record to
     ``sinks`` (default: the results file of the config and the console)."""
     cfg, env = job.cfg, job.env
+    job.schedule = Schedule(cfg, job.optimizer)
     start = _maybe_resume(job)
     sinks = sinks if sinks is not None else default_sinks(cfg, env.is_main)
     if not env.is_main:
@@ -79,6 +81,7 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
         rec = _run_epoch(job, epoch)
         if rec.valid_metric is not None:
             stale = 0 if _update_best(job, epoch, rec.metrics()) else stale + 1
+        job.schedule.step(epoch, rec.valid_metric)
         job.history.append(rec)
         for sink in sinks:
             sink.write(rec)
@@ -111,6 +114,7 @@ def _run_epoch(job: Job, epoch: int) -> EpochRecord:
     job.comm.stats.reset()
     reset_peak_memory(env.device)
     job.ctx.reset_stats()
+    lr = job.schedule.lr()
     t0, cpu0 = time.perf_counter(), time.process_time()
     loss = train_step(job, epoch)
     epoch_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
@@ -129,6 +133,7 @@ def _run_epoch(job: Job, epoch: int) -> EpochRecord:
         train_metric=metrics.get("train"),
         valid_metric=metrics.get("valid"),
         test_metric=metrics.get("test"),
+        lr=lr,
         workers=workers,
     )
 
@@ -155,6 +160,7 @@ def _state(job: Job) -> dict:
     return {
         "model": job.model.state_dict(),
         "optimizer": job.optimizer.state_dict(),
+        "schedule": job.schedule.state_dict(),
         "best": dataclasses.asdict(job.best),
         "history": [dataclasses.asdict(r) for r in job.history],
         "config": job.cfg.to_dict(),
@@ -192,6 +198,7 @@ def _restore(job: Job, path: Path, state: dict) -> None:
         ) from exc
     for group, options in zip(job.optimizer.param_groups, today):
         group.update(options)
+    job.schedule.resume(int(state["epoch"]) + 1, state.get("schedule"))
     job.best = Best(**state["best"])
     job.history[:] = [from_dict(r) for r in state["history"]]
 

@@ -21,20 +21,23 @@ def read_predictions(export: str | Path) -> Any:
     return pd.read_parquet(export).sort_values("node_id", ignore_index=True)
 
 
-def evaluation_table(pred: Any, store: Any) -> Any:
-    """One row per split: nodes with a label, the store's metric recomputed from the predictions."""
+def evaluation_table(pred: Any, store: Any, metric: str | None = None, split_set: int = 0) -> Any:
+    """One row per split of split set ``split_set``: nodes with a label, the metric (the model's ``metric``, else
+    the store's) recomputed from the predictions."""
     import pandas as pd
 
     meta, labels = store.meta, store.labels()
+    metric = metric or meta.metric
+    ogb = meta.ogb_name if metric == meta.metric else None
     rows = []
     for split in SPLITS:
-        ids = np.asarray(store.split(split), np.int64)
+        ids = np.asarray(store.split(split, split_set), np.int64)
         y = labels[ids]
         labeled = y >= 0 if y.ndim == 1 else ~np.isnan(y).all(axis=1)
         ids, y = ids[labeled], y[labeled]
-        scores = pred["pred"].to_numpy()[ids] if meta.metric == "acc" else np.stack(pred["prob"].to_numpy()[ids])
-        value = compute_metric(meta.metric, y, scores, meta.ogb_name) if len(ids) else float("nan")
-        rows.append({"split": split, "metric": meta.metric, "value": value, "nodes": len(ids)})
+        scores = pred["pred"].to_numpy()[ids] if metric == "acc" else np.stack(pred["prob"].to_numpy()[ids])
+        value = compute_metric(metric, y, scores, ogb) if len(ids) else float("nan")
+        rows.append({"split": split, "metric": metric, "value": value, "nodes": len(ids)})
     return pd.DataFrame(rows)
 
 
@@ -82,7 +85,14 @@ def confusion_figure(matrix: np.ndarray, title: str) -> Any:
     return fig
 
 
-def log_evaluation_report(run_id: str, export: str | Path, store_path: str | Path, uri: str | None = None) -> Any:
+def log_evaluation_report(
+    run_id: str,
+    export: str | Path,
+    store_path: str | Path,
+    uri: str | None = None,
+    metric: str | None = None,
+    split_set: int = 0,
+) -> Any:
     """Log ``tables/evaluation.json`` and, for multi-class stores, ``tables/per_class_test.json`` and
     ``plots/confusion_test.png`` into ``run_id``. Returns the evaluation table."""
     from storage import open_store
@@ -90,10 +100,10 @@ def log_evaluation_report(run_id: str, export: str | Path, store_path: str | Pat
     store = open_store(store_path)
     pred = read_predictions(export)
     c = client(uri)
-    table = evaluation_table(pred, store)
+    table = evaluation_table(pred, store, metric, split_set)
     c.log_table(run_id, data=table, artifact_file="tables/evaluation.json")
     if store.meta.task_type == "multiclass":
-        test = np.asarray(store.split("test"), np.int64)
+        test = np.asarray(store.split("test", split_set), np.int64)
         y = store.labels()[test]
         test, y = test[y >= 0], y[y >= 0]
         matrix = confusion_matrix(y, pred["pred"].to_numpy()[test], store.meta.num_classes)
@@ -118,17 +128,17 @@ def track_evaluation(
     """An evaluation in MLflow: the metrics into ``run_id`` (or a new evaluate run), the report of ``export``
     (None: a link model, no node predictions), and with ``register`` the model as a new version of that registered
     model. Returns {"run_id", and with register "model_uri", "version"}."""
+    from ntp.engine.infer.inference import load_saved
     from ntp.run.tracking.mlflow_model import log_mlflow_model
     from ntp.run.tracking.runs import log_evaluation
     from storage import open_store
 
     run_id = log_evaluation(run_id, metrics, model_path=model_path, store=store_path, experiment=experiment, uri=uri)
     if export is not None:
-        log_evaluation_report(run_id, export, store_path, uri)
+        split_set = int(load_saved(model_path)["config"].get("split", 0))
+        log_evaluation_report(run_id, export, store_path, uri, metrics.get("metric"), split_set)
     out: dict[str, Any] = {"run_id": run_id}
     if register:
-        from ntp.engine.infer.inference import load_saved
-
         meta = open_store(store_path).meta.to_dict()
         logged = log_mlflow_model(
             run_id,

@@ -125,6 +125,8 @@ def epoch_metrics(record: EpochRecord) -> dict[str, float]:
     out = {"loss": float(record.loss)}
     out.update({f"{split}_metric": float(v) for split, v in record.metrics().items()})
     out["epoch_s"] = float(record.epoch_s)
+    if record.lr is not None:
+        out["lr"] = float(record.lr)
     return out
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ntp.engine.tasks import task_for
+from ntp.engine.train.schedule import describe as describe_schedule
 from ntp.records import FinalRecord, read_results
 from ntp.run.launch import launch_training, leads
 from ntp.run.tracking.live import Consumer, EpochLogger, ResultsFollower
@@ -87,6 +88,7 @@ def train_tracked(
     store_meta = open_store(cfg.store).meta
     meta = store_meta.to_dict()
     params = cfg.for_task(meta["task_type"]).to_dict()  # the values the ranks train with
+    params["lr_schedule_resolved"] = describe_schedule(cfg)
     with start_training_run(
         params,
         world_size=spec.world_size,

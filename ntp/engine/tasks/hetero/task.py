@@ -194,6 +194,13 @@ class HeteroTask:
         self.check(cfg)
         labels = torch.from_numpy(np.asarray(store.labels(), np.int64))
         count_train_labels(store.meta.name, labels, store.split("train"))
+        if not any(r.get("reverse_of") for r in store.meta.hetero.get("relations", [])):
+            print(
+                f"[ntp] note: store {store.meta.name} has no reverse relations; R-GCN as its paper and PyG's "
+                "example run it adds them: `ntp data prepare ... --add-reverse` (a node then hears the nodes it "
+                "points to, not only those pointing at it)",
+                flush=True,
+            )
 
     def plan(self, cfg: TrainConfig, store: Any, world: int, device: str, mode: str) -> ChunkPlan | None:
         """R-GCN's plan every rank will compute (ntp.engine.tasks.hetero.memory), from the store's relations."""

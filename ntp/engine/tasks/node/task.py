@@ -53,7 +53,10 @@ class NodeTask:
         refuse_section(cfg, "rgcn", "node classification on a homogeneous graph")
 
     def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> GraphData:
-        return load_shared(store, env)
+        data = load_shared(store, env, _checked_split(cfg, store))
+        if cfg.metric is not None:
+            data.metric = cfg.metric
+        return data
 
     def build(self, cfg: TrainConfig, env: DistEnv, data: GraphData) -> Job:
         self.check(cfg)
@@ -140,7 +143,10 @@ class NodeTask:
 
     def check_store(self, cfg: TrainConfig, store: Any) -> None:
         self.check(cfg)
-        count_train_labels(store.meta.name, torch.from_numpy(store.labels()), store.split("train"))
+        train = store.split("train", _checked_split(cfg, store))
+        count_train_labels(store.meta.name, torch.from_numpy(store.labels()), train)
+        if cfg.metric == "rocauc" and store.meta.task_type == "multiclass" and store.meta.num_classes < 2:
+            raise ConfigError("--metric rocauc ranks two or more classes; this store has one: use --metric acc")
 
     def plan(self, cfg: TrainConfig, store: Any, world: int, device: str, mode: str) -> ChunkPlan | None:
         if not cfg.memory_budget_bytes or cfg.chunk_rows or mode == "data":
@@ -165,6 +171,19 @@ class NodeTask:
                 cfg, nn_on_device=device == "cpu" or cfg.nn_device == "device", **shape
             )
         return placement.store_plan(cfg, store, world, device, resident, out_dim)
+
+
+def _checked_split(cfg: TrainConfig, store: Any) -> int:
+    """--split, when the store holds that split set (a ConfigError naming the choices otherwise)."""
+    from storage.schema import split_sets
+
+    sets = split_sets(store.meta.split_names)
+    if cfg.split >= sets:
+        raise ConfigError(
+            f"--split {cfg.split}: store {store.meta.name} holds {sets} split set(s); choose 0..{sets - 1}"
+            + ("" if sets > 1 else " (stores from `ntp data prepare --from-npz` hold several)")
+        )
+    return cfg.split
 
 
 def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torch.nn.Module) -> placement.NNPlacement:
@@ -212,15 +231,21 @@ def split_metrics(job: Job, logits: torch.Tensor) -> dict[str, float]:
 
 
 def _gathered_metric(job: Job, logits: torch.Tensor) -> dict[str, float]:
-    """ROC-AUC (and OGB's evaluator) need every score: gather them to every rank."""
-    scores = logits if job.data.task_type == "multiclass" else torch.sigmoid(logits)
+    """ROC-AUC (and OGB's evaluator) need every score: gather them to every rank, which then all compute the
+    metric of the same numbers as one process would."""
+    multiclass = job.data.task_type == "multiclass"
+    scores = torch.softmax(logits.float(), dim=1) if multiclass else torch.sigmoid(logits)
     full = job.comm.all_gather_rows(scores.to(job.comm.device).contiguous(), ALLREDUCE).cpu().numpy()
     labels = np.asarray(job.data.labels)
     out = {}
     for name in SPLITS:
         ids = np.asarray(job.data.splits[name], dtype=np.int64)
-        pred = full[ids].argmax(1) if job.data.metric == "acc" else full[ids]
-        out[name] = compute_metric(job.data.metric, labels[ids], pred, job.data.ogb_name)
+        ids = ids[labels[ids] >= 0] if multiclass else ids
+        y, pred = labels[ids], full[ids]
+        if job.data.metric == "acc":
+            pred = pred.argmax(1)
+        ogb = job.data.ogb_name if job.data.metric == job.data.meta.get("metric") else None  # not under --metric
+        out[name] = compute_metric(job.data.metric, y, pred, ogb)
     return out
 
 
