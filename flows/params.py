@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ntp.config import TrainConfig
+from ntp.config import REPEAT_OPTIONS, TrainConfig
 from ntp.spec import Device, LaunchSpec, resolve
 
 
@@ -77,8 +77,8 @@ def _training_options() -> type[BaseModel]:
     hints = typing.get_type_hints(TrainConfig)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(TrainConfig):
-        if f.name == "store":
-            continue  # the store comes from the prepare step (or the train flow's own parameter)
+        if f.name == "store" or f.name in REPEAT_OPTIONS:
+            continue  # the store comes from the prepare step (or the train flow's own parameter); one job a flow
         fields[f.name] = (hints[f.name], Field(f.default, description=f.metadata["help"]))
     return create_model(
         "TrainingOptions",
@@ -135,13 +135,6 @@ class LaunchOptions(BaseModel):
 def launch_spec(training: BaseModel, launch: LaunchOptions, *, store: str) -> LaunchSpec:
     """The resolved launch of the form's training and launch options on ``store`` (ntp.spec.resolve)."""
     cfg = TrainConfig.from_dict({**training.model_dump(exclude_unset=True), "store": store})
-    if cfg.splits.strip() or cfg.seeds:
-        from ntp.errors import ConfigError
-
-        raise ConfigError(
-            "splits/seeds (several runs under one MLflow parent) run from `ntp train --splits/--seeds`; "
-            "the train flow trains one job: drop them, or pass split and seed for one run"
-        )
     return resolve(
         cfg,
         nproc=launch.nproc,

@@ -12,6 +12,7 @@ import types
 import typing
 from typing import Any, get_args, get_origin
 
+from ntp.config import REPEAT_OPTIONS
 from ntp.run.flags import add_config_arguments, add_launch_arguments, config_from_args
 
 #: DatasetOptions fields whose flag differs from the field name (TrainConfig already owns --seed).
@@ -66,7 +67,7 @@ def add_pipeline_command(subparsers: Any) -> argparse.ArgumentParser:
         "$MLFLOW_TRACKING_URI). Uses $PREFECT_API_URL when set, else an ephemeral Prefect.",
     )
     add_dataset_arguments(p.add_argument_group("dataset (as `ntp data prepare`)"))
-    add_config_arguments(p, exclude=("store",), title="training (as `ntp train`): ")
+    add_config_arguments(p, exclude=("store", *REPEAT_OPTIONS), title="training (as `ntp train`): ")
     launch = p.add_argument_group("launch (as `ntp train`)")
     add_launch_arguments(launch)
     launch.add_argument("--retries", type=int, default=0, help="retry a failed training job N times (default 0)")
@@ -107,6 +108,9 @@ def params_from_args(args: argparse.Namespace) -> Any:
 
     cfg = config_from_args(args).to_dict()
     cfg.pop("store")
+    repeats = {name: cfg.pop(name) for name in REPEAT_OPTIONS}
+    if any(repeats.values()):  # only from a --config file: the flags are not offered
+        raise SystemExit(f"error: the pipeline trains one job; {repeats} run from `ntp train`: drop them from --config")
     dataset = {name: getattr(args, f"data_{name}") for name in DatasetOptions.model_fields if name != "name"}
     return PipelineParams(
         dataset=DatasetOptions(name=args.name, **dataset),

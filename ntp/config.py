@@ -39,6 +39,8 @@ from ntp.options import (
 WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
 #: A config file's top-level key that training ignores: what a recipe (recipes/) reproduces and how its store is made.
 RECIPE_KEY = "recipe"
+#: Options of `ntp train` alone (it runs one job per split set and seed): a flow or `ntp pipeline` trains one job.
+REPEAT_OPTIONS = ("splits", "seeds")
 #: Keys of configs saved by older versions -> their names now.
 RENAMED_KEYS = {"pipeline": "overlap", "timeout_s": "collective_timeout_s"}
 #: Fields that steer how long a run goes, where it writes and how it spreads the work, not what an epoch computes

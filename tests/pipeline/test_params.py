@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from flows.params import DatasetOptions, LaunchOptions, PipelineParams, TrainingOptions, launch_spec
-from ntp.config import ConfigError, TrainConfig
+from ntp.config import REPEAT_OPTIONS, ConfigError, TrainConfig
 from tests.pipeline.conftest import PROJECT
 
 
 def test_training_options_mirror_train_config() -> None:
-    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "store"]
+    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("store", *REPEAT_OPTIONS)]
     assert list(TrainingOptions.model_fields) == names
     defaults = TrainConfig()
     for name, field in TrainingOptions.model_fields.items():

@@ -25,7 +25,8 @@ from ntp.run.sweep.trial import (
     run_trial,
     slot_queue,
 )
-from ntp.run.tracking.mlflow_store import TAG_KIND, client, data_dir, experiment_id, git_commit, tracking_uri
+from ntp.run.tracking.mlflow_store import client, data_dir, experiment_id, tracking_uri
+from ntp.run.tracking.nested import create_parent
 from ntp.run.tracking.orphans import end_status, launcher_tags
 
 SAMPLERS = ("tpe", "random", "grid")
@@ -168,15 +169,6 @@ def parent_run(study: Any, settings: SweepSettings, experiment: str, c: Any) -> 
         for key, value in launcher_tags().items():  # this process now owns it
             c.set_tag(run_id, key, value)
         return run_id
-    tags = {
-        TAG_KIND: "sweep",
-        TAG_SWEEP: settings.study_name,
-        "mlflow.source.name": "ntp sweep",
-        "git_commit": git_commit() or "",
-        **launcher_tags(),
-    }
-    run = c.create_run(experiment_id(experiment, c), run_name=f"sweep-{settings.study_name}", tags=tags)
-    run_id = run.info.run_id
     params = {
         "study": settings.study_name,
         "store": settings.store,
@@ -187,8 +179,14 @@ def parent_run(study: Any, settings: SweepSettings, experiment: str, c: Any) -> 
         "seed": settings.seed,
         "search_space": json.dumps(settings.space.as_dict(), default=str),
     }
-    for key, value in params.items():
-        c.log_param(run_id, key, str(value)[:6000])
+    run_id = create_parent(
+        c,
+        experiment_id(experiment, c),
+        kind="sweep",
+        run_name=f"sweep-{settings.study_name}",
+        params=params,
+        tags={TAG_SWEEP: settings.study_name, "mlflow.source.name": "ntp sweep"},
+    )
     study.set_user_attr(PARENT_ATTR, run_id)
     return run_id
 

@@ -52,13 +52,8 @@ def parent_run(
     c = client(uri or tracking_uri())
     exp_id = experiment_id(experiment, c)
     close_orphaned_runs(c, exp_id)
-    all_tags = {TAG_KIND: kind, TAG_GIT: git_commit(), **launcher_tags(), **(tags or {})}
-    run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in all_tags.items() if v is not None})
-    parent = ParentRun(run.info.run_id, exp_id, c)
+    parent = ParentRun(create_parent(c, exp_id, kind=kind, run_name=run_name, params=params, tags=tags), exp_id, c)
     try:
-        from mlflow.entities import Param
-
-        c.log_batch(parent.run_id, params=[Param(k, _param_value(v)) for k, v in (params or {}).items()])
         yield parent
     except BaseException as exc:
         try:
@@ -68,3 +63,22 @@ def parent_run(
         raise
     else:
         c.set_terminated(parent.run_id, "FINISHED")
+
+
+def create_parent(
+    c: Any,
+    exp_id: str,
+    *,
+    kind: str,
+    run_name: str | None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, Any] | None = None,
+) -> str:
+    """A new RUNNING parent run of ``kind`` (its ``ntp.kind`` tag: repeats, sweep) owned by this process; its id.
+    Ending it is the caller's (``parent_run`` here; a sweep ends or reopens its own)."""
+    from mlflow.entities import Param
+
+    all_tags = {TAG_KIND: kind, TAG_GIT: git_commit(), **launcher_tags(), **(tags or {})}
+    run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in all_tags.items() if v is not None})
+    c.log_batch(run.info.run_id, params=[Param(k, _param_value(v)) for k, v in (params or {}).items()])
+    return run.info.run_id
