@@ -437,3 +437,16 @@ def single_process_settings(args) -> tuple[int, int, Path | None, str]:
     if dgl_py is None:
         print(f"DGL: {dgl_note}")
     return repeats, threads, dgl_py, dgl_note
+
+
+def real_store(name: str) -> Path:
+    """The real graph ``name`` of ../shared/datasets (OGB layout), symmetrised, as a store (built once)."""
+    from storage import prepare
+
+    return prepare(
+        name,
+        from_dir=DATASETS / "ogb-layout" / name,
+        symmetrize=True,
+        progress=lambda line: None,
+        out=data_dir() / "bench-inputs" / f"{name}-sym",
+    )

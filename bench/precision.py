@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import statistics
 import sys
-from pathlib import Path
 
-from common import DATASETS, base_parser, data_dir, report
+from common import base_parser, real_store, report
 from runs import run_job
 
 GRAPHS = ("cora", "citeseer", "amazon-photo")
@@ -20,18 +19,6 @@ MODELS = {
     "gcn coupled": dict(model="gcn", arch="coupled"),
     "sage coupled": dict(model="sage", arch="coupled"),
 }
-
-
-def store_for(name: str) -> Path:
-    from storage import prepare
-
-    return prepare(
-        name,
-        from_dir=DATASETS / "ogb-layout" / name,
-        symmetrize=True,
-        progress=lambda line: None,
-        out=data_dir() / "bench-inputs" / f"{name}-sym",
-    )
 
 
 def row(graph: str, model: str, precision: str, runs: list[dict]) -> dict:
@@ -62,7 +49,7 @@ def main() -> None:
         args.graphs, args.models, args.seeds, args.epochs = ["cora"], ["gcn decoupled"], 2, 50
     rows = []
     for graph in args.graphs:
-        store = store_for(graph)
+        store = real_store(graph)
         for model in args.models:
             pair = []
             for precision in ("fp32", "bf16"):

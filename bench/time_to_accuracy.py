@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import DATASETS, REPO, _random_splits, _write_edges, base_parser, data_dir, report
+from common import REPO, _random_splits, _write_edges, base_parser, data_dir, real_store, report
 
 REAL = ("cora", "citeseer", "amazon-photo", "coauthor-cs")
 MODEL = {"layers": 3, "hidden": 256, "dropout": 0.5}
@@ -85,18 +85,6 @@ def planted_store(nodes: int, classes: int, degree: float, homophily: float, fea
         splits=work / "splits",
         dedup=True,
         progress=lambda line: None,
-    )
-
-
-def real_store(name: str) -> Path:
-    from storage import prepare
-
-    return prepare(
-        name,
-        from_dir=DATASETS / "ogb-layout" / name,
-        symmetrize=True,
-        progress=lambda line: None,
-        out=data_dir() / "bench-inputs" / f"{name}-sym",
     )
 
 

@@ -6,7 +6,6 @@ deployment runs on the same pool and worker."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import urllib.request
@@ -15,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.pipeline.conftest import CORA
-from tests.pipeline.test_deployment import UUID, _free_port, _get, _prefect, _started, _wait_healthy
+from tests.pipeline.test_deployment import (
+    UUID,
+    _free_port,
+    _get,
+    _prefect,
+    _started,
+    _wait_healthy,
+    deployment_env,
+)
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -50,17 +57,7 @@ def test_worse_model_keeps_the_champion_better_one_moves_it_and_triggers_predict
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        {
-            "PREFECT_HOME": str(tmp_path / "prefect"),
-            "PREFECT_API_URL": api,
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_SERVER_UI_ENABLED": "false",
-            "MLFLOW_TRACKING_URI": mlflow_uri,
-            "NTP_DATA_DIR": str(tmp_path / "data"),
-        }
-    )
+    env = deployment_env(tmp_path, api, mlflow_uri)
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     server_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     predictions = tmp_path / "predictions"

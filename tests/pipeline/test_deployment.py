@@ -84,12 +84,8 @@ def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout: float 
     raise AssertionError(f"prefect server not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def test_deployment_loop(tmp_path: Path) -> None:
-    if not CORA.is_dir():
-        pytest.skip(f"{CORA} is missing")
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def deployment_env(tmp_path: Path, api: str, mlflow_uri: str) -> dict[str, str]:
+    """This environment without its Prefect settings, plus a Prefect home, API and MLflow store of the test's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         {
@@ -101,6 +97,16 @@ def test_deployment_loop(tmp_path: Path) -> None:
             "NTP_DATA_DIR": str(tmp_path / "data"),
         }
     )
+    return env
+
+
+def test_deployment_loop(tmp_path: Path) -> None:
+    if not CORA.is_dir():
+        pytest.skip(f"{CORA} is missing")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = deployment_env(tmp_path, api, mlflow_uri)
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     params = {
         "params": {
