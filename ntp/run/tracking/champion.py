@@ -52,10 +52,7 @@ def register_challenger(
 
     mlflow.set_tracking_uri(uri or tracking_uri())
     c = client(uri)
-    tags = {TAG_FINGERPRINT: fingerprint, TAG_METRIC: metric}
-    for key, value in ((TAG_VALID, valid_metric), (TAG_TEST, test_metric)):
-        if value is not None:
-            tags[key] = repr(float(value))
+    tags = _version_tags(fingerprint, valid_metric, test_metric, metric)
     version = str(mlflow.register_model(model_uri, name, tags=tags).version)
     c.set_registered_model_alias(name, CHALLENGER, version)
     return version
@@ -74,15 +71,19 @@ def tag_version(
     """Tag an already registered version (``ntp train --register``) as :func:`register_challenger` does, and name it
     the challenger."""
     c = client(uri)
-    for key, value in (
-        (TAG_FINGERPRINT, fingerprint),
-        (TAG_METRIC, metric),
-        (TAG_VALID, None if valid_metric is None else repr(float(valid_metric))),
-        (TAG_TEST, None if test_metric is None else repr(float(test_metric))),
-    ):
+    for key, value in _version_tags(fingerprint, valid_metric, test_metric, metric).items():
         if value:
             c.set_model_version_tag(name, version, key, value)
     c.set_registered_model_alias(name, CHALLENGER, version)
+
+
+def _version_tags(fingerprint: str, valid_metric: float | None, test_metric: float | None, metric: str) -> dict:
+    """A challenger version's tags: its store's fingerprint, its metric's name and the metrics it has."""
+    tags = {TAG_FINGERPRINT: fingerprint, TAG_METRIC: metric}
+    for key, value in ((TAG_VALID, valid_metric), (TAG_TEST, test_metric)):
+        if value is not None:
+            tags[key] = repr(float(value))
+    return tags
 
 
 def _float(tags: dict[str, str], key: str) -> float | None:
