@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,6 +13,7 @@ from typing import Callable
 from ntp.config import TrainConfig
 from ntp.config_checks import parse_split_list
 from ntp.errors import ConfigError, TrainingError
+from ntp.run.scratch import owned_tempdir
 from ntp.spec import LaunchSpec
 
 
@@ -122,7 +122,7 @@ def train_repeats(
                 name = f"{base}-split{cfg.split}-seed{cfg.seed}"
                 result = train_tracked(child, experiment=exp, run_name=name, on_line=on_line, tags=tags)
             else:  # the final record is read from the results file: one in a scratch folder unless --results
-                with tempfile.TemporaryDirectory(prefix="ntp-repeat-") as tmp:
+                with owned_tempdir("ntp-repeat-") as tmp:  # a killed launcher's is swept by the next
                     if not cfg.results:
                         child = dataclasses.replace(child, config=cfg.replace(results=str(Path(tmp) / "r.jsonl")))
                     result = train_untracked(child, on_line=on_line)
