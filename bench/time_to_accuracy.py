@@ -1,22 +1,26 @@
-"""Full graph or sampling? Validation accuracy against training time: ntp (tensor parallel, full graph) and PyG's
-``NeighborLoader`` GraphSAGE (mini-batches of sampled neighbourhoods), on the same store.
+"""Full graph or sampling? Validation accuracy against training time: ntp (tensor parallel, full graph) and
+mini-batch GraphSAGE on sampled neighbourhoods (PyG's ``NeighborLoader`` and DGL's ``NeighborSampler``), on the same
+store.
 
-    python bench/time_to_accuracy.py --quick                       # Cora and a 20k-vertex planted graph
-    python bench/time_to_accuracy.py                               # real graphs + 200k-vertex planted graph
+    python bench/time_to_accuracy.py --quick --with-dgl            # Cora and a 20k-vertex planted graph
+    python bench/time_to_accuracy.py --with-dgl                    # real graphs + 200k-vertex planted graph
     python bench/time_to_accuracy.py --graphs planted --planted-nodes 2400000 --device cuda   # products scale
 
-Both train the same model: 3 GraphSAGE layers (mean), hidden 256, dropout 0.5, as PyG's OGB products example;
-each with its own example's optimiser settings (ntp: full-graph Adam lr 0.01; PyG: Adam lr 0.003, fan-outs 15, 10,
-5, batches of 1024 training vertices, as examples/ogbn_products_sage.py). ntp runs ``ntp train --mode tp --nproc 2``
-(torchrun, gloo) and evaluates every epoch; PyG evaluates every ``--pyg-eval-every`` batches with the whole graph.
-The time axis is training time only (ntp: the sum of its epochs; PyG: sampling, copying and training steps), not
-start-up or evaluation. The table gives, per system, its best validation accuracy, the test accuracy at that
-point, and the training time to reach 98 % of the better system's best validation accuracy (``--fraction``).
+Every system trains the same model: 3 GraphSAGE layers (mean), hidden 256, dropout 0.5, as PyG's OGB products
+example; each with its own kind of optimiser settings (ntp: full-graph Adam lr 0.01; mini-batch: Adam lr 0.003,
+fan-outs 15, 10, 5, batches of 1024 training vertices, as PyG's examples/ogbn_products_sage.py, for both samplers).
+ntp runs ``ntp train --mode tp --nproc 2`` (torchrun, gloo) and evaluates every epoch; the mini-batch systems
+get as much training time as ntp's epochs took on that graph (``--minibatch-seconds`` sets it) and evaluate every
+``--eval-every`` batches with the whole graph. The time axis is training time only (ntp: the sum of
+its epochs; mini-batch: sampling, slicing and training steps), not start-up or evaluation. The table gives, per
+system, its best validation accuracy, the test accuracy at that point, and the training time to reach 98 % of the
+best validation accuracy any system reached (``--fraction``).
 
 Graphs: Cora, CiteSeer, Amazon Photo and Coauthor CS (../shared/datasets/ogb-layout, symmetrised) and ``planted``,
 a planted-partition graph: each vertex draws ``--degree`` / 2 edges, a share ``--homophily`` of them inside its
 class; its features are its class's centre plus noise (``--signal``), so neither the features nor the structure
-alone recover the labels, and accuracy means something. PyG's sampler needs pyg-lib or torch-sparse.
+alone recover the labels, and accuracy means something. PyG's sampler needs pyg-lib or torch-sparse (its row is
+left out, with the reason, where neither is installed); DGL runs in its own environment (``--with-dgl`` builds it).
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO, _random_splits, _write_edges, base_parser, data_dir, real_store, report
+from common import REPO, _random_splits, _write_edges, base_parser, data_dir, dgl_python, real_store, report, run_dgl
 
 REAL = ("cora", "citeseer", "amazon-photo", "coauthor-cs")
 MODEL = {"layers": 3, "hidden": 256, "dropout": 0.5}
-PYG_EXAMPLE = {"fanouts": [15, 10, 5], "batch_size": 1024, "lr": 0.003}
+MINIBATCH = {"fanouts": [15, 10, 5], "batch_size": 1024, "lr": 0.003}  # PyG's OGB products example
 
 
 # -- the measure ------------------------------------------------------------------------------------------------------
@@ -114,7 +118,21 @@ def run_ntp(store: Path, epochs: int, lr: float, ranks: int, device: str, timeou
     return {"curve": curve, "test_at": test, "wall_s": wall}
 
 
-# -- PyG: NeighborLoader mini-batches ---------------------------------------------------------------------------------
+# -- mini-batch peers: PyG's NeighborLoader, DGL's NeighborSampler ----------------------------------------------------
+def store_arrays(store: Path) -> dict[str, np.ndarray]:
+    """The store's CSR of in-neighbours, features, labels and labelled split members, as numpy arrays."""
+    from storage import open_store
+
+    s = open_store(store)
+    y = np.asarray(s.labels(), np.int64)
+    out = {"indptr": np.asarray(s.indptr(), np.int64), "indices": np.asarray(s.indices(), np.int64)}
+    out |= {"x": np.asarray(s.features(), np.float32), "y": y}
+    for k in ("train", "valid", "test"):
+        ids = np.asarray(s.split(k), np.int64)
+        out[k] = ids[y[ids] >= 0]
+    return out
+
+
 def sampler_ready() -> str | None:
     """None when PyG can sample neighbours here, else why not."""
     import torch_geometric.typing as pyg_typing
@@ -130,35 +148,30 @@ def sampler_ready() -> str | None:
     )
 
 
-def run_pyg(store: Path, epochs: int, lr: float, eval_every: int, device: str, threads: int) -> dict:
+def run_pyg(store: Path, epochs: int, seconds: float, lr: float, eval_every: int, device: str, threads: int) -> dict:
     import torch
     import torch.nn.functional as F
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
     from torch_geometric.nn import GraphSAGE
 
-    from storage import open_store
-
     torch.set_num_threads(threads)
-    s = open_store(store)
-    indptr = torch.from_numpy(np.asarray(s.indptr(), np.int64))
-    src = torch.from_numpy(np.asarray(s.indices(), np.int64))
+    a = {k: torch.from_numpy(v) for k, v in store_arrays(store).items()}
+    indptr, src, y = a["indptr"], a["indices"], a["y"]
     n = len(indptr) - 1
     dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
-    y = torch.from_numpy(np.asarray(s.labels(), np.int64))
-    data = Data(x=torch.from_numpy(np.asarray(s.features(), np.float32)), edge_index=torch.stack([src, dst]), y=y)
-    split = {k: torch.from_numpy(np.asarray(s.split(k), np.int64)) for k in ("train", "valid", "test")}
-    split = {k: v[y[v] >= 0] for k, v in split.items()}
+    data = Data(x=a["x"], edge_index=torch.stack([src, dst]), y=y)
+    split = {k: a[k] for k in ("train", "valid", "test")}
     loader = NeighborLoader(
         data,
-        num_neighbors=PYG_EXAMPLE["fanouts"],
-        batch_size=PYG_EXAMPLE["batch_size"],
+        num_neighbors=MINIBATCH["fanouts"],
+        batch_size=MINIBATCH["batch_size"],
         input_nodes=split["train"],
         shuffle=True,
     )
     torch.manual_seed(0)
     dev = torch.device(device)
-    model = GraphSAGE(data.num_features, MODEL["hidden"], MODEL["layers"], s.meta.num_classes, dropout=0.5).to(dev)
+    model = GraphSAGE(data.num_features, MODEL["hidden"], MODEL["layers"], int(y.max()) + 1, dropout=0.5).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     full_x, full_adj = data.x.to(dev), torch.sparse_csr_tensor(indptr, src, torch.ones(len(src)), (n, n)).to(dev)
 
@@ -171,8 +184,10 @@ def run_pyg(store: Path, epochs: int, lr: float, eval_every: int, device: str, t
 
     curve, test, elapsed, batches = [], {}, 0.0, 0
     for _ in range(epochs):
+        if elapsed >= seconds:
+            break
         it = iter(loader)
-        while True:
+        while elapsed < seconds:
             t0 = time.perf_counter()
             batch = next(it, None)
             if batch is None:
@@ -191,6 +206,24 @@ def run_pyg(store: Path, epochs: int, lr: float, eval_every: int, device: str, t
                 curve.append((elapsed, acc["valid"]))
                 test[elapsed] = acc["test"]
     return {"curve": curve, "test_at": test, "batches_per_epoch": len(loader)}
+
+
+def run_dgl_sampling(
+    py: Path, store: Path, epochs: int, seconds: float, lr: float, eval_every: int, threads: int
+) -> dict:
+    """DGL's NeighborSampler and SAGEConv in DGL's own environment (bench/dgl_minibatch_worker.py), same settings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = Path(tmp) / "graph.npz"
+        np.savez(npz, **store_arrays(store))
+        payload = {"npz": str(npz), "epochs": epochs, "seconds": seconds, "lr": lr, "eval_every": eval_every}
+        payload["threads"] = threads
+        payload |= {"fanouts": MINIBATCH["fanouts"], "batch_size": MINIBATCH["batch_size"], **MODEL}
+        out = run_dgl(py, "dgl_minibatch_worker.py", payload)
+    if out is None:
+        raise RuntimeError("DGL's mini-batch run failed; its error is above")
+    return {"curve": [tuple(p) for p in out["curve"]], "test_at": dict(map(tuple, out["test_at"]))} | {
+        "batches_per_epoch": out["batches_per_epoch"]
+    }
 
 
 # -- the table --------------------------------------------------------------------------------------------------------
@@ -229,6 +262,26 @@ def stores(args) -> dict[str, Path]:
     return out
 
 
+def minibatch_peers(args, threads: int) -> dict:
+    """The mini-batch systems that can run here: name -> run(store, seconds of training, batches between
+    evaluations)."""
+    peers, why = {}, sampler_ready()
+    if why is None:
+        peers["pyg NeighborLoader"] = lambda store, seconds, every: run_pyg(
+            store, args.minibatch_epochs, seconds, args.minibatch_lr, every, args.device, threads
+        )
+    else:
+        print(f"PyG left out: {why}", file=sys.stderr)
+    dgl_py, note = dgl_python(args.with_dgl)
+    if dgl_py is not None and args.device == "cpu":
+        peers["dgl NeighborSampler"] = lambda store, seconds, every: run_dgl_sampling(
+            dgl_py, store, args.minibatch_epochs, seconds, args.minibatch_lr, every, threads
+        )
+    else:
+        print(f"DGL left out: {note if dgl_py is None else 'its environment is CPU-only'}", file=sys.stderr)
+    return peers
+
+
 def main() -> int:
     p = base_parser(__doc__)
     p.add_argument("--graphs", nargs="+", default=None, help=f"planted and any of {', '.join(REAL)}")
@@ -241,9 +294,16 @@ def main() -> int:
     p.add_argument("--ntp-epochs", type=int, default=None, help="full-graph epochs (default 100, quick 30)")
     p.add_argument("--ntp-lr", type=float, default=0.01)
     p.add_argument("--ranks", type=int, default=2, help="ntp's tensor-parallel ranks")
-    p.add_argument("--pyg-epochs", type=int, default=None, help="passes over the training vertices (default 10)")
-    p.add_argument("--pyg-lr", type=float, default=PYG_EXAMPLE["lr"])
-    p.add_argument("--pyg-eval-every", type=int, default=None, help="batches between evaluations (default: 8 a pass)")
+    p.add_argument("--minibatch-epochs", type=int, default=500, help="most passes over the training vertices")
+    p.add_argument(
+        "--minibatch-seconds",
+        type=float,
+        default=None,
+        help="training time each mini-batch system gets (default: as much as ntp's epochs took on that graph)",
+    )
+    p.add_argument("--minibatch-lr", type=float, default=MINIBATCH["lr"])
+    p.add_argument("--eval-every", type=int, default=None, help="mini-batches between evaluations (default: 8 a pass)")
+    p.add_argument("--with-dgl", action="store_true", help="build DGL's environment if needed and run its sampler")
     p.add_argument("--fraction", type=float, default=0.98, help="target: this share of the best validation accuracy")
     p.add_argument("--device", default="cpu", help="cpu or cuda (ntp then runs --nproc 1: one GPU here)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for one ntp job")
@@ -251,25 +311,26 @@ def main() -> int:
     args.graphs = args.graphs or (["cora", "planted"] if args.quick else ["planted", *REAL])
     args.planted_nodes = args.planted_nodes or (20_000 if args.quick else 200_000)
     ntp_epochs = args.ntp_epochs or (30 if args.quick else 100)
-    pyg_epochs = args.pyg_epochs or (3 if args.quick else 10)
     threads = args.threads or os.cpu_count() or 1
-    missing = sampler_ready()
-    if missing:
-        print(f"error: {missing}", file=sys.stderr)
+    peers = minibatch_peers(args, threads)
+    if not peers:
+        print("error: no mini-batch system can run here (see above)", file=sys.stderr)
         return 2
     rows = []
     for graph, store in stores(args).items():
         ranks = args.ranks if args.device == "cpu" else 1
         runs = {f"ntp tp x{ranks}": run_ntp(store, ntp_epochs, args.ntp_lr, ranks, args.device, args.timeout)}
-        train = len(np.asarray(__import__("storage").open_store(store).split("train")))
-        per_pass = max(1, -(-train // PYG_EXAMPLE["batch_size"]))
-        every = args.pyg_eval_every or max(1, per_pass // 8)
-        runs["pyg NeighborLoader"] = run_pyg(store, pyg_epochs, args.pyg_lr, every, args.device, threads)
+        per_pass = max(1, -(-len(store_arrays(store)["train"]) // MINIBATCH["batch_size"]))
+        every = args.eval_every or max(1, per_pass // 8)
+        seconds = args.minibatch_seconds or runs[next(iter(runs))]["curve"][-1][0]
+        runs |= {name: run(store, seconds, every) for name, run in peers.items()}
         rows += summarise(graph, runs, args.fraction)
-        print(rows[-2:], flush=True)
+        print(rows[-len(runs) :], flush=True)
     columns = ["graph", "system", "best_valid", "test_at_best_valid", "target_valid", "time_to_target_s", "train_s"]
-    params = {"ntp_epochs": ntp_epochs, "pyg_epochs": pyg_epochs, "fraction": args.fraction, "device": args.device}
-    params |= {"threads": threads, "model": MODEL, "pyg": PYG_EXAMPLE, "ntp_lr": args.ntp_lr, "ranks": args.ranks}
+    params = {"ntp_epochs": ntp_epochs, "minibatch_epochs": args.minibatch_epochs, "fraction": args.fraction}
+    params["minibatch_seconds"] = args.minibatch_seconds or "as ntp's training time"
+    params |= {"device": args.device, "threads": threads, "model": MODEL, "minibatch": MINIBATCH}
+    params |= {"ntp_lr": args.ntp_lr, "minibatch_lr": args.minibatch_lr, "ranks": args.ranks}
     report("time_to_accuracy", rows, params, columns)
     return 0
 
