@@ -64,3 +64,17 @@ def test_a_split_set_the_store_lacks_is_refused(tolokers: str) -> None:
 
     with pytest.raises(ConfigError, match="choose 0..9"):
         NodeTask().check_store(TrainConfig(store=tolokers, split=10), open_store(tolokers))
+
+
+@pytest.mark.parametrize("task", ["link", "hetero"])
+@pytest.mark.parametrize("option", [{"split": 1}, {"metric": "rocauc"}, {"metric": "acc"}])
+def test_split_and_metric_are_refused_where_the_store_has_one_of_each(task: str, option: dict) -> None:
+    from ntp.config import TrainConfig
+    from ntp.engine.tasks.hetero.task import HeteroTask
+    from ntp.engine.tasks.link.task import LinkTask
+
+    checker = {"link": LinkTask, "hetero": HeteroTask}[task]()
+    model = {"link": "gcn", "hetero": "rgcn"}[task]
+    checker.check(TrainConfig(store="s", model=model))  # the defaults pass
+    with pytest.raises(ConfigError, match=f"--{next(iter(option))}: this store is .* drop them"):
+        checker.check(TrainConfig(store="s", model=model, **option))

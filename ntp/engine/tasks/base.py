@@ -136,6 +136,17 @@ def labeled(y: torch.Tensor) -> torch.Tensor:
     return y >= 0 if y.dim() == 1 else ~torch.isnan(y).all(dim=1)
 
 
+def refuse_split_and_metric(cfg: TrainConfig, store_kind: str, metric: str) -> None:
+    """--split and --metric choose among a node store's split sets and metrics; this task's store has one split set
+    and its own metric, so setting them is an error, not ignored."""
+    changed = [name for name in ("split", "metric") if name in cfg.changed("data")]
+    if changed:
+        flags = ", ".join(f"--{flag(name)}" for name in changed)
+        raise ConfigError(
+            f"{flags}: this store is {store_kind}, with one split set and {metric} as its metric: drop them"
+        )
+
+
 def refuse_section(cfg: TrainConfig, section: str, store_kind: str) -> None:
     """Options of another task's section (ntp.config.SECTIONS) set on this task's store are an error, not ignored."""
     changed = cfg.changed(section)

@@ -29,7 +29,15 @@ from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.nn.layers import class_loss_sum
 from ntp.engine.nn.rowwise_adam import RowwiseAdam
-from ntp.engine.tasks.base import SPLITS, Job, count_train_labels, make_optimizer, refuse_section, split_accuracy
+from ntp.engine.tasks.base import (
+    SPLITS,
+    Job,
+    count_train_labels,
+    make_optimizer,
+    refuse_section,
+    refuse_split_and_metric,
+    split_accuracy,
+)
 from ntp.engine.tasks.hetero.data import HeteroGraphData, load_hetero, load_relations
 from ntp.engine.tasks.hetero.memory import plan_operators, summary
 from ntp.engine.tasks.hetero.relations import HeteroContext
@@ -87,6 +95,7 @@ class HeteroTask:
                 f"handles one node and one edge type; use --model {models}"
             )
         refuse_section(cfg, "link", "heterogeneous (R-GCN)")
+        refuse_split_and_metric(cfg, "heterogeneous (R-GCN)", "the target type's accuracy")
 
     def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> HeteroGraphData:
         return load_hetero(store, env.world, env.rank)
