@@ -71,7 +71,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
     p.add_argument("--no-track", action="store_true", help="do not log the runs to MLflow (the table still is)")
     args = p.parse_args()
-    overrides = {k: v for k, v in (("epochs", args.epochs), ("splits", args.splits), ("seeds", args.seeds)) if v}
+    given = (("epochs", args.epochs), ("splits", args.splits), ("seeds", args.seeds), ("threads", args.threads))
+    overrides = {k: v for k, v in given if v}
     paths = [RECIPES / f"{n}.yaml" for n in args.names] or sorted(RECIPES.glob("*.yaml"))
     rows = [run(path, args.nproc, not args.no_track, overrides) for path in paths]
     report("recipes", rows, {"nproc": args.nproc, **overrides})
