@@ -22,12 +22,19 @@ CONFIGS = [  # (config, with node features)
     (dict(BASE, model="appnp", arch="decoupled", decoder="dot"), True),
     (dict(BASE, model="gat", arch="coupled", decoder="mlp"), False),
     (dict(BASE, model="gin", arch="decoupled", decoder="mlp", input_dropout=0.2), False),
+    # the classic options of coupled encoders (docs/training.md): projection, residuals, norms, jumping knowledge
+    (
+        dict(BASE, model="sage", arch="coupled", decoder="dot", input_proj=True, residual=True, norm="layer", jk="cat"),
+        True,
+    ),
+    (dict(BASE, model="gcn", arch="coupled", decoder="mlp", residual=True, norm="batch", jk="max"), False),
 ]
 GRAPH = link_graph()
 
 
 def _name(c: dict, features: bool) -> str:
-    return f"{c['arch']}-{c['model']}-{c['decoder']}-" + ("features" if features else "embeddings")
+    classic = "-".join(f"{k}={c[k]}" for k in ("residual", "norm", "jk") if k in c)
+    return f"{c['arch']}-{c['model']}-{c['decoder']}-{classic}-" + ("features" if features else "embeddings")
 
 
 @pytest.fixture(scope="module")
