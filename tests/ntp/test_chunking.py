@@ -322,11 +322,11 @@ def test_attention_topology_keeps_32_bit_ids_and_is_what_the_plan_counts_for_gat
     topo = _topology(DIRECTED)
     pattern = CSR(topo.indptr, topo.indices, topo.num_nodes)
     attention = EdgeWeightedTopology(with_self_loops(pattern))
-    arrays = (attention.indptr, attention.cols, attention.dst, attention.t_indptr, attention.t_cols, attention.perm)
-    assert all(a.dtype == torch.int32 for a in arrays)
+    arrays = (attention.indptr, attention.cols, attention.t_indptr, attention.t_cols, attention.perm)
+    assert all(a.dtype == torch.int32 for a in arrays) and attention.row_offsets.dtype == torch.int64
     edges = attention.cols.numel()  # with one self-loop per vertex
-    held = sum(a.numel() * a.element_size() for a in arrays)
-    assert held == 4 * (4 * edges + 2 * (topo.num_nodes + 1))
+    held = sum(a.numel() * a.element_size() for a in (*arrays, attention.row_offsets))
+    assert held == 4 * (3 * edges + 2 * (topo.num_nodes + 1)) + 8 * (topo.num_nodes + 1)
     shape = dict(
         num_nodes=topo.num_nodes,
         num_edges=topo.num_edges,
@@ -337,7 +337,7 @@ def test_attention_topology_keeps_32_bit_ids_and_is_what_the_plan_counts_for_gat
         nn_on_device=True,
     )
     loops = int((pattern.indices.long() == pattern.edge_rows()).sum())
-    assert rank_resident_parts(TrainConfig(model="gat"), **shape)["topology"] == held + 16 * loops
+    assert rank_resident_parts(TrainConfig(model="gat"), **shape)["topology"] == held + 12 * loops
     gcn = rank_resident_parts(TrainConfig(model="gcn"), **shape)
     assert gcn["topology"] == graph_resident_parts(topo.num_nodes, topo.num_edges, 2, "none")["topology"] != held
 

@@ -31,6 +31,7 @@ from ntp.engine.device.transfer import (
     streamed,
     streams_topology,
 )
+from ntp.engine.graph.attention import edge_attention
 from ntp.engine.graph.operators import CSR, Scaling, transpose
 
 # torch flags every CSR tensor as "beta" and notes that invariant checks are off; both are expected here.
@@ -134,19 +135,6 @@ def edge_dot(
         with torch.autocast(g.device.type, enabled=False):
             out[e0:e1] = torch.sparse.sampled_addmm(pattern, g[r0:r1], h.t(), beta=0.0).values()
     return out
-
-
-def edge_softmax(logits: torch.Tensor, dst: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """Softmax of per-edge ``logits`` [E, heads] over the edges of each destination row ``dst[e]`` (in float32 for
-    bfloat16 logits)."""
-    logits = logits.to(accumulation_dtype(logits.dtype))
-    heads = logits.shape[1]
-    index = dst.long().unsqueeze(1).expand(-1, heads)  # scatter_reduce takes int64 indices only
-    peak = torch.full((num_rows, heads), float("-inf"), dtype=logits.dtype, device=logits.device)
-    peak = peak.scatter_reduce(0, index, logits.detach(), reduce="amax", include_self=True)
-    ex = (logits - peak[dst]).exp()  # shifting by a constant leaves softmax and its gradient unchanged
-    denom = torch.zeros((num_rows, heads), dtype=logits.dtype, device=logits.device).index_add(0, dst, ex)
-    return ex / denom[dst]
 
 
 # -- operators ------------------------------------------------------------------------------------------------------
@@ -357,7 +345,8 @@ class EdgeWeightedTopology:
     """A pattern whose edge values are computed (attention): ``A(values) @ h`` with gradients for both.
 
     What :func:`weighted_matmul` reads: the CSR ``indptr``/``cols`` of ``A``, the CSR ``t_indptr``/``t_cols`` of
-    ``A^T`` with ``perm`` mapping its edges to ``A``'s, and the row-block ``bounds`` / ``t_bounds`` of each."""
+    ``A^T`` with ``perm`` mapping its edges to ``A``'s, and the row-block ``bounds`` / ``t_bounds`` of each; what
+    :meth:`attention` reads: the sources ``src`` and the rows' edge segments ``row_offsets`` (int64)."""
 
     def __init__(self, pattern: CSR, device: torch.device | None = None, bounds: list[int] | None = None) -> None:
         self.device = device or torch.device("cpu")
@@ -370,15 +359,15 @@ class EdgeWeightedTopology:
         idx = pattern.indices.dtype if pattern.num_edges < 2**31 else torch.int64
         self.indptr = pattern.indptr.to(self.device, idx)
         self.src = self.cols = pattern.indices.to(self.device, idx)
-        self.dst = pattern.edge_rows().to(self.device, idx)
+        self.row_offsets = pattern.indptr.to(self.device, torch.int64)  # the segments of the attention's softmax
         self.t_indptr, self.t_cols, self.perm = (a.to(self.device, idx) for a in (t.indptr, t.indices, perm))
 
     def matmul(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return weighted_matmul(values, h, self)
 
-    def softmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """Softmax of per-edge ``logits`` [E, heads] over the in-edges of each destination vertex."""
-        return edge_softmax(logits, self.dst, self.num_nodes)
+    def attention(self, src_scores: torch.Tensor, dst_scores: torch.Tensor, slope: float) -> torch.Tensor:
+        """GAT's edge weights [E, heads] from per-vertex scores [N, heads] (ntp.engine.graph.attention)."""
+        return edge_attention(src_scores, dst_scores, self.src, self.row_offsets, slope)
 
 
 def weighted_matmul(values: torch.Tensor, h: torch.Tensor, topo) -> torch.Tensor:

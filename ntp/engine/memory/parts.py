@@ -45,9 +45,11 @@ PARAMETER_COPIES = 4
 #: (tests/ntp/test_memory_estimate.py counts a step's live tensor bytes).
 ATTENTION_COPIES = 8
 
-#: Device bytes per edge of the attention pattern (ntp.engine.graph.aggregate.EdgeWeightedTopology: sources, destinations,
-#: transposed sources and their permutation, 32-bit).
-ATTENTION_INDEX_BYTES = 4 * 4
+#: Device bytes per edge of the attention pattern (ntp.engine.graph.aggregate.EdgeWeightedTopology: sources,
+#: transposed sources and their permutation, 32-bit); per vertex: two 32-bit row pointers and the softmax's int64
+#: row offsets.
+ATTENTION_INDEX_BYTES = 3 * 4
+ATTENTION_VERTEX_BYTES = 2 * 4 + 8
 
 #: the most device memory a streamed NN block takes (ntp.engine.parallel.row_stream): a larger one runs no faster, its
 #: products being long already, and leaves less to aggregation's chunks
@@ -271,7 +273,8 @@ def attention_parts(cfg, num_nodes: int, num_edges: int) -> dict[str, int]:
         floats = cfg.heads * (ATTENTION_COPIES + max(cfg.prop_steps - 1, 0))
     else:
         floats = ATTENTION_COPIES * (cfg.heads * (cfg.nn_layers - 1) + 1)
-    return {"topology": edges * ATTENTION_INDEX_BYTES + 2 * 4 * (num_nodes + 1), "attention": 4 * edges * floats}
+    topology = edges * ATTENTION_INDEX_BYTES + ATTENTION_VERTEX_BYTES * (num_nodes + 1)
+    return {"topology": topology, "attention": 4 * edges * floats}
 
 
 def rank_resident_parts(

@@ -51,9 +51,7 @@ class EdgeAttention(nn.Module):
         z = z_rows.unsqueeze(1) if shared_heads else z_rows.view(-1, self.heads, self.head_dim)
         scores = torch.cat([(z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)], dim=1)
         scores = all_gather_rows(scores.to(ctx.device), ctx.comm, ATTENTION)  # edges live on the rank's device
-        topo = ctx.attention_topology
-        logits = scores[topo.src, : self.heads] + scores[topo.dst, self.heads :]
-        return topo.softmax(F.leaky_relu(logits, self.negative_slope))
+        return ctx.attention_topology.attention(scores[:, : self.heads], scores[:, self.heads :], self.negative_slope)
 
 
 def propagate_heads(

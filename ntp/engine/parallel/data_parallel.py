@@ -22,7 +22,8 @@ import torch
 from ntp.engine.device.transfer import moved
 from ntp.engine.distributed.collectives import Comm
 from ntp.engine.distributed.traffic import HALO
-from ntp.engine.graph.aggregate import csr_matmul, edge_softmax, weighted_matmul
+from ntp.engine.graph.aggregate import csr_matmul, weighted_matmul
+from ntp.engine.graph.attention import edge_attention
 from ntp.engine.graph.operators import CSR, operator_pattern, with_self_loops
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.parallel.context import GraphContext
@@ -152,8 +153,8 @@ class _LocalSpMM(torch.autograd.Function):
 class LocalAttentionTopology:
     """In-edges (plus self-loops) of own destination rows, for attention.
 
-    ``src`` / ``dst`` are GLOBAL vertex ids (the model looks up all-gathered per-vertex scores with them);
-    :meth:`softmax` normalises over own destination rows; :meth:`matmul` fetches the halo and multiplies locally."""
+    ``src`` are GLOBAL vertex ids (the model's all-gathered per-vertex scores are looked up with them);
+    :meth:`attention` normalises over own destination rows; :meth:`matmul` fetches the halo and multiplies locally."""
 
     def __init__(self, pattern: CSR, plan: HaloPlan, comm: Comm) -> None:
         self.plan, self.comm = plan, comm
@@ -162,17 +163,17 @@ class LocalAttentionTopology:
         self.num_rows, self.num_ext = r1 - r0, r1 - r0 + plan.num_halo
         indptr, cols, (e0, e1) = _local_block(pattern, r0, r1, plan)
         self.src = pattern.indices[int(e0) : int(e1)].to(dev)
-        self.local_dst = torch.repeat_interleave(torch.arange(self.num_rows), indptr[1:] - indptr[:-1]).to(dev)
-        self.dst = self.local_dst + r0
+        self.own_rows = slice(r0, r1)
         self.indptr, self.cols = indptr.to(dev), cols.to(dev)
+        self.row_offsets = indptr.to(dev, torch.int64)
         t_indptr, t_cols, perm = _transpose_local(indptr, cols, self.num_ext)
         self.t_indptr, self.t_cols, self.perm = t_indptr.to(dev), t_cols.to(dev), perm.to(dev)
         self.bounds, self.t_bounds = [0, self.num_rows], [0, self.num_ext]  # one block each (no chunking here)
         self.phases = None
 
-    def softmax(self, logits: torch.Tensor) -> torch.Tensor:
-        """Softmax of per-edge ``logits`` [E_own, heads] over the in-edges of each own destination row."""
-        return edge_softmax(logits, self.local_dst, self.num_rows)
+    def attention(self, src_scores: torch.Tensor, dst_scores: torch.Tensor, slope: float) -> torch.Tensor:
+        """GAT's weights [E_own, heads] of own rows' in-edges, from every vertex's scores [N, heads]."""
+        return edge_attention(src_scores, dst_scores[self.own_rows], self.src, self.row_offsets, slope)
 
     def matmul(self, values: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return weighted_matmul(values, with_halo(h, self.plan, self.comm), self)
