@@ -110,3 +110,11 @@ def test_a_server_down_is_refused_in_seconds_and_one_lost_mid_run_leaves_the_job
     stored = MlflowClient(f"sqlite:///{tmp_path / 'server.db'}")
     runs = stored.search_runs([e.experiment_id for e in stored.search_experiments()])
     assert len(runs) == 1 and runs[0].data.params["epochs"] == "80"
+    # it could not be ended there; the next run's sweep on this host ends it as the job ended, not KILLED
+    assert runs[0].info.status == "RUNNING"
+    from ntp.run.tracking.orphans import TAG_ENDED_LATE, close_orphaned_runs
+
+    assert close_orphaned_runs(stored, runs[0].info.experiment_id) == [runs[0].info.run_id]
+    ended = stored.get_run(runs[0].info.run_id)
+    assert ended.info.status == "FINISHED" and "stopped answering" in ended.data.tags[TAG_ENDED_LATE]
+    assert ended.info.end_time >= runs[0].info.start_time

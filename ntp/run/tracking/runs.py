@@ -33,7 +33,7 @@ from ntp.run.tracking.mlflow_store import (
     run_url,
     tracking_uri,
 )
-from ntp.run.tracking.orphans import close_orphaned_runs, end_status, launcher_tags
+from ntp.run.tracking.orphans import close_orphaned_runs, end_status, launcher_tags, record_unended
 from ntp.run.tracking.plots import curves_figure, memory_figure, workers_figure
 from ntp.run.tracking.tables import epoch_metrics, summarize, timing_table, worker_metrics, worker_summary
 
@@ -258,8 +258,8 @@ def start_training_run(
     on any other exception (with the error as a tag); the exception is re-raised. Params: every config field, world
     size, store fingerprint. Runs of this experiment whose launcher on this host died (SIGKILL) are closed first.
     With ``warn``, a server that stops answering once the run exists is said once (with ``lost_note``) and the
-    rest is skipped (ntp.run.tracking.guard; the run's ``lost``); that run is closed KILLED by the next job of its
-    experiment started on this host."""
+    rest is skipped (ntp.run.tracking.guard; the run's ``lost``); the next job of its experiment started on this
+    host ends that run with the status and time this one recorded (ntp.run.tracking.orphans)."""
     uri = uri or tracking_uri()
     c = client(uri)
     meta = dict(store_meta or {})
@@ -317,11 +317,15 @@ def start_training_run(
             c.set_tag(tr.run_id, TAG_ERROR, f"{type(exc).__name__}: {exc}"[-4900:])
         finally:
             c.set_terminated(tr.run_id, end_status(exc))
+            if tr.lost:
+                record_unended(tr.run_id, end_status(exc))
         raise
     else:
         if monitor is not None and not tr.lost:
             monitor.finish()
         c.set_terminated(tr.run_id, "FINISHED")
+        if tr.lost:  # the next run on this host ends it (ntp.run.tracking.orphans)
+            record_unended(tr.run_id, "FINISHED")
     finally:
         logging.getLogger(MONITOR_LOGGER).removeFilter(quiet)
 
