@@ -78,10 +78,8 @@ def test_worse_model_keeps_the_champion_better_one_moves_it_and_triggers_predict
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {
-        **deployment_env(tmp_path, api, mlflow_uri),
-        "PREFECT_WORKER_QUERY_SECONDS": "2",
-    }  # a freed slot is seen soon
+    # the workers poll every 2 s (default 10): a trial flow run waits less for the slot the previous one freed
+    env = {**deployment_env(tmp_path, api, mlflow_uri), "PREFECT_WORKER_QUERY_SECONDS": "2"}
     server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     server_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     predictions = tmp_path / "predictions"

@@ -260,7 +260,7 @@ def _postgres() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_on_postgresql_the_study_shares_mlflows_database_in_a_schema_of_its_own(tmp_path):
+def test_on_postgresql_the_study_shares_mlflows_database_in_a_schema_of_its_own(tmp_path, monkeypatch):
     """MLflow on PostgreSQL: the default study storage is the same database, Optuna's tables (and its alembic_version)
     in the schema `optuna`, MLflow's in `public`; both keep working."""
     import optuna
@@ -270,6 +270,7 @@ def test_on_postgresql_the_study_shares_mlflows_database_in_a_schema_of_its_own(
     from ntp.run.sweep.space import parse_space
     from ntp.run.sweep.study import SweepSettings, default_storage, open_study
 
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is relative
     with _postgres() as uri:
         client = MlflowClient(uri)
         experiment = client.create_experiment("pg")
