@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 from ntp.errors import ConfigError, WorkerFailed
@@ -53,7 +54,9 @@ def trials_to_submit(sweep: Sweep, outstanding: int) -> int:
 
 def ask(sweep: Sweep) -> tuple[int, dict[str, Any]]:
     """A new trial (a re-queued interrupted one first) and its parameters, drawn here by the study's sampler."""
-    trial = sweep.study.ask()
+    with warnings.catch_warnings():  # the storage's heartbeats serve `ntp sweep`; a runner is watched by its flow run
+        warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+        trial = sweep.study.ask()
     return trial.number, sweep.settings.space.suggest(trial)
 
 
