@@ -27,7 +27,7 @@ from flows.params import LaunchOptions
 from ntp.errors import ConfigError
 from ntp.run.sweep import remote
 from ntp.run.sweep.space import load_space, parse_space
-from ntp.run.sweep.study import Sweep, SweepSettings, default_storage, start_sweep
+from ntp.run.sweep.study import Sweep, SweepSettings, start_sweep
 from ntp.run.sweep.sweep import finish_sweep
 from tasks.promote import announce_champion
 from tasks.publish import artifact_key
@@ -70,7 +70,8 @@ def sweep(
     """Search ``space`` (a YAML file's path, or its content: ``{"space": {...}, "fixed": {...}}``) on ``store``
     with ``trials`` trials, each a flow run of ``trial_deployment``, at most ``parallel`` submitted at once (the
     pool's limit decides how many of them train at once). ``storage``: the Optuna database every trial's machine
-    reaches (default: beside MLflow's, as `ntp sweep`). A trial flow run that runs longer than ``trial_timeout_s``
+    reaches (default: beside MLflow's, or in it on PostgreSQL, as `ntp sweep`; each machine derives it from its own
+    MLFLOW_TRACKING_URI, which must be the same everywhere). A trial flow run that runs longer than ``trial_timeout_s``
     (default: the launch's job timeout plus 10 minutes, else 24 h) or waits for a pool slot longer than
     ``queue_timeout_s`` is cancelled and its trial ends FAIL. The study named ``study_name`` resumes."""
     logger = get_run_logger()
@@ -83,7 +84,7 @@ def sweep(
         sampler=sampler,
         pruner=pruner,
         seed=seed,
-        storage=storage or default_storage(),  # resolved here: every trial flow run gets this one
+        storage=storage,  # None: each end resolves it from MLflow's URI (no password in the trials' parameters)
         experiment=experiment,
         register=registered_model,
         launch_args=_launch_args(launch),
