@@ -1,27 +1,26 @@
-"""A sweep's trials as Prefect task runs (one per trial, mapped), and its leaderboard as a Prefect artifact."""
+"""A sweep's trial as a Prefect task (in the `sweep-trial` flow), and its leaderboard as a Prefect artifact."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
+from ntp.run.sweep.remote import run_handed_trial
 from ntp.run.sweep.report import SweepResult
-from ntp.run.sweep.study import Sweep
 from ntp.run.tracking import run_url
+from ntp.run.tracking.mlflow_store import TAG_FLOW_RUN
 
 
-@task(name="trial", cache_policy=NO_CACHE, task_run_name="trial-{index}")
-def run_sweep_trial(sweep: Sweep, slots: threading.BoundedSemaphore, index: int) -> dict[str, Any]:
-    """One trial (Optuna ask-and-tell around one tracked `ntp train` job), at most ``parallel`` at once."""
-    with slots:
-        trial = sweep.run_one()
-    if trial is None:  # the sampler ended the study (a grid fully run)
-        return {"number": None, "state": "SKIPPED", "value": None, "params": {}}
-    get_run_logger().info("trial %d %s value %s params %s", trial.number, trial.state.name, trial.value, trial.params)
+@task(name="trial", cache_policy=NO_CACHE, task_run_name="trial-{number}")
+def train_trial(study_name: str, number: int, storage: str | None) -> dict[str, Any]:
+    """Train one trial a controller asked for (``ntp.run.sweep.remote.run_handed_trial``) and tell the study."""
+    logger = get_run_logger()
+    trial = run_handed_trial(study_name, number, storage, tags={TAG_FLOW_RUN: str(flow_run.get_id())})
+    logger.info("trial %d %s value %s params %s", trial.number, trial.state.name, trial.value, trial.params)
     return {"number": trial.number, "state": trial.state.name, "value": trial.value, "params": trial.params}
 
 

@@ -30,7 +30,7 @@ def add_sweep_command(subparsers) -> argparse.ArgumentParser:
         "child run of one MLflow parent run; its epochs' validation metric is reported as it trains, and the "
         "pruner stops bad trials early. The parent run gets the leaderboard and the study's plots; the best "
         "trial's model is registered with --register (alias challenger; champion if it beats the champion). The "
-        "study lives in a database beside MLflow's, so the same command resumes it.",
+        "study lives in a database beside MLflow's (or in it, on PostgreSQL), so the same command resumes it.",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -57,7 +57,10 @@ def add_sweep_command(subparsers) -> argparse.ArgumentParser:
         "--study-name", default=None, help="the Optuna study; the same name resumes it (default: the space file's name)"
     )
     parser.add_argument(
-        "--storage", default=None, help="Optuna storage URL (default: sqlite optuna.db beside MLflow's database)"
+        "--storage",
+        default=None,
+        help="Optuna storage URL (default: optuna.db beside MLflow's sqlite database; MLflow's own database, schema "
+        "optuna, when MLFLOW_TRACKING_URI is PostgreSQL)",
     )
     parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the dataset's name)")
     parser.add_argument("--register", default=None, metavar="NAME", help="register the best trial's model as NAME")

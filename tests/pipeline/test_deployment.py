@@ -133,6 +133,7 @@ def test_deployment_loop(tmp_path: Path) -> None:
         _wait_healthy(api, server, tmp_path / "server.log")
         _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
         _prefect(["work-pool", "set-concurrency-limit", "gpu-pool", "1"], env)
+        _prefect(["work-pool", "create", "control-pool", "--type", "process"], env)
         _prefect(["--no-prompt", "deploy", "--all"], env, timeout=180)
         out = _prefect(["deployment", "run", "pipeline/pipeline", "--params", json.dumps(params)], env)
         flow_run_id = UUID.findall(out)[-1]

@@ -131,12 +131,16 @@ def test_packages_do_not_import_prefect_eagerly() -> None:
 def test_prefect_yaml_deployments() -> None:
     spec = yaml.safe_load((PROJECT / "prefect.yaml").read_text())
     deps = {d["name"]: d for d in spec["deployments"]}
-    assert set(deps) == {"nightly-arxiv", "pipeline", "train", "sweep", "predict"}
+    assert set(deps) == {"nightly-arxiv", "pipeline", "train", "sweep", "sweep-trial", "predict"}
     for d in deps.values():
-        assert d["work_pool"]["name"] == "gpu-pool"
-        assert d["concurrency_limit"]["limit"] == 1
         module, func = d["entrypoint"].split(":")
-        assert (PROJECT / module).is_file() and func in {"pipeline", "train", "sweep", "predict"}
+        assert (PROJECT / module).is_file() and func in {"pipeline", "train", "sweep", "sweep_trial", "predict"}
+        if d["name"] == "sweep":  # the controller never holds a slot of the pool its trials need
+            assert d["work_pool"]["name"] == "control-pool" and "concurrency_limit" not in d
+        elif d["name"] == "sweep-trial":  # one flow run per trial: the pool's limit bounds them, not its own
+            assert d["work_pool"]["name"] == "gpu-pool" and "concurrency_limit" not in d
+        else:
+            assert d["work_pool"]["name"] == "gpu-pool" and d["concurrency_limit"]["limit"] == 1
     nightly = deps["nightly-arxiv"]
     assert nightly["schedules"][0]["cron"].split()[:2] == ["0", "2"]
     params = PipelineParams(**nightly["parameters"]["params"])

@@ -3,10 +3,16 @@ Ctrl-C and resumed by the same command."""
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -121,40 +127,58 @@ def test_sweep_interrupted_resumes_prunes_and_registers_the_best(cora_store, tmp
     assert run.data.tags["ntp.champion.decision"] == "promoted"
 
 
-def test_a_trial_below_the_median_is_stopped_and_its_run_tagged_pruned(cora_store, tmp_path):
-    """The median pruner on a real `ntp train` job: two finished trials at 0.99 each epoch, then a trial that learns
-    nothing (lr 1e-7) is stopped after its warm-up (a tenth of the epochs), its process group gone, its run KILLED and tagged."""
+def test_a_handed_trial_below_the_median_prunes_itself_through_the_storage(cora_store, tmp_path):
+    """A trial asked by the controller and trained by a runner that knows only the storage, the study and the trial's
+    number (what a `sweep-trial` flow run does): the median pruner, rebuilt from the study, stops a trial that learns
+    nothing (lr 1e-7) after its warm-up (a tenth of the epochs) against two finished trials at 0.99; its process group
+    is gone, its run KILLED and tagged, the trial PRUNED in the storage. A trial whose runner died without telling
+    ends FAIL, and a run it left RUNNING is ended."""
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from ntp.run.sweep.study import make_pruner
-    from ntp.run.sweep.trial import TAG_STATE, TrialJob, run_trial
-    from ntp.run.tracking.mlflow_store import experiment_id
-    from ntp.run.tracking.nested import create_parent
+    from ntp.run.sweep import remote
+    from ntp.run.sweep.space import parse_space
+    from ntp.run.sweep.study import SweepSettings, start_sweep
+    from ntp.run.sweep.trial import TAG_STATE
 
     epochs = 300  # long enough that the stop, not the end, ends it
-    study = optuna.create_study(direction="maximize", pruner=make_pruner("median", epochs))
-    for _ in range(2):
-        study.add_trial(optuna.trial.create_trial(value=0.99, intermediate_values=dict.fromkeys(range(epochs), 0.99)))
-    client = MlflowClient()
-    parent = create_parent(client, experiment_id("prune-test", client), kind="sweep", run_name="prune")
-    job = TrialJob(
+    name, storage = f"prune-{tmp_path.name}", f"sqlite:///{tmp_path / 'optuna.db'}"
+    fixed = {"epochs": epochs, "mode": "single", "model": "gcn", "lr": 1e-7}
+    settings = SweepSettings(
+        space=parse_space({"fixed": fixed, "space": {"hidden": [16]}}),
         store=cora_store,
+        study_name=name,
+        storage=storage,
         experiment="prune-test",
-        parent_run_id=parent,
-        study_name=f"prune-{tmp_path.name}",
-        folder=tmp_path,
-        fixed={"epochs": epochs, "mode": "single", "model": "gcn", "lr": 1e-7},
         launch_args=["--device", "cpu"],
+        device="cpu",
     )
-    trial = study.ask()
-    with pytest.raises(optuna.TrialPruned, match="pruned after epoch 31"):
-        run_trial(trial, {}, job, client)
-    assert not processes_with(f"{job.study_name}-trial-"), "a pruned trial's job outlived it"
+    sweep = start_sweep(settings, on_line=lambda line: None)  # the controller's side
+    for _ in range(2):
+        sweep.study.add_trial(
+            optuna.trial.create_trial(value=0.99, intermediate_values=dict.fromkeys(range(epochs), 0.99))
+        )
+    remote.publish_job(sweep)
+    number, params = remote.ask(sweep)
+    assert params == {"hidden": 16}
+
+    trial = remote.run_handed_trial(name, number, storage)  # the runner's side: nothing but these three
+    assert trial.state.name == "PRUNED" and trial.last_step == 30  # pruned after epoch 31
+    assert remote.trial_state(sweep, number).state.name == "PRUNED"
+    assert not processes_with(f"{name}-trial-"), "a pruned trial's job outlived it"
+    client = MlflowClient()
     run = client.get_run(trial.user_attrs["mlflow_run_id"])
     assert run.data.tags[TAG_STATE] == "PRUNED" and run.info.status == "KILLED"
-    assert run.data.tags["mlflow.parentRunId"] == parent
-    client.set_terminated(parent)
+    assert run.data.tags["mlflow.parentRunId"] == sweep.parent_run_id
+
+    number, _ = remote.ask(sweep)  # a runner that died (SIGKILL) without telling the study, its run left RUNNING
+    left = client.create_run(run.info.experiment_id, tags={"mlflow.parentRunId": sweep.parent_run_id}).info.run_id
+    assert remote.fail_unfinished(sweep, number, "its flow run ended CRASHED")
+    assert not remote.fail_unfinished(sweep, number, "again")  # a trial its runner ended is left as it is
+    failed = remote.trial_state(sweep, number)
+    assert failed.state.name == "FAIL" and failed.user_attrs["error"] == "its flow run ended CRASHED"
+    assert remote.close_trial_runs(sweep) == [left] and client.get_run(left).info.status == "KILLED"
+    client.set_terminated(sweep.parent_run_id)
 
 
 def test_search_space_errors_name_the_entry_and_the_fix():
@@ -173,39 +197,6 @@ def test_search_space_errors_name_the_entry_and_the_fix():
     assert split_gpus(["0", "1", "2", "3", "4"], 2) == ["0,1", "2,3"]
     with pytest.raises(ConfigError, match="lower --parallel"):
         split_gpus(["0"], 2)
-
-
-def test_sweep_flow_maps_trials_and_publishes_the_leaderboard(prefect_harness, cora_store, tmp_path):
-    """The Prefect flow: one task run per trial (2 at once), the leaderboard artifact, the best registered."""
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-
-    from flows.sweep import sweep
-    from tasks.publish import artifact_key
-
-    study = f"flow-{tmp_path.name}"
-    out = sweep(
-        store=cora_store,
-        space={"fixed": {"epochs": 3, "mode": "single"}, "space": {"hidden": [16, 32]}},
-        study_name=study,
-        trials=2,
-        parallel=2,
-        sampler="grid",
-        experiment="sweep-flow-test",
-        registered_model="cora-sweep-flow",
-        launch={"device": "cpu", "nproc": 1},
-    )
-    assert out["counts"] == {"COMPLETE": 2}
-    assert out["registered"]["decision"]["promoted"] is True
-    assert set(out["best_params"]) == {"hidden"}
-
-    async def artifacts() -> list:
-        async with get_client() as client:
-            return await client.read_artifacts()
-
-    key = artifact_key(f"sweep-{study}")
-    assert {key, f"{key}-leaderboard"} <= {a.key for a in asyncio.run(artifacts())}
 
 
 def test_lineage_evaluation_runs_log_the_store_with_digest_source_and_schema(cora_store):
@@ -228,3 +219,74 @@ def test_lineage_evaluation_runs_log_the_store_with_digest_source_and_schema(cor
         ds = inputs[0].dataset
         assert ds.digest == meta.fingerprint[:36] and cora_store in ds.source
         assert f"[-1, {meta.feature_dim}]" in ds.schema.replace(" ", "") or str(meta.feature_dim) in ds.schema
+
+
+@contextmanager
+def _postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL server on a unix socket (as the `postgres` user when the tests run as root); its URL."""
+    pytest.importorskip("psycopg2")
+    found = shutil.which("initdb") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))), None)
+    if found is None:
+        pytest.skip("no PostgreSQL server (initdb) on this machine")
+    bindir = Path(found).resolve().parent
+    folder = Path(tempfile.mkdtemp(prefix="ntp-pg-"))  # short: a unix socket's path has at most 107 bytes
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_owner:
+        shutil.chown(folder, "postgres")
+    data = folder / "data"
+
+    def run(*argv: object) -> None:
+        out = subprocess.run([*as_owner, *map(str, argv)], capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    try:
+        run(bindir / "initdb", "-D", data, "-U", "ntp", "--auth=trust", "-E", "UTF8")
+        run(
+            bindir / "pg_ctl",
+            "-D",
+            data,
+            "-w",
+            "-l",
+            folder / "log",
+            "-o",
+            f"-k {folder} -c listen_addresses=''",
+            "start",
+        )
+        try:
+            yield f"postgresql://ntp@/postgres?host={folder}"
+        finally:
+            run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_on_postgresql_the_study_shares_mlflows_database_in_a_schema_of_its_own(tmp_path, monkeypatch):
+    """MLflow on PostgreSQL: the default study storage is the same database, Optuna's tables (and its alembic_version)
+    in the schema `optuna`, MLflow's in `public`; both keep working."""
+    import optuna
+    import sqlalchemy
+    from mlflow.tracking import MlflowClient
+
+    from ntp.run.sweep.space import parse_space
+    from ntp.run.sweep.study import SweepSettings, default_storage, open_study
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is relative
+    with _postgres() as uri:
+        client = MlflowClient(uri)
+        experiment = client.create_experiment("pg")
+        storage = default_storage(uri)
+        assert sqlalchemy.engine.make_url(storage).database == "postgres"  # MLflow's database
+        space = parse_space({"fixed": {"epochs": 2}, "space": {"hidden": [16, 32]}})
+        study = open_study(SweepSettings(space=space, store="s", study_name="pg", storage=storage))
+        study.tell(study.ask({"hidden": optuna.distributions.CategoricalDistribution([16, 32])}), 0.5)
+        assert optuna.load_study(study_name="pg", storage=storage).best_value == 0.5
+        engine = sqlalchemy.create_engine(uri)
+        with engine.connect() as connection:
+            tables = connection.execute(
+                sqlalchemy.text("select table_schema, table_name from information_schema.tables")
+            ).all()
+        engine.dispose()
+        assert {("optuna", "alembic_version"), ("public", "alembic_version"), ("optuna", "trials")} <= set(tables)
+        assert ("public", "runs") in tables and not any(s == "optuna" and t == "runs" for s, t in tables)
+        run = MlflowClient(uri).create_run(experiment)  # MLflow's schema check still passes
+        assert MlflowClient(uri).get_run(run.info.run_id).info.status == "RUNNING"

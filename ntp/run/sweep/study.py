@@ -1,6 +1,6 @@
-"""Run a sweep: an Optuna study (TPE, random or grid; median, Hyperband or no pruning) stored in a database beside
-MLflow's, so the same command resumes it after a crash or a Ctrl-C, with ``parallel`` trials at once, under one
-MLflow parent run that gets the leaderboard, the study's plots and the best model."""
+"""Run a sweep: an Optuna study (TPE, random or grid; median, Hyperband or no pruning) stored beside MLflow's database
+(or in it, on PostgreSQL), so the same command resumes it after a crash or a Ctrl-C, with ``parallel`` trials at
+once, under one MLflow parent run that gets the leaderboard, the study's plots and the best model."""
 
 from __future__ import annotations
 
@@ -55,15 +55,47 @@ class SweepSettings:
     folder: Path | None = None  #: trial folders (default: <data dir>/sweeps/<study name>)
 
 
+#: The schema of Optuna's tables in a PostgreSQL database shared with MLflow (both tools keep their schema version in
+#: a table named ``alembic_version``; schemas keep the two apart).
+OPTUNA_SCHEMA = "optuna"
+
+
 def default_storage(uri: str | None = None) -> str:
-    """The study's database: ``optuna.db`` beside MLflow's sqlite database (a file of its own: both keep their schema
-    version in an ``alembic_version`` table), else in the data directory."""
+    """The study's database: MLflow's own when that is PostgreSQL (Optuna's tables in the schema ``optuna``);
+    ``optuna.db`` beside MLflow's sqlite file (a file of its own: sqlite has no schemas); else in the data directory
+    (an http tracking server's database is not known here). docs/pipeline.md says why."""
     uri = uri or tracking_uri()
     if uri.startswith("sqlite:///"):
         return f"sqlite:///{Path(uri[len('sqlite:///') :]).with_name('optuna.db')}"
+    if uri.split(":", 1)[0].split("+", 1)[0] == "postgresql":
+        from sqlalchemy.engine import make_url
+
+        url = make_url(uri).update_query_dict({"options": f"-csearch_path={OPTUNA_SCHEMA}"})
+        return url.render_as_string(hide_password=False)
     folder = data_dir().resolve()
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / 'optuna.db'}"
+
+
+def prepare_database(url: str) -> None:
+    """Create the PostgreSQL schema that ``url``'s search_path names, if missing (Optuna creates its tables, not the
+    schema they go in); nothing for other databases."""
+    import re
+
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    options = u.query.get("options") or ""
+    match = re.search(r"search_path=(\w+)", options if isinstance(options, str) else " ".join(options))
+    if u.get_backend_name() != "postgresql" or match is None:
+        return
+    engine = sqlalchemy.create_engine(u)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sqlalchemy.text(f'CREATE SCHEMA IF NOT EXISTS "{match.group(1)}"'))
+    finally:
+        engine.dispose()
 
 
 def make_sampler(name: str, space: SearchSpace, seed: int | None) -> Any:
@@ -97,11 +129,13 @@ def open_study(settings: SweepSettings) -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # each trial's end is printed here
-    epochs = int(settings.space.fixed.get("epochs") or _default("epochs"))
+    epochs = trial_epochs(settings.space)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: experimental since 2.8
+        url = settings.storage or default_storage()
+        prepare_database(url)
         storage = optuna.storages.RDBStorage(
-            settings.storage or default_storage(),
+            url,
             heartbeat_interval=30,  # a trial whose sweep died (SIGKILL) is failed after 2 min and run again
             grace_period=120,
             heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
@@ -125,6 +159,11 @@ def open_study(settings: SweepSettings) -> Any:
             f"or start a new study with --study-name"
         )
     return study
+
+
+def trial_epochs(space: SearchSpace) -> int:
+    """The epochs of a trial, the pruners' scale: the fixed value, else `ntp train`'s default."""
+    return int(space.fixed.get("epochs") or _default("epochs"))
 
 
 def _default(name: str) -> Any:
@@ -237,18 +276,6 @@ class Sweep:
         )
         if any(t.value is not None for t in study.get_trials(deepcopy=False)):
             self.client.log_metric(self.parent_run_id, "best_valid_metric", study.best_value, step=trial.number)
-
-    def run_one(self) -> Any:
-        """One trial (what a Prefect task runs): ``study.optimize`` for one trial, so pruning, failures and the grid
-        sampler's end behave as in :func:`optimize`. Returns the finished (frozen) trial, None if none ran."""
-        done: list[Any] = []
-        self.study.optimize(
-            self.objective,
-            n_trials=1,
-            catch=(WorkerFailed,),
-            callbacks=[self.report, lambda study, trial: done.append(trial)],
-        )
-        return done[0] if done else None
 
     def fail(self, exc: BaseException) -> None:
         """End the parent run KILLED (interrupt) or FAILED (error), and stop the running trials."""
