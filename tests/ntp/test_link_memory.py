@@ -23,7 +23,7 @@ from ntp.errors import MemoryPlanError
 from ntp.run.preflight import check_launch
 from ntp.spec import resolve
 from tests.ntp.link_worker import link_graph, link_loader
-from tests.ntp.live_bytes import LiveBytes
+from tests.ntp.live_bytes import LiveBytes, held_bytes
 from tests.ntp.spawn import run_on_ranks
 
 N, FEATURES = 8_000, 48
@@ -53,8 +53,9 @@ def _job(options: dict, features: bool, env: DistEnv = SINGLE):
 
 
 def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -> tuple[int, int]:
-    """The peak live bytes of a link step or of an evaluation, with what they start from (features, the embeddings
-    and their Adam moments, the edges and splits), and the plan's count of all but the topology, on a CPU rank."""
+    """The peak live bytes of a link step or of an evaluation, with what they start from (features, the parameters
+    (the embeddings too) and their Adam moments, the edges and splits), and the plan's count of all but the topology,
+    on a CPU rank."""
     job = _job(options, features, env)
     train_step(job, 0)  # the optimizer's state exists from here on
     live, evaluation = LiveBytes(), LiveBytes()
@@ -62,13 +63,10 @@ def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -
         train_step(job, 1)
     with evaluation:
         evaluate_splits(job)
-    held = [job.x, job.task.taken, *job.task.pos.values(), *(q for q in job.task.neg.values() if q is not None)]
-    if job.model.embedding is not None:
-        weight = job.model.embedding.weight
-        held += [weight, *job.optimizer.state[weight].values()]
+    pairs = [job.task.taken, *job.task.pos.values(), *(q for q in job.task.neg.values() if q is not None)]
     parts = link_memory.resident_parts(job.cfg, **memory_shape(job.data, job.model, env.world, "cpu"))
-    peak = max(live.peak, evaluation.peak)
-    return peak + sum(t.numel() * t.element_size() for t in held), sum(parts.values()) - parts["topology"]
+    peak = max(live.peak, evaluation.peak) + held_bytes(job)  # the features, the parameters (embeddings too), Adam's
+    return peak + sum(t.numel() * t.element_size() for t in pairs), sum(parts.values()) - parts["topology"]
 
 
 @pytest.mark.parametrize("options, features", CASES, ids=IDS)

@@ -39,6 +39,8 @@ TRAIN_EDGE_BYTES = 2 * 8 + 8
 ID_BYTES = 8
 #: Host bytes per edge of the message-passing graph on a CPU rank: its sorted int64 key, which negatives avoid.
 KEY_BYTES = 8
+#: float32 copies of the encoder's output its consumer holds besides its gradient ("output gradient"): the output
+ENCODER_OUTPUT_COPIES = 1
 #: float32 bytes: the learned embeddings, the decoder and its pairs stay float32 under --precision bf16 (only the
 #: encoder's parts, which ntp.engine.memory.placement counts, are in the run's precision: ntp.engine.tasks.link.task.graph_embeddings).
 F32 = 4
@@ -91,6 +93,7 @@ def _parts(
         device_type=device_type,
         symmetric=symmetric,
         row_block=row_block,
+        output_copies=ENCODER_OUTPUT_COPIES,
     )
     slice_width = ceil_div(width, world)
     step = {}
