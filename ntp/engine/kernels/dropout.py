@@ -13,7 +13,7 @@ from torch import nn
 from ntp.engine.kernels import cuda_dropout, native, packed, streams
 from ntp.engine.kernels.linear import linear
 from ntp.engine.kernels.masks import field, keep_mask, stream_key, thread_parts
-from ntp.engine.kernels.packed import pack_bits, packed_bytes, unpack_bits
+from ntp.engine.kernels.packed import pack_bits, pack_where, packed_bytes, unpack_bits
 
 #: elements per OpenMP thread below which the C kernel runs on one (a parallel region costs microseconds)
 _KERNEL_PART = 1 << 16
@@ -153,9 +153,10 @@ class _Dropped(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float, relu: bool, redraw) -> torch.Tensor:  # type: ignore[override]
         y = _masked_scale(x, keep, scale)
         if relu:
-            keep = y.relu_().bool()
+            y.relu_()
         wants = ctx.needs_input_grad[0]
-        ctx.save_for_backward(pack_bits(keep) if wants and (relu or redraw is None) else None)
+        packs = wants and (relu or redraw is None)
+        ctx.save_for_backward((pack_where(y, packed.nonzero) if relu else pack_bits(keep)) if packs else None)
         ctx.scale, ctx.redraw, ctx.shape = scale, None if relu else redraw, y.shape
         return y
 
@@ -186,13 +187,12 @@ class _NativeDropped(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float, stream: int, first: int, width: int, relu: bool) -> torch.Tensor:  # type: ignore[override]
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        wants = ctx.needs_input_grad[0] and relu
-        mask = torch.empty(x.shape, dtype=torch.bool, device=x.device) if wants else None
         if x.device.type == "cpu":
-            _drop_rows(x, y, mask, p, stream, first, width, relu)
+            _drop_rows(x, y, None, p, stream, first, width, relu)
         else:
-            cuda_dropout.drop_into(_rows(x), y, mask, p, stream, first, width, relu)
-        ctx.save_for_backward(None if mask is None else pack_bits(mask))
+            cuda_dropout.drop_into(_rows(x), y, None, p, stream, first, width, relu)
+        wants = ctx.needs_input_grad[0] and relu  # the kernels' mask: the nonzero results, here packed from them
+        ctx.save_for_backward(pack_where(y, packed.nonzero) if wants else None)
         ctx.dropout = (p, stream, first, width)
         return y
 

@@ -5,6 +5,8 @@ packs its keep flags, so the C kernel reads these bits as it reads its own."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,20 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     return (flat.view(-1, 8).to(torch.uint8) << _shifts(flat.device)).sum(1, dtype=torch.uint8)
+
+
+#: elements a block of :func:`pack_where` tests at a time (a multiple of 8): its boolean temporary stays small
+_PACK_BLOCK = 1 << 18
+
+
+def pack_where(x: torch.Tensor, test: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``pack_bits(test(x))`` for an element-wise ``test``, a block of elements at a time: no boolean tensor as large
+    as ``x`` is made (it would be a step's largest temporary where ``x`` is a chunk of a link decoder's pairs)."""
+    flat = x.reshape(-1)
+    out = torch.empty(packed_bytes(flat.numel()), dtype=torch.uint8, device=x.device)
+    for a in range(0, flat.numel(), _PACK_BLOCK):
+        out[a // 8 : (a + _PACK_BLOCK) // 8] = pack_bits(test(flat[a : a + _PACK_BLOCK]))
+    return out
 
 
 def unpack_bits(bits: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -50,6 +66,15 @@ def relu(x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     return _SignedReLU.apply(x, inplace)
 
 
+def _passes(y: torch.Tensor) -> torch.Tensor:
+    """Where ReLU's backward passes the gradient: a result not at most 0 (positive, or NaN as in torch)."""
+    return y.le(0).logical_not_()
+
+
+def nonzero(y: torch.Tensor) -> torch.Tensor:
+    return y != 0
+
+
 class _SignedReLU(torch.autograd.Function):
     """ReLU whose backward passes the gradient where the result is not at most 0 (positive or NaN), as torch's
     (``threshold_backward``: the same values), read from its packed sign bits."""
@@ -59,7 +84,7 @@ class _SignedReLU(torch.autograd.Function):
         y = torch.relu_(x) if inplace else torch.relu(x)
         if inplace:
             ctx.mark_dirty(y)
-        ctx.save_for_backward(pack_bits(y.le(0).logical_not_()))  # a NaN passes its gradient, as in torch
+        ctx.save_for_backward(pack_where(y, _passes))
         ctx.shape = y.shape
         return y
 

@@ -96,6 +96,9 @@ def _parts(
         output_copies=ENCODER_OUTPUT_COPIES,
     )
     slice_width = ceil_div(width, world)
+    counted = nn_on_device and not row_block  # the encoder's NN stage counts whole on this rank's device
+    if counted and not feature_dim and world == 1 and cfg.precision == "fp32":
+        encoder["NN stage"] -= F32 * num_nodes * width  # its input is the learned matrix itself, counted below
     step = {}
     if not feature_dim:  # this rank's columns of the learned matrix, with their gradient and Adam's moments
         gathered = (1 + 2 * bool(cfg.checkpoint_dir)) * num_nodes * width if world > 1 and on_host else 0
