@@ -1,5 +1,6 @@
 """What a backward keeps packed, a bit an element (ntp.engine.kernels.packed): flags packed as the C kernel packs its
-keep flags, unpacked unchanged, and a ReLU whose backward reads its sign bits: torch's values, forward and backward."""
+keep flags (numpy on a CPU, torch's ops elsewhere, checked here on a CPU), unpacked unchanged, and a ReLU whose
+backward reads its sign bits: torch's values, forward and backward."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ntp.engine.kernels import native
+from ntp.engine.kernels import native, packed
 from ntp.engine.kernels.dropout import _drop_rows
 from ntp.engine.kernels.packed import pack_bits, packed_bytes, relu, unpack_bits
 
@@ -21,6 +22,8 @@ def test_flags_come_back_unchanged_and_in_the_kernels_bit_order(shape: tuple[int
     flat = mask.flatten().numpy()
     for e in range(flat.size):  # bit e % 8 of byte e // 8 is element e (csrc/dropout.c's order)
         assert bool(bits[e // 8] >> (e % 8) & 1) == flat[e]
+    assert torch.equal(packed._pack_ops(mask.flatten()), bits), "a GPU's path packs as numpy does"
+    assert torch.equal(packed._unpack_ops(bits, mask.numel()), mask.flatten())
 
 
 @pytest.mark.skipif(native.library() is None, reason="the C kernel is not built")
@@ -50,3 +53,10 @@ def test_relu_is_torchs_and_keeps_its_sign_as_bits(dtype: torch.dtype) -> None:
     torch.testing.assert_close(y2, y1, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(g2, g1, rtol=0, atol=0, equal_nan=True)
     assert saved == [(torch.uint8, packed_bytes(45 * 13))]
+
+
+def test_flags_tested_a_block_at_a_time_are_packed_whole(monkeypatch) -> None:
+    monkeypatch.setattr(packed, "_PACK_BLOCK", 16)  # 33 x 17 elements: 36 blocks, the last ragged
+    x = torch.randn(33, 17)
+    x[::4] = 0.0
+    assert torch.equal(packed.pack_where(x, packed.nonzero), pack_bits(x != 0))

@@ -22,6 +22,11 @@ def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     flat = mask.reshape(-1)
     if flat.device.type == "cpu":  # numpy packs without the GIL and without a temporary
         return torch.from_numpy(np.packbits(flat.numpy(), bitorder="little"))
+    return _pack_ops(flat)
+
+
+def _pack_ops(flat: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_bits` of a flat bool tensor by torch's ops, on any device (a GPU's path)."""
     pad = -flat.numel() % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
@@ -48,8 +53,13 @@ def unpack_bits(bits: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     if bits.device.type == "cpu":
         flags = np.unpackbits(bits.numpy(), count=n, bitorder="little")
         return torch.from_numpy(flags).view(torch.bool).view(shape)
+    return _unpack_ops(bits, n).view(shape)
+
+
+def _unpack_ops(bits: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` flags :func:`_pack_ops` packed into ``bits``, flat, by torch's ops (a GPU's path)."""
     flags = (bits[:, None] >> _shifts(bits.device)).bitwise_and_(1).view(torch.bool)
-    return flags.reshape(-1)[:n].view(shape)
+    return flags.reshape(-1)[:n]
 
 
 def _shifts(device: torch.device) -> torch.Tensor:
