@@ -94,10 +94,11 @@ def nn_stage_bytes(
     features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
     ntp.engine.kernels.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product, which
     ``in_product`` allows: :func:`input_dropped_in_product`), what the backward keeps of each hidden activation
-    (and of ``inner`` columns more: :func:`inner_width`; :func:`kept_activation_bytes`), the gradients in flight
-    (:func:`in_flight_bytes`: ``working`` activations, ``output_copies`` of the output, as its consumer holds them), ``kept`` columns
-    more that live with their gradient only (:func:`classic_width`), and the (float32) parameters with their
-    gradients and Adam's moments. tests/ntp/test_memory_estimate.py counts a step's live tensor bytes against it."""
+    but the widest layer's (and of ``inner`` columns more: :func:`inner_width`; :func:`kept_activation_bytes`), what
+    the peak holds besides (:func:`in_flight_bytes`: ``working`` activations, ``output_copies`` of the output, as its
+    consumer holds them), ``kept`` columns more that live with their gradient only (:func:`classic_width`), and the
+    (float32) parameters with their gradients and Adam's moments. tests/ntp/test_memory_estimate.py counts a step's
+    live tensor bytes against it."""
     eb = element_bytes(precision)
     dropped = (
         dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout)
