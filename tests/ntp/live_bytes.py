@@ -13,8 +13,8 @@ from torch.utils._pytree import tree_flatten
 #: how far above a step's measured bytes the memory plan may be (issue 47: within 10 %, and never below)
 PLAN_SLACK = 1.1
 #: how far above a link step its plan may be: its parts are bounds that do not all peak together (the pair chunk and
-#: the encoder's working copies never live at once); measured on a CPU 1.04-1.33x (bfloat16 the most; 2026-11-28), not yet within
-#: PLAN_SLACK as a node step's plan is
+#: the encoder's working copies never live at once); measured on a CPU 1.04-1.33x (bfloat16 the most; 2026-11-28),
+#: not yet within PLAN_SLACK as a node step's plan is
 LINK_SLACK = 1.4
 
 
