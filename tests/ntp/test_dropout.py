@@ -11,9 +11,10 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition
-from ntp.engine.kernels import dropout, masks, native
+from ntp.engine.kernels import dropout, masks, native, packed
 from ntp.engine.kernels.dropout import drop, dropped
 from ntp.engine.kernels.masks import device_keep_mask, keep_mask, stream_keep_mask
+from ntp.engine.kernels.packed import packed_bytes
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
 
@@ -101,35 +102,46 @@ def test_the_cpu_mask_is_the_same_on_any_number_of_threads(monkeypatch, threads:
         torch.set_num_threads(before)
 
 
-def test_dropped_zeroes_and_scales_with_the_gradient_masked() -> None:
-    """...and keeps only the boolean mask for the backward (a float copy of it held 4x the bytes until then)."""
-    x = torch.randn(50, 9, requires_grad=True)
-    keep = stream_keep_mask((0, 50), 9, 0.3, 4)
+def _saved(fn):
+    """``fn()``'s result, and the (dtype, bytes) of each tensor autograd keeps for its backward."""
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
-        y = dropped(x, keep, 0.3)
-    assert saved == [torch.bool], "the mask alone"
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.nbytes)) or t, lambda t: t):
+        out = fn()
+    return out, saved
+
+
+@pytest.mark.parametrize("redrawn", [False, True])
+def test_dropped_zeroes_and_scales_with_the_gradient_masked(redrawn: bool) -> None:
+    """...and keeps nothing for the backward where the mask can be drawn again (counter-based), else the mask
+    packed, a bit an element (a boolean mask held 8x the bytes, a float copy 32x): the gradient is the plain ops'."""
+    x = torch.randn(50, 9, requires_grad=True)
+    draw = lambda: stream_keep_mask((0, 50), 9, 0.3, 4)  # noqa: E731
+    keep = draw()
+    y, saved = _saved(lambda: dropped(x, keep, 0.3, redraw=draw if redrawn else None))
+    assert saved == ([] if redrawn else [(torch.uint8, packed_bytes(50 * 9))])
     assert torch.equal(y, torch.where(keep, x * (1 / 0.7), torch.zeros(())))
     y.backward(torch.ones_like(y))
     assert torch.equal(x.grad, keep.float() * (1 / 0.7))
 
 
 def test_relu_then_dropout_in_one_mask() -> None:
-    """``dropped(x, keep, p, relu=True)`` is ``dropped(relu(x), keep, p)``, zeros included, forward and backward,
-    and keeps one boolean mask where ReLU kept its whole output too."""
+    """``dropped(x, keep, p, relu=True)`` is ``dropped(relu(x), keep, p)``, zeros included, forward and backward, and
+    keeps the result's nonzero flags packed (a bit an element) where torch's ReLU kept its whole float output too;
+    a ReLU of its own (ntp.engine.kernels.packed.relu) keeps its sign packed."""
     x = torch.randn(60, 11)
     x[::7, ::3] = 0.0  # ReLU's gradient at 0 is 0
     keep, grad = stream_keep_mask((0, 60), 11, 0.5, 8), torch.randn(60, 11)
-    results, saved = [], []
-    for fused in (True, False):
+    results, saved = [], {}
+    for form, relu in (("fused", None), ("torch", torch.relu), ("packed", packed.relu)):
         leaf = x.clone().requires_grad_()
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((fused, t.dtype)) or t, lambda t: t):
-            y = dropped(leaf, keep, 0.5, relu=True) if fused else dropped(torch.relu(leaf), keep, 0.5)
+        fn = (lambda: dropped(leaf, keep, 0.5, relu=True)) if relu is None else (lambda: dropped(relu(leaf), keep, 0.5))
+        y, saved[form] = _saved(fn)
         y.backward(grad)
         results.append((y.detach(), leaf.grad))
-    assert all(torch.equal(a, b) for a, b in zip(*results))
-    assert [dtype for fused, dtype in saved if fused] == [torch.bool]
-    assert [dtype for fused, dtype in saved if not fused] == [torch.float32, torch.bool], "ReLU's output, the mask"
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+    bits = (torch.uint8, packed_bytes(60 * 11))
+    assert saved == {"fused": [bits], "torch": [(torch.float32, 4 * 60 * 11), bits], "packed": [bits, bits]}
 
 
 def test_the_one_pass_kernel_is_built_and_can_be_switched_off(monkeypatch) -> None:
@@ -159,7 +171,8 @@ def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(
     """The C kernel draws each keep flag from the same field of the stream :func:`stream_keep_mask` reads, so ``drop``
     equals ``dropped(x, keep_mask(...))``: values (NaN, infinities and -0 included) and gradients, for any cut of
     the rows among threads, strided rows, and a column slice of a wider mask; it keeps one boolean mask for the
-    backward (and writes none when no gradient is wanted)."""
+    backward only after a ReLU, its nonzero flags packed (it draws the mask again otherwise), and writes no mask when
+    no gradient is wanted."""
     n, w, row, col, width = layout
     stream = 2**70 + 5
     base = torch.randn(n, w + 3, dtype=dtype)  # x is its columns 1..w: rows strided
@@ -172,20 +185,21 @@ def test_the_one_pass_kernel_drops_what_the_mask_drawn_then_applied_drops(
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        results, saved = [], []
+        results = []
         for one_pass in (True, False):
             leaf = base.clone().requires_grad_()
             x = leaf[:, 1 : w + 1]
-            with torch.autograd.graph.saved_tensors_hooks(
-                lambda t: saved.append((one_pass, t.dtype)) or t, lambda t: t
-            ):
-                y = drop(x, p, stream, row, relu, column=col, width=width) if one_pass else dropped(x, keep, p, relu)
+            y, saved = _saved(
+                lambda: (
+                    drop(x, p, stream, row, relu, column=col, width=width) if one_pass else dropped(x, keep, p, relu)
+                )
+            )
             y.backward(grad)
-            results.append((y.detach(), leaf.grad))
-        (y1, g1), (y2, g2) = results
+            results.append((y.detach(), leaf.grad, saved))
+        (y1, g1, saved), (y2, g2, _) = results
         torch.testing.assert_close(y1, y2, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(g1, g2, rtol=0, atol=0, equal_nan=True)
-        assert [dt for one_pass, dt in saved if one_pass] == [torch.bool]
+        assert saved == ([(torch.uint8, packed_bytes(n * w))] if relu else [])
         no_grad = drop(base[:, 1 : w + 1], p, stream, row, relu, column=col, width=width)  # no mask written
         torch.testing.assert_close(no_grad, y1, rtol=0, atol=0, equal_nan=True)
     finally:
@@ -300,18 +314,22 @@ def test_input_dropout_is_its_own_rate(arch: str, model: str) -> None:
 @pytest.mark.parametrize("arch", ["coupled", "decoupled"])
 def test_the_models_drop_inside_their_products(monkeypatch, arch: str) -> None:
     """A 2-layer GCN's dropouts (the features', and the hidden layer's with its ReLU) run inside the products after
-    them where their input is large enough: autograd then keeps no mask; below the size, the hidden one keeps its
-    mask (the dropped copy's path)."""
+    them where their input is large enough (no dropped copy; autograd keeps the keep flags packed); below the size
+    they drop a copy. Either way no boolean mask is kept: the hidden one keeps its ReLU'd result's nonzero flags,
+    packed, and a dropout without a ReLU keeps nothing (its mask is drawn again)."""
     cfg = TrainConfig(model="gcn", arch=arch, nn_layers=2, hidden=64, dropout=0.5, mode="single")
     job = setup(cfg, SINGLE, loader(GRAPH))
-    masks = {}
+    fused, apply = [], dropout._DroppedLinear.apply
+    monkeypatch.setattr(dropout._DroppedLinear, "apply", lambda *args: fused.append(1) or apply(*args))
+    seen = {}
     for least in (0, 1 << 40):
         monkeypatch.setattr(dropout, "_FUSED_LEAST_BYTES", least)
+        fused.clear()
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
             job.model.train()(job.x, job.ctx).sum().backward()
-        masks[least] = saved.count(torch.bool)
-    assert masks == {0: 0, 1 << 40: 1}
+        seen[least] = (len(fused) > 0, saved.count(torch.uint8) > 0, saved.count(torch.bool))
+    assert seen == {0: (True, True, 0), 1 << 40: (False, True, 0)}
 
 
 def test_no_two_purposes_layers_or_steps_share_a_stream_over_a_long_run() -> None:

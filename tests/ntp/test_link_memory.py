@@ -23,7 +23,7 @@ from ntp.errors import MemoryPlanError
 from ntp.run.preflight import check_launch
 from ntp.spec import resolve
 from tests.ntp.link_worker import link_graph, link_loader
-from tests.ntp.live_bytes import LiveBytes
+from tests.ntp.live_bytes import LINK_SLACK, LiveBytes, chunk_bytes, held_bytes
 from tests.ntp.spawn import run_on_ranks
 
 N, FEATURES = 8_000, 48
@@ -53,8 +53,9 @@ def _job(options: dict, features: bool, env: DistEnv = SINGLE):
 
 
 def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -> tuple[int, int]:
-    """The peak live bytes of a link step or of an evaluation, with what they start from (features, the embeddings
-    and their Adam moments, the edges and splits), and the plan's count of all but the topology, on a CPU rank."""
+    """The peak live bytes of a link step or of an evaluation, with what they start from (features, the parameters
+    (the embeddings too) and their Adam moments, the edges and splits), and the plan's count of all but the topology,
+    on a CPU rank, with the edges of the one chunk of propagation a step without a budget runs."""
     job = _job(options, features, env)
     train_step(job, 0)  # the optimizer's state exists from here on
     live, evaluation = LiveBytes(), LiveBytes()
@@ -62,19 +63,17 @@ def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -
         train_step(job, 1)
     with evaluation:
         evaluate_splits(job)
-    held = [job.x, job.task.taken, *job.task.pos.values(), *(q for q in job.task.neg.values() if q is not None)]
-    if job.model.embedding is not None:
-        weight = job.model.embedding.weight
-        held += [weight, *job.optimizer.state[weight].values()]
+    pairs = [job.task.taken, *job.task.pos.values(), *(q for q in job.task.neg.values() if q is not None)]
     parts = link_memory.resident_parts(job.cfg, **memory_shape(job.data, job.model, env.world, "cpu"))
-    peak = max(live.peak, evaluation.peak)
-    return peak + sum(t.numel() * t.element_size() for t in held), sum(parts.values()) - parts["topology"]
+    peak = max(live.peak, evaluation.peak) + held_bytes(job)  # the features, the parameters (embeddings too), Adam's
+    planned = sum(parts.values()) - parts["topology"] + chunk_bytes(job, width=0)  # and a chunk's edges
+    return peak + sum(t.numel() * t.element_size() for t in pairs), planned
 
 
 @pytest.mark.parametrize("options, features", CASES, ids=IDS)
 def test_the_plan_covers_a_link_step_on_one_rank(options: dict, features: bool) -> None:
     measured, planned = measured_and_planned(options, features)
-    assert measured <= planned < 2 * measured, f"the plan counts {planned} bytes, a step allocates {measured}"
+    assert measured <= planned < LINK_SLACK * measured, f"the plan counts {planned} bytes, a step allocates {measured}"
 
 
 def _two_rank_worker(cases: list) -> list[tuple[int, int]]:
@@ -85,6 +84,7 @@ def _two_rank_worker(cases: list) -> list[tuple[int, int]]:
 
 
 def test_the_plan_covers_a_link_step_on_each_of_two_ranks() -> None:
+    """Over two ranks the column slice's parts are bounds too: the plan was up to 1.55x a step."""
     for rank, results in enumerate(run_on_ranks(_two_rank_worker, 2, CASES[:2] + CASES[3:4], timeout=300)):
         for (options, features), (measured, planned) in zip(CASES[:2] + CASES[3:4], results):
             assert measured <= planned < 2 * measured, (

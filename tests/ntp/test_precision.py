@@ -111,6 +111,26 @@ def test_memory_plan_counts_bf16_elements() -> None:
     assert bf16_cpu["float32 product input"] == fp32["embeddings"] // 4  # the float32 copy CPU products multiply
 
 
+@pytest.mark.parametrize("model", ["gcn", "sage", "gin"])
+def test_bf16_keeps_what_the_backward_needs_in_bfloat16_or_bits(model: str) -> None:
+    """Under bf16 a coupled model's step keeps, of its hidden activations, autocast's bfloat16 casts for the
+    products and packed flags (ReLU, dropout): no float32 copy as wide as a hidden layer (the row sums of a bias or
+    a norm are float32, but nothing keeps them)."""
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.setup import setup
+    from tests.ntp.graphs import loader
+
+    hidden = 24
+    cfg = TrainConfig(model=model, arch="coupled", hidden=hidden, dropout=0.5, precision="bf16", mode="single")
+    job = setup(cfg, DistEnv(0, 1, 0, 1, torch.device("cpu"), None), loader(GRAPH))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, tuple(t.shape))) or t, lambda t: t):
+        job.model.train()(job.x, job.ctx)
+    wide = [(dt, shape) for dt, shape in saved if len(shape) == 2 and shape[1] >= hidden]
+    assert wide and all(dt == torch.bfloat16 for dt, _ in wide), wide
+    assert any(dt == torch.uint8 for dt, _ in saved), "the ReLU'd dropout's flags, packed"
+
+
 def test_bf16_on_a_gpu_keeps_cublas_sums_in_float32() -> None:
     """Under bf16 on a GPU a run forbids cuBLAS's bfloat16 reductions of split-K partial sums (torch allows them by
     default), so dense products sum in float32 as sparse ones do; fp32 runs and CPU runs leave the setting alone.

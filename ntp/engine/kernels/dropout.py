@@ -5,15 +5,15 @@ product that follows the dropout where there is one (:meth:`RowDropout.linear`);
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ntp.engine.kernels import cuda_dropout, native, streams
+from ntp.engine.kernels import cuda_dropout, native, packed, streams
 from ntp.engine.kernels.linear import linear
 from ntp.engine.kernels.masks import field, keep_mask, stream_key, thread_parts
+from ntp.engine.kernels.packed import pack_bits, pack_where, packed_bytes, unpack_bits
 
 #: elements per OpenMP thread below which the C kernel runs on one (a parallel region costs microseconds)
 _KERNEL_PART = 1 << 16
@@ -39,7 +39,7 @@ class RowDropout(nn.Module):
     def forward(self, x: torch.Tensor, ctx: Position, relu: bool = False) -> torch.Tensor:
         """Dropout of ``x``, or with ``relu`` of ``relu(x)`` (see :func:`drop`)."""
         if not self.training or self.p == 0.0:
-            return F.relu(x) if relu else x
+            return packed.relu(x) if relu else x
         return drop(x, self.p, self._stream(ctx), ctx.row_offset, relu)
 
     def linear(
@@ -90,7 +90,7 @@ def dropped_copy_bytes(device_type: str, dtype: torch.dtype, rows: int, width: i
     if p == 0.0:
         return 0
     if drops_inside_product(device_type, dtype, (rows - 1) * width * item):
-        return min(rows, _block_rows(width, item)) * width * item + packed_flag_bytes(rows * width)
+        return min(rows, _block_rows(width, item)) * width * item + packed_bytes(rows * width)
     return rows * width * item
 
 
@@ -123,35 +123,48 @@ def drop(
     width = x.shape[1] if width is None else width
     if one_pass(x):
         return _NativeDropped.apply(x, p, stream, first_row * width + column, width, relu)
-    keep = keep_mask((first_row, first_row + x.shape[0]), width, p, stream, x.device)
-    return dropped(x, keep[:, column : column + x.shape[1]], p, relu)
+    rows, cols, device = (first_row, first_row + x.shape[0]), slice(column, column + x.shape[1]), x.device
+    cut = lambda: keep_mask(rows, width, p, stream, device)[:, cols]  # noqa: E731 (holds no tensor)
+    return dropped(x, cut(), p, relu, redraw=cut)
 
 
-def dropped(x: torch.Tensor, keep: torch.Tensor, p: float, relu: bool = False) -> torch.Tensor:
-    """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``. Autograd keeps only
-    the boolean mask (a float copy of it would hold 4x the bytes). With ``relu`` it is ``relu(x)`` dropped, in the
-    same autograd node: one mask kept, and no ReLU output."""
-    return _Dropped.apply(x, keep.to(x.device), 1.0 / (1.0 - p), relu)
+def dropped(
+    x: torch.Tensor, keep: torch.Tensor, p: float, relu: bool = False, redraw: Callable[[], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """``x`` with the elements ``keep`` drops zeroed and the others scaled by ``1 / (1 - p)``. With ``relu`` it is
+    ``relu(x)`` dropped, in the same autograd node. What autograd keeps is the smallest form (:func:`kept_bytes`):
+    with ``relu``, the result's nonzero flags packed (ntp.engine.kernels.packed); without, nothing where ``redraw``
+    draws ``keep`` again (a counter-based mask), else ``keep`` packed."""
+    return _Dropped.apply(x, keep.to(x.device), 1.0 / (1.0 - p), relu, redraw)
+
+
+def kept_bytes(elements: int, relu: bool) -> int:
+    """Bytes a dropout of ``elements`` elements (of a ReLU's result with ``relu``) keeps for its backward: the
+    result's nonzero flags packed, or nothing where the counter-based mask is drawn again (:func:`drop`)."""
+    return packed_bytes(elements) if relu else 0
 
 
 class _Dropped(torch.autograd.Function):
     """The forward and the backward are the same masked scale. ReLU, where asked, runs in place on the dropped values,
-    and the backward's mask is then the nonzero entries of the result (those both masks kept): on a CPU casting the
-    non-negative result to bool costs a third of the comparison ``x > 0``."""
+    and the backward's mask is then the nonzero entries of the result (those both masks kept), packed; without it the
+    backward draws the mask again."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float, relu: bool) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float, relu: bool, redraw) -> torch.Tensor:  # type: ignore[override]
         y = _masked_scale(x, keep, scale)
         if relu:
-            keep = y.relu_().bool()
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
+            y.relu_()
+        wants = ctx.needs_input_grad[0]
+        packs = wants and (relu or redraw is None)
+        ctx.save_for_backward((pack_where(y, packed.nonzero) if relu else pack_bits(keep)) if packs else None)
+        ctx.scale, ctx.redraw, ctx.shape = scale, None if relu else redraw, y.shape
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        (keep,) = ctx.saved_tensors
-        return _masked_scale(grad, keep, ctx.scale), None, None, None
+        (bits,) = ctx.saved_tensors
+        keep = ctx.redraw() if bits is None else unpack_bits(bits, ctx.shape)
+        return _masked_scale(grad, keep.to(grad.device), ctx.scale), None, None, None, None
 
 
 def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
@@ -167,28 +180,34 @@ def _masked_scale(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Te
 
 class _NativeDropped(torch.autograd.Function):
     """:class:`_Dropped` with the mask drawn as it is applied, by a kernel (``csrc/dropout.c`` on torch's CPU
-    threads, ntp.engine.kernels.cuda_dropout on CUDA): one pass reads ``x`` and writes the result and, only where a gradient
-    is wanted, the backward's mask (the nonzero results with ``relu``)."""
+    threads, ntp.engine.kernels.cuda_dropout on CUDA): one pass reads ``x`` and writes the result and, only where a
+    gradient is wanted after a ReLU, the result's nonzero flags, kept packed. The backward drops the gradient by them,
+    or without a ReLU draws the same mask again (the kernels' pass over the gradient, keeping nothing)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float, stream: int, first: int, width: int, relu: bool) -> torch.Tensor:  # type: ignore[override]
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        mask = torch.empty(x.shape, dtype=torch.bool, device=x.device) if ctx.needs_input_grad[0] else None
         if x.device.type == "cpu":
-            _drop_rows(x, y, mask, p, stream, first, width, relu)
+            _drop_rows(x, y, None, p, stream, first, width, relu)
         else:
-            cuda_dropout.drop_into(_rows(x), y, mask, p, stream, first, width, relu)
-        ctx.save_for_backward(mask)
-        ctx.scale = 1.0 / (1.0 - p)
+            cuda_dropout.drop_into(_rows(x), y, None, p, stream, first, width, relu)
+        wants = ctx.needs_input_grad[0] and relu  # the kernels' mask: the nonzero results, here packed from them
+        ctx.save_for_backward(pack_where(y, packed.nonzero) if wants else None)
+        ctx.dropout = (p, stream, first, width)
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        (mask,) = ctx.saved_tensors
-        if grad.device.type != "cpu":
-            return _masked_scale(grad, mask, ctx.scale), None, None, None, None, None
-        grad = grad.contiguous()
-        return _masked_scale_into(grad, mask, torch.empty_like(grad), ctx.scale), None, None, None, None, None
+        (bits,) = ctx.saved_tensors
+        p, stream, first, width = ctx.dropout
+        out = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+        if grad.device.type == "cpu":  # the kernel reads the packed flags, or draws the mask
+            _drop_rows(grad, out, None, p, stream, first, width, False, flags_in=bits)
+        elif bits is None:
+            cuda_dropout.drop_into(_rows(grad), out, None, p, stream, first, width, False)
+        else:
+            out = _masked_scale(grad, unpack_bits(bits, grad.shape), 1.0 / (1.0 - p))
+        return out, None, None, None, None, None
 
 
 def _masked_scale_into(grad: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, scale: float) -> torch.Tensor:
@@ -283,7 +302,7 @@ class _DroppedLinear(torch.autograd.Function):
         relu: bool,
     ) -> torch.Tensor:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        flags = torch.empty(packed_flag_bytes(x.numel()), dtype=torch.uint8) if any(ctx.needs_input_grad[:2]) else None
+        flags = torch.empty(packed_bytes(x.numel()), dtype=torch.uint8) if any(ctx.needs_input_grad[:2]) else None
         for a, block, _ in _dropped_blocks(x, p, stream, first, relu, masks=False, flags_out=flags):
             rows = out[a : a + block.shape[0]]
             torch.mm(block, weight.t(), out=rows) if bias is None else torch.addmm(bias, block, weight.t(), out=rows)
@@ -336,11 +355,6 @@ def _dropped_blocks(
 
 def _block_rows(width: int, item: int) -> int:
     return max(64, _BLOCK_BYTES // (width * item) // 8 * 8)
-
-
-def packed_flag_bytes(elements: int) -> int:
-    """Bytes of the packed keep flags of ``elements`` elements (a bit each) that :class:`_DroppedLinear` keeps."""
-    return (elements + 7) // 8
 
 
 def layer_dropouts(input_p: float, p: float, layers: int) -> nn.ModuleList:

@@ -13,11 +13,20 @@ from ntp.engine.device.transfer import slab_columns, stream_depth
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.graph.aggregate import scales_rows
 from ntp.engine.kernels.dropout import dropped_copy_bytes
+from ntp.engine.kernels.packed import packed_bytes
 from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS
 
-#: fp32 copies per NN activation element that live through an epoch: the activation, what backward keeps (the
-#: dropout input or mask), its gradient, and one temporary.
+#: copies per activation element of a relational step (ntp.engine.tasks.hetero.memory): the activation, what backward
+#: keeps, its gradient, and one temporary
 ACTIVATION_COPIES = 4
+
+#: activations as wide as the widest layer that a step holds at its peak besides what the backward keeps of the
+#: layers before: a Linear's gradient and the gradient it makes (or, in the forward, a layer's input and output);
+#: :func:`working_copies` adds the coupled layers' own (tests/ntp/test_memory_estimate.py traces the peaks)
+WORKING_COPIES = 2
+
+#: float32 copies per output element at the peak: the logits' gradient and the log-softmax's
+OUTPUT_COPIES = 2
 
 #: Device bytes per edge of each direction of the topology (ntp.engine.graph.topology: 32-bit indices, no values).
 INDEX_BYTES = 4
@@ -80,14 +89,18 @@ def nn_stage_bytes(
     inner: int = 0,
     in_product: bool = True,
     kept: int = 0,
+    output_copies: int = OUTPUT_COPIES,
+    working: int = WORKING_COPIES,
 ) -> int:
     """Memory of the NN stage on ``rows`` rows (the largest row block) on a ``device_type`` device: the input
     features and their dropped copy at rate ``input_dropout`` (no gradient flows into them;
     ntp.engine.kernels.dropout.dropped_copy_bytes: a block of it where their dropout runs inside the first product, which
-    ``in_product`` allows: :func:`input_dropped_in_product`), activations of every layer (and ``inner`` columns more:
-    :func:`inner_width`), ``kept`` columns more that live with their gradient only (:func:`classic_width`), and the
-    (float32) parameters. tests/ntp/test_memory_estimate.py counts a step's live tensor
-    bytes against it."""
+    ``in_product`` allows: :func:`input_dropped_in_product`), what the backward keeps of each hidden activation
+    but the widest layer's (and of ``inner`` columns more: :func:`inner_width`; :func:`kept_activation_bytes`), what
+    the peak holds besides (:func:`in_flight_bytes`: ``working`` activations, ``output_copies`` of the output, as its
+    consumer holds them), ``kept`` columns more that live with their gradient only (:func:`classic_width`), and the
+    (float32) parameters with their gradients and Adam's moments. tests/ntp/test_memory_estimate.py counts a step's
+    live tensor bytes against it."""
     eb = element_bytes(precision)
     dropped = (
         dropped_copy_bytes(device_type, dtype(precision), rows, in_dim, input_dropout)
@@ -97,8 +110,52 @@ def nn_stage_bytes(
         else 0
     )
     features = eb * rows * in_dim + dropped
-    activations = eb * rows * (hidden * (layers - 1) + out_dim + inner) * ACTIVATION_COPIES
+    in_flight = in_flight_bytes(rows, hidden, out_dim, layers, precision, inner, output_copies, working)
+    # at the peak the backward has freed what it kept of the widest layer (it reads the layers' gradients there)
+    kept_columns = max(hidden * (layers - 1) + inner - hidden, 0)
+    activations = kept_activation_bytes(rows, kept_columns, precision) + in_flight
     return features + activations + eb * rows * kept * KEPT_COPIES + 4 * params * PARAMETER_COPIES
+
+
+def in_flight_bytes(
+    rows: int,
+    hidden: int,
+    out_dim: int,
+    layers: int,
+    precision: str = "fp32",
+    inner: int = 0,
+    output_copies: int = OUTPUT_COPIES,
+    working: int = WORKING_COPIES,
+) -> int:
+    """What a step holds at its peak besides what the backward keeps, on ``rows`` rows: ``working`` activations of
+    the widest layer (:func:`working_copies`), and ``output_copies`` float32 copies of the output."""
+    widest = max(hidden if layers > 1 or inner else 0, out_dim)
+    return rows * (element_bytes(precision) * widest * working + 4 * out_dim * output_copies)
+
+
+def working_copies(cfg, device_type: str = "cuda") -> int:  # noqa: ANN001 (a TrainConfig)
+    """:data:`WORKING_COPIES` for ``cfg``'s model on a ``device_type`` device. A coupled layer's peak is its
+    propagation's backward: the gradient it reads and the one it makes (the product's output, counted among the
+    graph's parts instead where a CPU multiplies in float32: :func:`float32_products`), then one more where two
+    products read the layer's input (GraphSAGE's root term: the input is alive with both gradients) or the layer
+    holds an MLP's hidden layer (GIN)."""
+    if cfg.arch != "coupled":
+        return WORKING_COPIES
+    spec = cfg.model_spec
+    return WORKING_COPIES - float32_products(device_type, cfg.precision) + (spec.root_term or spec.inner_mlp)
+
+
+def float32_products(device_type: str, precision: str) -> bool:
+    """Whether sparse products sum a copy of their input in float32 into a float32 output (a CPU's bfloat16 ones)."""
+    return device_type == "cpu" and precision != "fp32"
+
+
+def kept_activation_bytes(rows: int, columns: int, precision: str = "fp32") -> int:
+    """What the backward keeps of ``columns`` hidden activation columns (each followed by a ReLU, maybe a dropout,
+    and a product): the activation the product keeps, in the run's precision (bfloat16 under ``bf16``: autocast casts
+    a product's inputs, and keeps the casts), and the ReLU's sign, or the ReLU'd dropout's nonzero flags, packed a bit
+    an element (ntp.engine.kernels.packed; a dropout without a ReLU keeps nothing: its mask is drawn again)."""
+    return rows * columns * element_bytes(precision) + packed_bytes(rows * columns)
 
 
 def input_dropped_in_product(cfg) -> bool:
@@ -171,7 +228,7 @@ def graph_resident_parts(
             else 4 * num_nodes * slice_width * eb
         ),
     }
-    in_float32 = device_type == "cpu" and precision != "fp32"  # a CPU sums a bfloat16 input in float32, then casts
+    in_float32 = float32_products(device_type, precision)
     if not streamed and (in_float32 or scales_rows(num_edges, num_nodes * slice_width, device_type, precision)):
         parts["float32 product input"] = 4 * num_nodes * slice_width
     if not streamed and in_float32:
@@ -290,11 +347,12 @@ def rank_resident_parts(
     device_type: str = "cuda",
     symmetric: bool = False,
     row_block: int = 0,
+    output_copies: int = OUTPUT_COPIES,
 ) -> dict[str, int]:
     """What stays in a rank's memory besides the aggregation chunks, by part: what ``--memory-budget`` must hold
     before any chunk (``cfg``: a TrainConfig; the NN stage counts where it runs on the rank's device, or, streamed in
     blocks of ``row_block`` rows, one block: "NN block"; ``symmetric``: ``A`` is, so one direction of the topology
-    is kept)."""
+    is kept; ``output_copies``: float32 copies of the output its consumer holds, :func:`in_flight_bytes`)."""
     rows = ceil_div(num_nodes, world)
     nn_bytes = (
         nn_stage_bytes(
@@ -310,6 +368,8 @@ def rank_resident_parts(
             inner_width(cfg),
             input_dropped_in_product(cfg),
             classic_width(cfg, out_dim),
+            output_copies,
+            working_copies(cfg, device_type),
         )
         if nn_on_device and not row_block
         else 0
@@ -329,12 +389,18 @@ def rank_resident_parts(
     parts["NN stage"] = nn_bytes
     if row_block:
         parts["NN block"] = stream_block_bytes(
-            stream_row_bytes(cfg, feature_dim, out_dim, device_type), row_block, params
+            stream_row_bytes(cfg, feature_dim, out_dim, device_type, output_copies), row_block, params
         )
     return parts
 
 
-def stream_row_bytes(cfg, in_dim: int, out_dim: int, device_type: str = "cuda") -> int:
+def stream_row_bytes(
+    cfg,  # noqa: ANN001 (a TrainConfig)
+    in_dim: int,
+    out_dim: int,
+    device_type: str = "cuda",
+    output_copies: int = OUTPUT_COPIES,
+) -> int:
     """Device bytes of one row of the NN stage streamed in row blocks (``cfg``: a TrainConfig;
     ntp.engine.parallel.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
     layer counted, though a segment holds one or two), and the blocks on their way: two of the input coming, two of
@@ -352,6 +418,8 @@ def stream_row_bytes(cfg, in_dim: int, out_dim: int, device_type: str = "cuda") 
         inner_width(cfg),
         input_dropped_in_product(cfg),
         classic_width(cfg, out_dim),
+        output_copies,
+        working_copies(cfg, device_type),
     )
     return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim)
 

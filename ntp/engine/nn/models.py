@@ -23,6 +23,7 @@ from ntp.config import TrainConfig
 from ntp.engine.device.precision import autocast
 from ntp.engine.distributed.collectives import all_gather_rows
 from ntp.engine.distributed.traffic import ATTENTION
+from ntp.engine.kernels import packed
 from ntp.engine.kernels.dropout import RowDropout, layer_dropouts
 from ntp.engine.kernels.linear import Linear, linear
 from ntp.engine.nn.layers import MLP, jk_width, jumping_knowledge, make_norm, skip_connection
@@ -205,8 +206,8 @@ class SAGELayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
         x = dropout(x, ctx, relu)  # two products read it
-        agg = propagated_linear(ctx, "mean", x, self.lin_l.weight)
-        return biased(agg, self.lin_l.bias) + self.lin_r(x)
+        agg = biased(propagated_linear(ctx, "mean", x, self.lin_l.weight), self.lin_l.bias)  # the unbiased one dies
+        return agg + self.lin_r(x)
 
     def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
         return dropped_product(ctx, dropout(x, ctx, relu), self.lin_l.weight, None, False)
@@ -229,8 +230,8 @@ class GINLayer(nn.Module):
         self.lin2 = Linear(hidden, out_dim, bias=bias)
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, dropout: RowDropout, relu: bool = False) -> torch.Tensor:
-        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout, relu)
-        return self.lin2(F.relu(agg + self.lin1.bias))
+        agg = propagated_linear(ctx, "sum_root", x, self.lin1.weight, dropout, relu) + self.lin1.bias
+        return self.lin2(packed.relu(agg, inplace=True))  # the biased sum is the ReLU's alone
 
     def before(self, ctx: GraphContext, x: torch.Tensor, dropout: RowDropout, relu: bool) -> torch.Tensor:
         return dropped_product(ctx, x, self.lin1.weight, dropout, relu)
@@ -238,7 +239,7 @@ class GINLayer(nn.Module):
     def after(
         self, ctx: GraphContext, p: torch.Tensor, x: torch.Tensor | None, dropout: RowDropout, relu: bool
     ) -> torch.Tensor:
-        return self.lin2(F.relu(product_after(p, self.lin1.weight) + self.lin1.bias))
+        return self.lin2(packed.relu(product_after(p, self.lin1.weight) + self.lin1.bias, inplace=True))
 
 
 class GATLayer(nn.Module):

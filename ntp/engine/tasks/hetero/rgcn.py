@@ -24,14 +24,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ntp.config import TrainConfig
 from ntp.engine.device.precision import autocast, dtype
 from ntp.engine.distributed.collectives import gather, split
 from ntp.engine.distributed.partition import Partition
-from ntp.engine.kernels import streams
+from ntp.engine.kernels import packed, streams
 from ntp.engine.kernels.dropout import drop
 from ntp.engine.kernels.linear import Linear, matmul
 from ntp.engine.nn.embedding import SlicedEmbedding
@@ -49,7 +48,7 @@ def hetero_dropout(
     """Dropout on a type's rows (of ``relu(x)`` with ``relu``) whose mask depends on (seed, step, layer, type,
     global row, column) only."""
     if p == 0.0:
-        return F.relu(x) if relu else x
+        return packed.relu(x) if relu else x
     return drop(x, p, _dropout_stream(hc, node_type, layer), hc.row_offset(node_type), relu)
 
 
@@ -251,7 +250,7 @@ def relu_column_dropout(
 ) -> torch.Tensor:
     """ReLU, then :func:`hetero_dropout`'s mask, on a column slice (all rows of the type)."""
     if p == 0.0:
-        return F.relu(h)
+        return packed.relu(h)
     return drop(h, p, _dropout_stream(hc, node_type, layer), 0, relu=True, column=cols[0], width=width)
 
 

@@ -39,6 +39,8 @@ TRAIN_EDGE_BYTES = 2 * 8 + 8
 ID_BYTES = 8
 #: Host bytes per edge of the message-passing graph on a CPU rank: its sorted int64 key, which negatives avoid.
 KEY_BYTES = 8
+#: float32 copies of the encoder's output its consumer holds besides its gradient ("output gradient"): the output
+ENCODER_OUTPUT_COPIES = 1
 #: float32 bytes: the learned embeddings, the decoder and its pairs stay float32 under --precision bf16 (only the
 #: encoder's parts, which ntp.engine.memory.placement counts, are in the run's precision: ntp.engine.tasks.link.task.graph_embeddings).
 F32 = 4
@@ -91,8 +93,12 @@ def _parts(
         device_type=device_type,
         symmetric=symmetric,
         row_block=row_block,
+        output_copies=ENCODER_OUTPUT_COPIES,
     )
     slice_width = ceil_div(width, world)
+    counted = nn_on_device and not row_block  # the encoder's NN stage counts whole on this rank's device
+    if counted and not feature_dim and world == 1 and cfg.precision == "fp32":
+        encoder["NN stage"] -= F32 * num_nodes * width  # its input is the learned matrix itself, counted below
     step = {}
     if not feature_dim:  # this rank's columns of the learned matrix, with their gradient and Adam's moments
         gathered = (1 + 2 * bool(cfg.checkpoint_dir)) * num_nodes * width if world > 1 and on_host else 0

@@ -16,13 +16,12 @@ layer, pair index) only, never on the number of ranks.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.collectives import Comm, gather, reduce_scatter_rows
 from ntp.engine.distributed.partition import Partition
-from ntp.engine.kernels import streams
+from ntp.engine.kernels import packed, streams
 from ntp.engine.kernels.dropout import drop
 from ntp.engine.kernels.linear import Linear
 from ntp.engine.nn.embedding import SlicedEmbedding
@@ -37,7 +36,7 @@ def _relu_pair_dropout(x: torch.Tensor, p: float, rows: tuple[int, int], stream:
     """ReLU, then dropout of the pairs ``rows`` (their indices in the batch): the mask depends on them, not on the
     ranks."""
     if p == 0.0:
-        return F.relu(x)
+        return packed.relu(x)
     return drop(x, p, stream, rows[0], relu=True)
 
 
