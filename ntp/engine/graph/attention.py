@@ -4,7 +4,7 @@
 The edges of a CSR are grouped by row, so the row's score is repeated along its segment and the softmax's maximum
 and sums are segment reductions over ``indptr``. The backward is written out (softmax: ``alpha * (g - sum_row(g *
 alpha))``; LeakyReLU: the kept sign; the row scores: a segment sum; the source scores: one ``index_add``), so it keeps
-only the weights and the signs, and never runs the indexed accumulates that autograd makes of per-edge gathers (those
+only the weights and the signs (packed bits), and never runs the indexed accumulates that autograd makes of per-edge gathers (those
 were most of a GAT epoch on a CPU)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ntp.engine.device.precision import accumulation_dtype
+from ntp.engine.kernels.packed import pack_bits, unpack_bits
 
 
 def edge_attention(
@@ -42,13 +43,14 @@ class _EdgeAttention(torch.autograd.Function):
         peak = torch.segment_reduce(logits, "max", offsets=indptr, axis=0)  # shifting rows leaves softmax unchanged
         alpha = logits.sub_(_per_edge(peak, degrees, edges)).exp_()
         alpha /= _per_edge(_segment_sum(alpha, indptr), degrees, edges)
-        ctx.save_for_backward(alpha, positive, src, indptr)
+        ctx.save_for_backward(alpha, pack_bits(positive), src, indptr)
         ctx.slope, ctx.dtypes, ctx.sources = slope, (src_scores.dtype, row_scores.dtype), src_scores.shape[0]
         return alpha
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001, ANN205
-        alpha, positive, src, indptr = ctx.saved_tensors
+        alpha, signs, src, indptr = ctx.saved_tensors
+        positive = unpack_bits(signs, alpha.shape)
         degrees = indptr.diff()
         g = grad.to(alpha.dtype) * alpha
         g -= alpha * _per_edge(_segment_sum(g, indptr), degrees, alpha.shape[0])  # the softmax's Jacobian
