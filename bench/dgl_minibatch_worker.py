@@ -7,10 +7,8 @@ Training stops after ``epochs`` passes or once ``seconds`` of training time are 
 inference, as DGL's example does it) is outside it, as ntp's evaluation is outside its epochs."""
 
 import json
-import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -36,13 +34,9 @@ def build_model(sizes: list[int], dropout: float):
 
 def main():
     import dgl
+    from dgl_worker import read_job
 
-    p = json.loads(sys.argv[1])
-    torch.set_num_threads(p["threads"])
-    d = np.load(p["npz"])
-    indptr, indices = torch.from_numpy(d["indptr"]), torch.from_numpy(d["indices"])
-    n = len(indptr) - 1
-    g = dgl.graph((indices, torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])), num_nodes=n)
+    p, d, g = read_job()
     x, y = torch.from_numpy(d["x"]), torch.from_numpy(d["y"])
     split = {k: torch.from_numpy(d[k]) for k in ("train", "valid", "test")}
     sampler = dgl.dataloading.NeighborSampler(p["fanouts"])
