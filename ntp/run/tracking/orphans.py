@@ -51,7 +51,8 @@ def _launcher_alive(tags: dict[str, str]) -> bool:
 
 
 def close_orphaned_runs(client: Any, experiment_id: str) -> list[str]:
-    """End KILLED the RUNNING runs of ``experiment_id`` launched on this host by a process that no longer exists."""
+    """End the RUNNING runs of ``experiment_id`` launched on this host by a process that no longer exists: as their
+    job ended where the launcher recorded it (:func:`record_unended`), KILLED otherwise."""
     host = socket.gethostname()
     runs = client.search_runs(
         [experiment_id], f"attributes.status = 'RUNNING' and tags.`{TAG_HOST}` = '{host}'", max_results=200
