@@ -148,7 +148,7 @@ def sampler_ready() -> str | None:
     )
 
 
-def run_pyg(store: Path, epochs: int, seconds: float, lr: float, eval_every: int, device: str, threads: int) -> dict:
+def run_pyg(arrays: dict, epochs: int, seconds: float, lr: float, eval_every: int, device: str, threads: int) -> dict:
     import torch
     import torch.nn.functional as F
     from torch_geometric.data import Data
@@ -156,7 +156,7 @@ def run_pyg(store: Path, epochs: int, seconds: float, lr: float, eval_every: int
     from torch_geometric.nn import GraphSAGE
 
     torch.set_num_threads(threads)
-    a = {k: torch.from_numpy(v) for k, v in store_arrays(store).items()}
+    a = {k: torch.from_numpy(v) for k, v in arrays.items()}
     indptr, src, y = a["indptr"], a["indices"], a["y"]
     n = len(indptr) - 1
     dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
@@ -209,12 +209,12 @@ def run_pyg(store: Path, epochs: int, seconds: float, lr: float, eval_every: int
 
 
 def run_dgl_sampling(
-    py: Path, store: Path, epochs: int, seconds: float, lr: float, eval_every: int, threads: int
+    py: Path, arrays: dict, epochs: int, seconds: float, lr: float, eval_every: int, threads: int
 ) -> dict:
     """DGL's NeighborSampler and SAGEConv in DGL's own environment (bench/dgl_minibatch_worker.py), same settings."""
     with tempfile.TemporaryDirectory() as tmp:
         npz = Path(tmp) / "graph.npz"
-        np.savez(npz, **store_arrays(store))
+        np.savez(npz, **arrays)
         payload = {"npz": str(npz), "epochs": epochs, "seconds": seconds, "lr": lr, "eval_every": eval_every}
         payload["threads"] = threads
         payload |= {"fanouts": MINIBATCH["fanouts"], "batch_size": MINIBATCH["batch_size"], **MODEL}
@@ -267,15 +267,15 @@ def minibatch_peers(args, threads: int) -> dict:
     evaluations)."""
     peers, why = {}, sampler_ready()
     if why is None:
-        peers["pyg NeighborLoader"] = lambda store, seconds, every: run_pyg(
-            store, args.minibatch_epochs, seconds, args.minibatch_lr, every, args.device, threads
+        peers["pyg NeighborLoader"] = lambda arrays, seconds, every: run_pyg(
+            arrays, args.minibatch_epochs, seconds, args.minibatch_lr, every, args.device, threads
         )
     else:
         print(f"PyG left out: {why}", file=sys.stderr)
     dgl_py, note = dgl_python(args.with_dgl)
     if dgl_py is not None and args.device == "cpu":
-        peers["dgl NeighborSampler"] = lambda store, seconds, every: run_dgl_sampling(
-            dgl_py, store, args.minibatch_epochs, seconds, args.minibatch_lr, every, threads
+        peers["dgl NeighborSampler"] = lambda arrays, seconds, every: run_dgl_sampling(
+            dgl_py, arrays, args.minibatch_epochs, seconds, args.minibatch_lr, every, threads
         )
     else:
         print(f"DGL left out: {note if dgl_py is None else 'its environment is CPU-only'}", file=sys.stderr)
@@ -320,10 +320,11 @@ def main() -> int:
     for graph, store in stores(args).items():
         ranks = args.ranks if args.device == "cpu" else 1
         runs = {f"ntp tp x{ranks}": run_ntp(store, ntp_epochs, args.ntp_lr, ranks, args.device, args.timeout)}
-        per_pass = max(1, -(-len(store_arrays(store)["train"]) // MINIBATCH["batch_size"]))
+        arrays = store_arrays(store)  # read once for every mini-batch system
+        per_pass = max(1, -(-len(arrays["train"]) // MINIBATCH["batch_size"]))
         every = args.eval_every or max(1, per_pass // 8)
         seconds = args.minibatch_seconds or runs[next(iter(runs))]["curve"][-1][0]
-        runs |= {name: run(store, seconds, every) for name, run in peers.items()}
+        runs |= {name: run(arrays, seconds, every) for name, run in peers.items()}
         rows += summarise(graph, runs, args.fraction)
         print(rows[-len(runs) :], flush=True)
     columns = ["graph", "system", "best_valid", "test_at_best_valid", "target_valid", "time_to_target_s", "train_s"]
