@@ -3,13 +3,14 @@ collectives in flight while this rank computes; all reported in the worker recor
 
 from __future__ import annotations
 
-import ctypes
 import re
 import resource
 import time
 from dataclasses import dataclass
 
 import torch
+
+from ntp.engine.device.host_heap import release_free_heap
 
 
 def synchronize(device: torch.device) -> None:
@@ -69,12 +70,12 @@ class PhaseMemory:
         self.peaks.clear()
         self.phase = "nn"
         if self._cpu_ok:
-            _release_free_heap()
+            release_free_heap()
         self._reset_peak()
 
     def release_free_heap(self) -> None:
         if self._cpu_ok:
-            _release_free_heap()
+            release_free_heap()
 
     def enter(self, phase: str) -> str:
         """Switch to ``phase``; returns the phase that was running (to switch back)."""
@@ -107,22 +108,6 @@ class PhaseMemory:
         elif self._cpu_ok:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-
-
-def _release_free_heap() -> None:
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim(0)
-        except (OSError, AttributeError):
-            _LIBC = False
-            return
-    if _LIBC:
-        _LIBC.malloc_trim(0)
-
-
-_LIBC = None
 
 
 def _vm_hwm() -> int:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from ntp.config import TrainConfig
-from ntp.engine.device import precision
+from ntp.engine.device import host_heap, precision
 from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.tasks import task_for
 from ntp.engine.tasks.base import Job
@@ -27,6 +27,8 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
         raise ConfigError("--mode single runs one process; use --mode tp with several processes (or --nproc 1)")
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world))
     precision.configure(cfg.precision, env.device)
+    if cfg.memory_budget_bytes and env.device.type == "cpu":
+        host_heap.keep_large_blocks_mapped()  # the budget bounds the resident set, not only the live tensors
     if cfg.overlap and env.device.type == "cpu" and env.world > 1 and env.is_main:
         _warn_cpu_overlap(env.local_world * torch.get_num_threads())
     if env.is_main:  # only rank 0 writes: other nodes may not see its paths
