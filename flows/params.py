@@ -23,6 +23,9 @@ class DatasetOptions(BaseModel):
 
     name: str = Field(description="OGB name (e.g. ogbn-arxiv), 'synthetic', or any name together with from_dir.")
     from_dir: str | None = Field(None, description="Read an already unzipped OGB-layout folder (offline).")
+    from_npz: str | None = Field(
+        None, description="Read a heterophilous benchmark's .npz (tolokers.npz, ...): all ten splits kept."
+    )
     mirror: str | None = Field(None, description="Download the OGB zip from this mirror URL instead of OGB.")
     data_dir: str | None = Field(None, description="Data directory (default: $NTP_DATA_DIR or ./data).")
     out: str | None = Field(None, description="Store path (default: chosen from the name and options).")
@@ -30,6 +33,9 @@ class DatasetOptions(BaseModel):
     self_loops: bool = Field(False, description="Add a self-loop to every vertex.")
     dedup: bool = Field(False, description="Remove duplicate edges.")
     drop_self_loops: bool = Field(False, description="Remove self-loops present in the source.")
+    normalize_features: bool = Field(
+        False, description="Divide each vertex's features by their L1 norm (Kipf & Welling, PyG's NormalizeFeatures)."
+    )
     feature_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Stored feature dtype.")
     nodes: int | None = Field(None, description="synthetic: number of vertices.")
     avg_degree: float | None = Field(None, description="synthetic: average in-degree.")

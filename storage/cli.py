@@ -65,6 +65,12 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
         "-> src) of every relation, as R-GCN and the ogbn-mag baselines use (PyG's ToUndirected)",
     )
     g.add_argument(
+        "--normalize-features",
+        action="store_true",
+        help="divide each vertex's features by their L1 norm (zero rows stay zero): Kipf & Welling's row "
+        "normalisation of bag-of-words features, PyG's NormalizeFeatures",
+    )
+    g.add_argument(
         "--feature-dtype",
         choices=FEATURE_DTYPES,
         default="float32",
@@ -132,6 +138,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         link_split=args.link_split,
         link_metric=args.link_metric,
         add_reverse=args.add_reverse,
+        normalize_features=args.normalize_features,
     )
     print(path, flush=True)
     return 0

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from storage.build import build
 from storage.csr import Preprocessing
+from storage.features import with_normalized_features
 from storage.inputs import Digests, file_identity, tree_identity
 from storage.layout import Layout
 from storage.link_split import parse_ratios, with_link_split
@@ -82,6 +83,7 @@ def prepare(
     link_split: str | None = None,
     link_metric: str = "hits@20",
     add_reverse: bool = False,
+    normalize_features: bool = False,
 ) -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
@@ -92,6 +94,7 @@ def prepare(
     layout: chunk sizes (storage.layout.Layout); they do not change content or the store's path.
     link_split: "VAL,TEST" fractions: a seeded (``seed``) random edge split with negatives makes it a link-prediction
     store ranked by ``link_metric`` (storage.link_split).
+    normalize_features: divide each vertex's features by their L1 norm (storage.features.l1_rows).
     """
     progress = progress or stderr_progress
     if feature_dtype not in FEATURE_DTYPES:
@@ -203,13 +206,22 @@ def prepare(
             f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
             "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)"
         )
+    if normalize_features and hetero:
+        raise StoreError(
+            f"--normalize-features is for homogeneous graphs; {name} is heterogeneous. Fix: drop --normalize-features"
+        )
+    if normalize_features:
+        raw_source = make_source
+        make_source = lambda: with_normalized_features(raw_source())
     # OGB's undirected datasets and the heterophilous files list each edge once: the models run on both directions
     inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic" and not hetero)
     inverse = inverse or from_npz is not None
     prep = Preprocessing(
         symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops
     )
-    options = {**prep.to_dict(), "feature_dtype": feature_dtype, **({"add_reverse": True} if add_reverse else {})}
+    options = {**prep.to_dict(), "feature_dtype": feature_dtype}
+    flags = {"add_reverse": add_reverse, "normalize_features": normalize_features}
+    options |= {flag: True for flag, on in flags.items() if on}  # only when set: older stores keep their keys
     if link_split is not None:
         ratios, inner = parse_ratios(link_split), make_source
         options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}
@@ -221,6 +233,7 @@ def prepare(
     target = _path(out) or default_store_path(data_dir, name, digest)
     for flag, on in (
         ("--add-reverse", add_reverse),
+        ("--normalize-features", normalize_features),
         ("--symmetrize", symmetrize),
         ("--self-loops", self_loops),
         ("--dedup", dedup),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import yaml
 
 from flows.params import DatasetOptions, LaunchOptions, PipelineParams, TrainingOptions, launch_spec
 from ntp.config import REPEAT_OPTIONS, ConfigError, TrainConfig
+from storage import prepare
 from tests.pipeline.conftest import PROJECT
 
 
@@ -22,6 +24,15 @@ def test_training_options_mirror_train_config() -> None:
     for name, field in TrainingOptions.model_fields.items():
         assert field.description, name
         assert field.default == getattr(defaults, name), name
+
+
+def test_dataset_options_mirror_prepare() -> None:
+    """Every option of `storage.prepare` (but the library hooks) is a form field, with prepare's default."""
+    params = inspect.signature(prepare).parameters
+    options = {n: p.default for n, p in params.items() if n not in ("name", "progress", "layout")}
+    assert set(DatasetOptions.model_fields) == {"name", *options}
+    for name, default in options.items():
+        assert DatasetOptions.model_fields[name].default == default, name
 
 
 def test_launch_spec_resolves_mode_and_refuses_contradictions() -> None:

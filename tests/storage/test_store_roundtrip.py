@@ -8,6 +8,7 @@ from store_helpers import quiet
 
 from storage import open_store, prepare
 from storage.layout import Layout
+from storage.schema import StoreError
 
 CORA_CHUNKS = Layout(row_chunk=512, edge_chunk=2048, feature_row_chunk=256, feature_col_chunk=256)
 
@@ -79,3 +80,25 @@ def test_low_precision_features(dtype, tmp_path):
     np.testing.assert_allclose(y, x, rtol=1e-2 if dtype == "float16" else 8e-3, atol=1e-3)
     np.testing.assert_array_equal(low.features(slice(10, 20), slice(3, 7)), y[10:20, 3:7])
     assert low.meta.fingerprint != base.meta.fingerprint
+
+
+def test_normalized_features_are_each_row_over_its_l1_norm(shared_datasets, tmp_path):
+    """CiteSeer has 15 featureless vertices: they stay zero, every other row sums to one."""
+    ref = np.load(shared_datasets / "planetoid" / "citeseer.npz")["x"]
+    folder = shared_datasets / "ogb-layout" / "citeseer"
+    plain = prepare("citeseer", from_dir=folder, data_dir=tmp_path, progress=quiet)
+    path = prepare(
+        "citeseer", from_dir=folder, data_dir=tmp_path, progress=quiet, layout=CORA_CHUNKS, normalize_features=True
+    )
+    store = open_store(path)
+    sums = ref.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(store.features(), np.where(sums > 0, ref / np.maximum(sums, 1), 0), rtol=1e-6)
+    assert (store.features()[sums[:, 0] == 0] == 0).all() and (sums == 0).sum() == 15
+    assert path != plain and "--normalize-features" in store.meta.rebuild_command
+    np.testing.assert_array_equal(store.indices(), open_store(plain).indices())
+
+
+def test_normalized_features_are_refused_on_a_heterogeneous_graph(shared_datasets, tmp_path):
+    with pytest.raises(StoreError, match="homogeneous graphs.*Fix: drop --normalize-features"):
+        prepare("aifb", from_dir=shared_datasets / "ogb-hetero" / "aifb", out=tmp_path / "s", normalize_features=True)
+    assert not (tmp_path / "s").exists()
