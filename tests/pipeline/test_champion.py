@@ -19,12 +19,10 @@ import pytest
 from tests.pipeline.conftest import CORA
 from tests.pipeline.test_deployment import (
     UUID,
-    _free_port,
     _get,
     _prefect,
     _started,
-    _wait_healthy,
-    deployment_env,
+    deployed_project,
 )
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -90,13 +88,6 @@ def _predict_runs(api: str) -> list[dict]:
 def test_worse_model_keeps_the_champion_better_one_moves_it_and_triggers_predict(tmp_path: Path) -> None:
     if not CORA.is_dir():
         pytest.skip(f"{CORA} is missing")
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # the workers poll every 2 s (default 10): a trial flow run waits less for the slot the previous one freed
-    env = {**deployment_env(tmp_path, api, mlflow_uri), "PREFECT_WORKER_QUERY_SECONDS": "2"}
-    server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
-    server_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     predictions = tmp_path / "predictions"
 
     def params(epochs: int, lr: float) -> dict:
@@ -113,14 +104,10 @@ def test_worse_model_keeps_the_champion_better_one_moves_it_and_triggers_predict
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(mlflow_uri)
     log = tmp_path / "worker.log"
-    with _started([*server_cmd, "--no-ui", "--analytics-off"], server_env, tmp_path / "server.log") as server:
-        _wait_healthy(api, server, tmp_path / "server.log")
-        _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
-        _prefect(["work-pool", "set-concurrency-limit", "gpu-pool", "1"], env)
-        _prefect(["work-pool", "create", "control-pool", "--type", "process"], env)
-        _prefect(["--no-prompt", "deploy", "--all"], env, timeout=180)
+    # the workers poll every 2 s (default 10): a trial flow run waits less for the slot the previous one freed
+    with deployed_project(tmp_path, PREFECT_WORKER_QUERY_SECONDS="2") as (api, mlflow_uri, env):
+        client = MlflowClient(mlflow_uri)
         worker_cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu-pool"]
         with _started(worker_cmd, env, log):
             champions = []

@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -84,8 +85,19 @@ def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout: float 
     raise AssertionError(f"prefect server not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def deployment_env(tmp_path: Path, api: str, mlflow_uri: str) -> dict[str, str]:
-    """This environment without its Prefect settings, plus a Prefect home, API and MLflow store of the test's own."""
+class Deployed(NamedTuple):
+    api: str  #: the server's API URL
+    mlflow_uri: str
+    env: dict[str, str]  #: for the CLI, workers and flows
+
+
+@contextmanager
+def deployed_project(tmp_path: Path, **extra_env: str) -> Iterator[Deployed]:
+    """A Prefect server of the test's own (its home, API and MLflow store under ``tmp_path``; this environment's
+    Prefect settings left out) with the project's pools and `prefect deploy --all`; stopped at the end."""
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         {
@@ -95,19 +107,23 @@ def deployment_env(tmp_path: Path, api: str, mlflow_uri: str) -> dict[str, str]:
             "PREFECT_SERVER_UI_ENABLED": "false",
             "MLFLOW_TRACKING_URI": mlflow_uri,
             "NTP_DATA_DIR": str(tmp_path / "data"),
+            **extra_env,
         }
     )
-    return env
+    server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+    server_cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    with _started([*server_cmd, "--no-ui", "--analytics-off"], server_env, tmp_path / "server.log") as server:
+        _wait_healthy(api, server, tmp_path / "server.log")
+        _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
+        _prefect(["work-pool", "set-concurrency-limit", "gpu-pool", "1"], env)
+        _prefect(["work-pool", "create", "control-pool", "--type", "process"], env)
+        _prefect(["--no-prompt", "deploy", "--all"], env, timeout=180)
+        yield Deployed(api, mlflow_uri, env)
 
 
 def test_deployment_loop(tmp_path: Path) -> None:
     if not CORA.is_dir():
         pytest.skip(f"{CORA} is missing")
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = deployment_env(tmp_path, api, mlflow_uri)
-    server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
     params = {
         "params": {
             "dataset": {"name": "cora", "from_dir": str(CORA)},
@@ -116,25 +132,7 @@ def test_deployment_loop(tmp_path: Path) -> None:
             "experiment": "deployment-test",
         }
     }
-    server_cmd = [
-        sys.executable,
-        "-m",
-        "prefect",
-        "server",
-        "start",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-ui",
-        "--analytics-off",
-    ]
-    with _started(server_cmd, server_env, tmp_path / "server.log") as server:
-        _wait_healthy(api, server, tmp_path / "server.log")
-        _prefect(["work-pool", "create", "gpu-pool", "--type", "process"], env)
-        _prefect(["work-pool", "set-concurrency-limit", "gpu-pool", "1"], env)
-        _prefect(["work-pool", "create", "control-pool", "--type", "process"], env)
-        _prefect(["--no-prompt", "deploy", "--all"], env, timeout=180)
+    with deployed_project(tmp_path) as (api, mlflow_uri, env):
         out = _prefect(["deployment", "run", "pipeline/pipeline", "--params", json.dumps(params)], env)
         flow_run_id = UUID.findall(out)[-1]
         worker_cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gpu-pool", "--run-once"]
