@@ -206,11 +206,12 @@ def prepare(
             f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
             "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)"
         )
-    if normalize_features and hetero:
-        raise StoreError(
-            f"--normalize-features is for homogeneous graphs; {name} is heterogeneous. Fix: drop --normalize-features"
-        )
     if normalize_features:
+        if hetero:
+            raise StoreError(
+                f"--normalize-features is for homogeneous graphs; {name} is heterogeneous. "
+                "Fix: drop --normalize-features"
+            )
         raw_source = make_source
         make_source = lambda: with_normalized_features(raw_source())
     # OGB's undirected datasets and the heterophilous files list each edge once: the models run on both directions

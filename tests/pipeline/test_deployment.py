@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,17 +20,12 @@ from typing import NamedTuple
 
 import pytest
 
+from tests.ntp.spawn import free_port
 from tests.pipeline.conftest import CORA, PROJECT, quickstart
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.timeout(420)]
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -95,7 +89,7 @@ class Deployed(NamedTuple):
 def deployed_project(tmp_path: Path, **extra_env: str) -> Iterator[Deployed]:
     """A Prefect server of the test's own (its home, API and MLflow store under ``tmp_path``; this environment's
     Prefect settings left out) with the project's pools and `prefect deploy --all`; stopped at the end."""
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
