@@ -1,5 +1,6 @@
 """The memory plan of the largest graphs: device memory per GPU and host memory per machine for 1-16 GPUs, with the
-NN stage on the device, with the topology offloaded, and with the NN stage streamed (--nn-device stream --offload all).
+NN stage on the device, with the topology offloaded, and with the NN stage streamed (--nn-device stream) beside the
+column slice streamed too (--offload all) or kept on the GPU (--offload topology).
 
     python bench/plan.py                      # papers100M and a MAG240M-sized graph, GPUs of 16 and 80 GB
     python bench/plan.py --gpu-gb 16 --gpus-per-machine 1     # the NeutronTP paper's cluster shape
@@ -21,9 +22,9 @@ from ntp.config import TrainConfig
 from ntp.engine.device.precision import element_bytes
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES
+from ntp.engine.memory.host import stream_host_bytes
 from ntp.engine.memory.parts import (
     PARAMETER_COPIES,
-    nn_stage_bytes,
     propagated_width,
     rank_resident_parts,
     stream_parts,
@@ -41,6 +42,8 @@ MODES = {
     "--offload topology": dict(offload="topology"),
     "--nn-device stream --offload all": dict(nn_device="stream", offload="all"),
     "stream, offload all, bf16": dict(nn_device="stream", offload="all", precision="bf16"),
+    # the column slice on the device, the rows in host memory: for GPUs that hold the slice but not the rows
+    "stream, offload topology, bf16": dict(nn_device="stream", offload="topology", precision="bf16"),
 }
 GPUS = (1, 2, 4, 8, 16)
 #: A bench/gpu.py figure from a graph with fewer edges is not used (per-vertex costs dominate it).
@@ -85,16 +88,11 @@ def plan_row(
     work = (e + n) * EDGE_BYTES + n * (slice_width * eb + ROW_BYTES)  # every chunk's working set, summed
     room = budget - resident
     local = min(gpus, per_machine)
-    rows = ceil_div(n, gpus)
-    host_rank = eb * rows * f + PROCESS_BYTES  # each rank's row block of the features
-    if cfg.nn_device == "stream":  # its activations stay in host memory, the parameters on the GPU
-        host_rank += (
-            nn_stage_bytes(rows, f, hidden, classes, cfg.nn_layers, 0, cfg.precision, "cuda", cfg.first_dropout)
-            - eb * rows * f
-        )
-    if cfg.offload == "all":  # the column slice's embeddings, in pinned host memory
-        host_rank += 4 * n * slice_width * eb
-    host = e * host_b_per_edge + local * host_rank  # the topology once per machine, its ranks' shares
+    if cfg.nn_device == "stream":  # the rows and their activations stay in host memory, the parameters on the GPU
+        host_rank = stream_host_bytes(cfg, num_nodes=n, feature_dim=f, out_dim=classes, world=gpus)
+    else:  # each rank's row block of the features
+        host_rank = eb * ceil_div(n, gpus) * f
+    host = e * host_b_per_edge + local * (host_rank + PROCESS_BYTES)  # the topology once per machine, its ranks' shares
     return {
         "graph": graph["name"],
         "gpu_GB": gpu_bytes / 1e9,

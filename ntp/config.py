@@ -18,6 +18,7 @@ from ntp.errors import ConfigError
 from ntp.model_specs import MODELS, ModelSpec, model_default, models_help
 from ntp.options import (
     Arch,
+    DecayLayers,
     Decoder,
     Decomposition,
     JumpingKnowledge,
@@ -162,6 +163,12 @@ class TrainConfig:
         "L2 weight decay (Adam) or decoupled decay (AdamW); empty: 5e-4 (Kipf's "
         "GCN), and 0 for link prediction (OGB's examples: under Adam, decay "
         "pulls learned node embeddings, whose gradients are small, to zero).",
+    )
+    weight_decay_layers: DecayLayers = opt(
+        "optim",
+        "all",
+        "Which layers --weight-decay applies to: all, or first (the layer that reads the features, as Kipf & "
+        "Welling's GCN and PyG's gcn.py example: the others are not decayed). Node classification only.",
     )
     optimizer: Optimizer = opt("optim", "adam", "adam or adamw.")
     lr_schedule: Schedule = opt(

@@ -25,6 +25,7 @@ Precision = Literal["fp32", "bf16"]
 RelNorm = Literal["mean", "total", "sum"]
 Decomposition = Literal["none", "basis", "block"]
 Schedule = Literal["none", "cosine", "plateau"]
+DecayLayers = Literal["all", "first"]
 MetricName = Literal["acc", "rocauc"]
 
 
@@ -95,6 +96,7 @@ _LITERALS = {
     "RelNorm": RelNorm,
     "Decomposition": Decomposition,
     "Schedule": Schedule,
+    "DecayLayers": DecayLayers,
     "MetricName": MetricName,
 }
 

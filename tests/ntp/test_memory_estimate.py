@@ -165,3 +165,52 @@ def test_features_without_a_dropped_copy_are_counted_once(model: str, dropout: f
         dict(arch="coupled", model=model, hidden=16, dropout=dropout), device_type=device_type, features=wide
     )
     assert measured <= estimate < measured + 4 * N * wide // 2, (measured, estimate)
+
+
+#: rows of a streamed NN block in the tests below: 3000 vertices on 2 ranks, 12 blocks a rank, the last shorter
+STREAM_BLOCK = 128
+
+
+def _streamed_worker(options: dict) -> tuple[int, int]:
+    """A streamed step's peak live bytes on a CPU rank, with what it starts from, and the plan's host figure for such
+    a rank on a GPU (the rows, the features, the column slice streamed by ``--offload all``) plus what the GPU
+    would hold of it (a block, the parameters, a product's scaled copy, a chunk): on a CPU all of it is in one
+    memory."""
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.memory.host import stream_host_bytes
+    from ntp.engine.memory.parts import stream_block_bytes, stream_row_bytes
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
+    from tests.ntp.graphs import loader
+    from tests.ntp.live_bytes import LiveBytes, chunk_bytes, held_bytes
+
+    with distributed(60, "cpu") as env:
+        cfg = TrainConfig(mode="tp", epochs=2, seed=1, nn_device="stream", nn_block_rows=STREAM_BLOCK, **options)
+        job = setup(cfg, env, loader(_graph(8)))
+        train_step(job, 0)
+        live = LiveBytes()
+        with live:
+            train_step(job, 1)
+        params = sum(p.numel() for p in job.model.parameters())
+        shape = dict(num_nodes=N, feature_dim=FEATURES, out_dim=CLASSES, world=env.world)
+        host = stream_host_bytes(cfg.replace(offload="all"), **shape)
+        device = stream_block_bytes(stream_row_bytes(cfg, FEATURES, CLASSES, "cpu"), STREAM_BLOCK, params)
+        scaled = 4 * N * job.ctx.slice_width  # a product's float32 copy of its input (a column block's on a GPU)
+        return live.peak + held_bytes(job), host + device + scaled + chunk_bytes(job, width=0)
+
+
+STREAMED_CONFIGS = [
+    dict(arch="coupled", model="gcn", hidden=64, dropout=0.5),
+    dict(arch="coupled", model="sage", hidden=32, nn_layers=3, dropout=0.5),
+    dict(arch="decoupled", model="gcn", hidden=64, nn_layers=3, dropout=0.5),
+    dict(arch="coupled", model="gcn", hidden=64, nn_layers=3, residual=True, norm="layer", input_proj=True),
+]
+
+
+@pytest.mark.parametrize("options", STREAMED_CONFIGS, ids=lambda o: "-".join(map(str, o.values())))
+def test_the_host_figure_of_a_streamed_rank_covers_its_step(options: dict) -> None:
+    """bench/plan.py's host memory of a streamed rank (ntp.engine.memory.host.stream_host_bytes) is at least what
+    a streamed step holds, on each of two ranks."""
+    for measured, estimate in run_on_ranks(_streamed_worker, 2, options):
+        assert measured <= estimate, f"the plan counts {estimate} bytes, a streamed step allocates {measured}"
+        print(f"{options}: plan {estimate}, step {measured}, {estimate / measured:.2f}x")

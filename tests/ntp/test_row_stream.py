@@ -92,6 +92,44 @@ def test_a_segment_sees_its_blocks_global_rows_and_returns_gradients_of_inputs_a
     torch.testing.assert_close(ignored.grad, torch.zeros(10, 2))
 
 
+def _tail_rows_seen(options: dict) -> tuple[list[int], torch.Tensor, dict]:
+    """The rows each call of a model's tail sees, the tail's output, and the parameters' gradients of its sum."""
+    from ntp.engine.distributed.dist import DistEnv
+    from ntp.engine.train.setup import setup
+    from tests.ntp.graphs import loader
+
+    job = setup(TrainConfig(mode="single", **options), DistEnv(0, 1, 0, 1, torch.device("cpu"), None), loader(GRAPH))
+    seen = []
+
+    def tail(position, logits: torch.Tensor) -> torch.Tensor:
+        seen.append(logits.shape[0])
+        rows = position.row_offset + torch.arange(logits.shape[0])  # each row's global index
+        return (logits * torch.arange(logits.shape[1])).sum(dim=1, keepdim=True) + rows[:, None]
+
+    out = job.model(job.x, job.ctx, tail)
+    out.sum().backward()
+    return seen, out.detach(), {n: p.grad for n, p in job.model.named_parameters()}
+
+
+GRAPH = GRAPHS["directed"]
+
+
+@pytest.mark.parametrize("options", [CONFIGS[5], CONFIGS[10], CONFIGS[0]], ids=["coupled", "classic", "decoupled"])
+def test_a_tail_runs_in_the_last_streamed_segment_block_by_block(options: dict) -> None:
+    """A model's tail (training's per-row loss: ntp.engine.tasks.node.task.TrainLosses) runs in a streamed coupled
+    model's last segment, on one block at a time (so the logits' rows never exist whole), seeing each block's first
+    row (in the forward, and again where the backward recomputes the block); its values and the gradients equal the in-memory model's, where it sees all rows at once. A decoupled
+    model's last step is a propagation: its tail sees the whole rows, streamed or not."""
+    whole, expected, expected_grads = _tail_rows_seen(options)
+    seen, out, grads = _tail_rows_seen({**options, **STREAMED})
+    assert whole == [100]
+    blocks = [7] * 14 + [2]  # in the forward, then again in the backward's recompute
+    assert seen == ([100] if options["arch"] == "decoupled" else blocks + blocks), seen
+    torch.testing.assert_close(out, expected)
+    for name, g in expected_grads.items():
+        assert_close_to_scale(grads[name], g, f"gradient of {name}")
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

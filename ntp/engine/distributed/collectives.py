@@ -83,6 +83,7 @@ class Comm:
         for q in range(m):
             send[q, : x.shape[0], : col_b[q + 1] - col_b[q]] = x[:, col_b[q] : col_b[q + 1]]
         recv = self._all_to_all(send, kind)
+        del send  # sent: not held beside the output
         c0, c1 = lay.cols(width)
         return torch.cat([recv[r, : lay.num_rows(r), : c1 - c0] for r in range(m)], dim=0)
 
@@ -102,6 +103,7 @@ class Comm:
             r0, r1 = lay.rows(r)
             send[r, : r1 - r0, : c1 - c0] = y[r0:r1]
         recv = self._all_to_all(send, kind)
+        del send  # sent: not held beside the output
         col_b = lay.col_bounds(width)
         n_own = lay.num_rows()
         return torch.cat([recv[q, :n_own, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=1)

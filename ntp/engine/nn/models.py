@@ -14,6 +14,7 @@ rank the collectives are identities, so ``--mode single`` is the same code with 
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -68,14 +69,29 @@ def propagate_heads(
     return torch.cat(parts, dim=1) if parts else h_cols
 
 
+#: ``tail(position, output_rows)``: a row-wise function of a model's float32 output rows (a loss per row), the rows
+#: from ``position.row_offset`` on
+Tail = Callable[..., torch.Tensor]
+
+
 class GraphModel(nn.Module):
     """A model of the context's graph, run in the context's precision (ntp.engine.device.precision); outputs are float32."""
 
-    def forward(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: GraphContext, tail: Tail | None = None) -> torch.Tensor:
+        """The output rows, or, given ``tail``, ``tail(ctx, output rows)``: a model whose last step streams fuses the
+        tail into it (:meth:`compute_tail`), so that the output's rows never exist whole (in training, the logits
+        and their gradient: 8 bytes a class a row)."""
         with autocast(ctx.precision, x.device):
-            return self.compute(x, ctx).float()
+            return self.compute(x, ctx).float() if tail is None else self.compute_tail(x, ctx, tail)
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def compute_tail(self, x: torch.Tensor, ctx: GraphContext, tail: Tail) -> torch.Tensor:
+        return tail(ctx, self.compute(x, ctx).float())
+
+    def first_layer(self) -> nn.Module:
+        """The layer that reads the features (what ``--weight-decay-layers first`` decays)."""
         raise NotImplementedError
 
 
@@ -107,6 +123,9 @@ class DecoupledGNN(GraphModel):
         z_cols = ctx.to_graph(z)
         h = self._attend(z, z_cols, ctx)
         return ctx.from_graph(h, self.out_dim)
+
+    def first_layer(self) -> nn.Module:
+        return self.mlp.linears[0]
 
     def _mlp(self, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(x, ctx)
@@ -305,6 +324,15 @@ class CoupledGNN(GraphModel):
             raise ValueError(f"model {cfg.model} has no coupled form")
         return COUPLED_LAYERS[cfg.model](cfg, in_dim, out_dim, last, bias)
 
+    def first_layer(self) -> nn.Module:
+        return self.project if self.project is not None else self.layers[0]
+
+    def compute_tail(self, x: torch.Tensor, ctx: GraphContext, tail: Tail) -> torch.Tensor:
+        """Streamed, the tail runs in the last segment, on each block of output rows on the device."""
+        if not ctx.streams_rows:
+            return super().compute_tail(x, ctx, tail)
+        return self._streamed_classic(x, ctx, tail) if self.classic else self._streamed(x, ctx, tail)
+
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
         if ctx.streams_rows:
             return self._streamed_classic(x, ctx) if self.classic else self._streamed(x, ctx)
@@ -334,7 +362,7 @@ class CoupledGNN(GraphModel):
         """Layer ``i``'s output ``h`` normalised where a norm follows it (through its tap)."""
         return self.taps[i](self.norms[i](h, ctx) if i < len(self.norms) and not _identity(self.norms[i]) else h)
 
-    def _streamed_classic(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+    def _streamed_classic(self, x: torch.Tensor, ctx: GraphContext, tail: Tail | None = None) -> torch.Tensor:
         """The classic options' layers as row-wise segments between propagations, as :meth:`_streamed` (not batch
         norm: the config refuses it): each layer's dropped input is an output of the segment before it, kept with the
         rows for its layer's part after propagation (the residual, GraphSAGE's root term) and for jumping knowledge;
@@ -348,14 +376,15 @@ class CoupledGNN(GraphModel):
             following = self.layers[i + 1] if i + 1 < n else None
             skip = self.skips[i] if self.skips is not None else None
             norm = self.norms[i] if i < len(self.norms) else None
-            out = ctx.rows(partial(_classic_segment, self, i), p, a, params=params(layer, skip, norm, following))
+            segment = partial(_classic_segment, self, i)
+            if following is None and self.head is None:
+                return ctx.rows(_then(segment, tail), p, a, params=params(layer, skip, norm))
+            out = ctx.rows(segment, p, a, params=params(layer, skip, norm, following))
             if following is None:
                 break
             a, z = out
             outputs.append(a)
-        if self.head is None:
-            return out
-        return ctx.rows(partial(_head, self), *outputs, out, params=params(self.head))
+        return ctx.rows(_then(partial(_head, self), tail), *outputs, out, params=params(self.head))
 
     def _dropped(self, dropout: RowDropout, x: torch.Tensor, ctx: GraphContext, activate: bool) -> torch.Tensor:
         """``dropout(activation(x))`` (``activate``), as a tensor: GAT's ELU, the others' ReLU (in the mask)."""
@@ -363,7 +392,7 @@ class CoupledGNN(GraphModel):
             return dropout(F.elu(x) if activate else x, ctx)
         return dropout(x, ctx, relu=activate)
 
-    def _streamed(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+    def _streamed(self, x: torch.Tensor, ctx: GraphContext, tail: Tail | None = None) -> torch.Tensor:
         """The layers regrouped into row-wise segments between propagations, each streamed through the device
         (ntp.engine.parallel.row_stream): the first layer's part before its propagation; then each layer's part after it
         with the next layer's part before its own (one trip of the rows, not two); the last layer's part after.
@@ -377,11 +406,18 @@ class CoupledGNN(GraphModel):
             following = layers[i + 1] if i + 1 < len(layers) else None
             params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
             segment = partial(_segment, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
-            out = ctx.rows(segment, *inputs, params=params)
             if following is None:
-                return out
+                return ctx.rows(_then(segment, tail), *inputs, params=params)
+            out = ctx.rows(segment, *inputs, params=params)
             x, z = out if following.reads_input_after else (None, out)
         return x
+
+
+def _then(segment, tail: Tail | None):  # noqa: ANN001, ANN202 (a row_stream Segment)
+    """``segment`` followed by ``tail`` on its float32 output, as one segment (``segment`` itself without a tail)."""
+    if tail is None:
+        return segment
+    return lambda position, *rows: tail(position, segment(position, *rows).float())
 
 
 def _identity(module: nn.Module) -> bool:

@@ -233,6 +233,7 @@ class GraphContext:
             h = z_cols
             for _ in range(steps):
                 h = _mix(self.propagate(name, h), z_cols, alpha)
+            del z_cols  # propagated: not held through the gather (h still is, where no step ran)
             return self.from_graph(h, width)
         pop = self.overlapped_operator(name)
         if steps == 1:

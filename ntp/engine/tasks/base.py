@@ -107,6 +107,29 @@ def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
     return opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def decay_groups(cfg: TrainConfig, model: torch.nn.Module) -> Any:
+    """``model``'s parameters for :func:`make_optimizer` under --weight-decay-layers: all decayed alike, or only
+    those of its first layer (``model.first_layer()``), the rest in a group without decay."""
+    if cfg.weight_decay_layers == "all":
+        return model.parameters()
+    first = {id(p) for p in model.first_layer().parameters()}
+    params = list(model.parameters())
+    return [
+        {"params": [p for p in params if id(p) in first]},
+        {"params": [p for p in params if id(p) not in first], "weight_decay": 0.0},
+    ]
+
+
+def refuse_first_layer_decay(cfg: TrainConfig, store_kind: str) -> None:
+    """--weight-decay-layers first picks a node classifier's first layer; other tasks' models decay every parameter,
+    so the option is an error there, not ignored."""
+    if cfg.weight_decay_layers != "all":
+        raise ConfigError(
+            f"--weight-decay-layers {cfg.weight_decay_layers}: node classifiers only; this store is {store_kind}, "
+            "whose models decay every parameter: drop it"
+        )
+
+
 def split_accuracy(job: Job, pred: torch.Tensor) -> dict[str, float]:
     """Accuracy of this rank's predicted classes on each split's labeled rows, summed over ranks (the same on
     every rank)."""

@@ -34,6 +34,7 @@ from ntp.engine.tasks.base import (
     Job,
     count_train_labels,
     make_optimizer,
+    refuse_first_layer_decay,
     refuse_section,
     refuse_split_and_metric,
     split_accuracy,
@@ -96,6 +97,7 @@ class HeteroTask:
             )
         refuse_section(cfg, "link", "heterogeneous (R-GCN)")
         refuse_split_and_metric(cfg, "heterogeneous (R-GCN)", "the target type's accuracy")
+        refuse_first_layer_decay(cfg, "heterogeneous (R-GCN)")
 
     def load(self, cfg: TrainConfig, env: DistEnv, store: Any) -> HeteroGraphData:
         return load_hetero(store, env.world, env.rank)

@@ -30,7 +30,13 @@ from ntp.engine.kernels import streams
 from ntp.engine.memory import parts, placement
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.parallel.context import GraphContext
-from ntp.engine.tasks.base import Job, make_optimizer, refuse_section, refuse_split_and_metric
+from ntp.engine.tasks.base import (
+    Job,
+    make_optimizer,
+    refuse_first_layer_decay,
+    refuse_section,
+    refuse_split_and_metric,
+)
 from ntp.engine.tasks.link import memory as link_memory
 from ntp.engine.tasks.link.data import LinkGraphData, read_link_splits, with_link_splits
 from ntp.engine.tasks.link.metrics import link_evaluator
@@ -129,6 +135,7 @@ class LinkTask:
     def check(self, cfg: TrainConfig) -> None:
         refuse_section(cfg, "rgcn", "link prediction")
         refuse_split_and_metric(cfg, "link prediction", "the ranking metric chosen at `ntp data prepare --link-metric`")
+        refuse_first_layer_decay(cfg, "link prediction")
         if cfg.mode == "data":
             raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
 

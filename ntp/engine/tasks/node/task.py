@@ -19,7 +19,7 @@ from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.graph.data import GraphData, load_shared
 from ntp.engine.memory import parts, placement
 from ntp.engine.memory.chunks import ChunkPlan
-from ntp.engine.nn.layers import class_loss_sum
+from ntp.engine.nn.layers import class_losses
 from ntp.engine.nn.models import build_model
 from ntp.engine.parallel.context import GraphContext
 from ntp.engine.parallel.data_parallel import DataParallelContext
@@ -27,6 +27,7 @@ from ntp.engine.tasks.base import (
     SPLITS,
     Job,
     count_train_labels,
+    decay_groups,
     labeled,
     make_optimizer,
     refuse_section,
@@ -105,7 +106,7 @@ class NodeTask:
             comm,
             ctx,
             model,
-            make_optimizer(cfg, model.parameters()),
+            make_optimizer(cfg, decay_groups(cfg, model)),
             x=x,
             y=y_all[r0:r1].to(nn_device),
             local_split=local_split,
@@ -117,8 +118,7 @@ class NodeTask:
         job.model.train()
         job.ctx.step = epoch
         job.optimizer.zero_grad(set_to_none=True)
-        logits = job.model(job.x, job.ctx)
-        loss = loss_sum(job, logits, job.local_split["train"]) / job.global_train_count
+        loss = job.model(job.x, job.ctx, TrainLosses(job)).sum() / job.global_train_count
         loss.backward()
         all_reduce_gradients(list(job.model.parameters()), job.comm)
         job.optimizer.step()
@@ -212,15 +212,36 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
     )
 
 
-def loss_sum(job: Job, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Sum of per-vertex losses over ``rows`` (the caller divides by the global count). The rows are picked with
-    ``index_select``: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on two CPU
-    threads."""
-    y, picked = job.y[rows], logits.index_select(0, rows)
-    if job.data.task_type == "multiclass":
-        return class_loss_sum(picked, y)
-    mask = ~torch.isnan(y)
-    return F.binary_cross_entropy_with_logits(picked[mask], y[mask], reduction="sum")
+class TrainLosses:
+    """Each of a rank's rows' training loss, 0 off the training vertices, as a tail of the model
+    (ntp.engine.nn.models.GraphModel.forward): ``(position, logits) -> (rows, 1)`` for the rows from
+    ``position.row_offset`` on, all of the rank's or, where the model streams, one block's on the device (the logits'
+    rows are then never whole in host memory). Summed, the epoch's loss."""
+
+    def __init__(self, job: Job) -> None:
+        self.first = job.ctx.row_offset
+        self.train = job.local_split["train"].sort().values  # sorted: a block's are a contiguous run
+        self.y, self.multiclass = job.y, job.data.task_type == "multiclass"
+
+    def __call__(self, position: Any, logits: torch.Tensor) -> torch.Tensor:
+        a = position.row_offset - self.first
+        bounds = torch.tensor([a, a + logits.shape[0]], device=self.train.device)
+        lo, hi = torch.searchsorted(self.train, bounds).tolist()
+        rows = self.train[lo:hi]
+        at = (rows - a).to(logits.device)
+        # picked with index_select: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on
+        # two CPU threads
+        losses = row_losses(logits.index_select(0, at), self.y[rows].to(logits.device), self.multiclass)
+        return logits.new_zeros(logits.shape[0]).index_put((at,), losses)[:, None]
+
+
+def row_losses(logits: torch.Tensor, y: torch.Tensor, multiclass: bool) -> torch.Tensor:
+    """Each row's loss: cross-entropy, or the binary cross-entropy summed over the tasks it is labelled for."""
+    if multiclass:
+        return class_losses(logits, y)
+    labelled = ~torch.isnan(y)
+    bce = F.binary_cross_entropy_with_logits(logits, torch.nan_to_num(y), reduction="none")
+    return torch.where(labelled, bce, 0.0).sum(dim=1)
 
 
 def split_metrics(job: Job, logits: torch.Tensor) -> dict[str, float]:
