@@ -29,14 +29,13 @@ def stream_host_bytes(
     feature_dim: int,
     out_dim: int,
     world: int,
-    column_block: int = 1,
 ) -> int:
     """Host memory of a rank whose NN stage streams (``--nn-device stream``; ``cfg``: a TrainConfig) besides the
     topology: its rows (:func:`nn_stage_bytes`, the features among them; the input's dropout runs on a block on the
     device, and a coupled model's last segment computes the loss block by block, ntp.engine.nn.models.GraphModel.forward,
-    so neither a dropped copy nor a float32 copy of the output is in host memory), and, where
-    ``--offload all`` streams the column slice (``column_block`` columns at a time; 0: it stays on the device), the
-    slice's embeddings (:data:`STREAMED_SLICE_COPIES`). The parameters and their optimiser state stay on the device."""
+    so neither a dropped copy nor a float32 copy of the output is in host memory), and, under ``--offload all``, the
+    column slice's embeddings (:data:`STREAMED_SLICE_COPIES`; as where the device cannot hold them: the plan of the
+    largest graphs, whose slices never fit). The parameters and their optimiser state stay on the device."""
     rows = ceil_div(num_nodes, world)
     rows_bytes = nn_stage_bytes(
         rows,
@@ -55,6 +54,5 @@ def stream_host_bytes(
         working_copies(cfg),
     )
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    streamed_slice = cfg.offload == "all" and column_block > 0
     slice_bytes = num_nodes * slice_width * element_bytes(cfg.precision)
-    return rows_bytes + (STREAMED_SLICE_COPIES * slice_bytes if streamed_slice else 0)
+    return rows_bytes + (STREAMED_SLICE_COPIES * slice_bytes if cfg.offload == "all" else 0)
