@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Sequence
 
-from storage.schema import FEATURE_DTYPES
+from storage.schema import FEATURE_DTYPES, SPLIT_PER_CLASS
 
 PREPARE_EPILOG = """\
 examples:
@@ -17,6 +17,7 @@ examples:
   ntp data prepare cora --from-dir ../shared/datasets/ogb-layout/cora
   ntp data prepare synthetic --nodes 1000000 --avg-degree 20 --features 64 --classes 10
   ntp data prepare tolokers --from-npz ../shared/datasets/heterophilous/tolokers.npz   10 split sets, ROC-AUC
+  ntp data prepare coauthor-cs --from-dir ../shared/datasets/ogb-layout/coauthor-cs --random-splits 10   Shchur et al.'s
   ntp data prepare mygraph --edges e.parquet --node-features x.npy --labels y.npy --splits splits/
   ntp data prepare ogbl-ddi --from-dir ../shared/datasets/ogb-link/ogbl-ddi    link prediction (OGB layout)
   ntp data prepare cora --from-dir ../shared/datasets/ogb-layout/cora --link-split 0.05,0.1
@@ -89,6 +90,21 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--node-features", metavar="FILE", help=".npy [n, F] or Parquet (one column per feature)")
     e.add_argument("--labels", metavar="FILE", help=".npy or Parquet (int, -1 = unlabeled)")
     e.add_argument("--splits", metavar="DIR", help="folder with train/valid/test .npy or .csv id files")
+    r = p.add_argument_group("node splits")
+    r.add_argument(
+        "--random-splits",
+        type=int,
+        metavar="N",
+        help="replace the graph's split with N seeded (--seed) random splits, class-balanced as Shchur et al. "
+        "draw them (--split-per-class); `ntp train --split K` picks one, `--splits all` runs them all",
+    )
+    r.add_argument(
+        "--split-per-class",
+        metavar="TRAIN,VALID",
+        default=SPLIT_PER_CLASS,
+        help=f"with --random-splits: labelled vertices a class for train and valid, the rest test "
+        f"(default {SPLIT_PER_CLASS})",
+    )
     k = p.add_argument_group("link prediction")
     k.add_argument(
         "--link-split",
@@ -139,6 +155,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
         link_metric=args.link_metric,
         add_reverse=args.add_reverse,
         normalize_features=args.normalize_features,
+        random_splits=args.random_splits,
+        split_per_class=args.split_per_class,
     )
     print(path, flush=True)
     return 0

@@ -17,7 +17,8 @@ from storage.link_split import parse_ratios, with_link_split
 from storage.location import is_url
 from storage.paths import default_data_dir, default_store_path, options_digest, raw_dir
 from storage.progress import stderr_progress
-from storage.schema import FEATURE_DTYPES, StoreError
+from storage.random_splits import checked_options, with_random_splits
+from storage.schema import FEATURE_DTYPES, SPLIT_PER_CLASS, StoreError
 from storage.sources.base import GraphSource
 from storage.sources.download import fetch_ogb
 from storage.sources.edgelist import edgelist_source
@@ -84,6 +85,8 @@ def prepare(
     link_metric: str = "hits@20",
     add_reverse: bool = False,
     normalize_features: bool = False,
+    random_splits: int | None = None,
+    split_per_class: str = SPLIT_PER_CLASS,
 ) -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
@@ -95,6 +98,8 @@ def prepare(
     link_split: "VAL,TEST" fractions: a seeded (``seed``) random edge split with negatives makes it a link-prediction
     store ranked by ``link_metric`` (storage.link_split).
     normalize_features: divide each vertex's features by their L1 norm (storage.features.l1_rows).
+    random_splits: replace the graph's split with this many seeded (``seed``) random splits of ``split_per_class``
+    ("TRAIN,VALID") labelled vertices a class, the rest test (storage.random_splits).
     """
     progress = progress or stderr_progress
     if feature_dtype not in FEATURE_DTYPES:
@@ -223,6 +228,17 @@ def prepare(
     options = {**prep.to_dict(), "feature_dtype": feature_dtype}
     flags = {"add_reverse": add_reverse, "normalize_features": normalize_features}
     options |= {flag: True for flag, on in flags.items() if on}  # only when set: older stores keep their keys
+    if random_splits is not None:
+        if link_split is not None:
+            raise StoreError(
+                "--random-splits splits the nodes of a node-classification graph; --link-split makes a "
+                "link-prediction store. Fix: pass only one"
+            )
+        per_class, unsplit = checked_options(random_splits, split_per_class), make_source
+        options["random_splits"] = {"sets": random_splits, "per_class": list(per_class), "seed": seed}
+        argv += ["--random-splits", str(random_splits), "--split-per-class", split_per_class]
+        argv += [] if "--seed" in argv else ["--seed", str(seed)]
+        make_source = lambda: with_random_splits(unsplit(), random_splits, per_class, seed)
     if link_split is not None:
         ratios, inner = parse_ratios(link_split), make_source
         options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}

@@ -15,6 +15,8 @@ TASK_TYPES = ("multiclass", "binary", "multilabel", "link")
 METRICS = ("acc", "rocauc", "mrr")  # and "hits@K" (link prediction), see is_metric
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")
 SPLIT_NAMES = ("train", "valid", "test")
+#: --random-splits: labelled vertices a class for train and valid, Shchur et al.'s 20 and 30 (storage.random_splits)
+SPLIT_PER_CLASS = "20,30"
 
 # Array names inside the Zarr group.
 INDPTR = "indptr"
