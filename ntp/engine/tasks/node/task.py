@@ -220,7 +220,7 @@ class TrainLosses:
 
     def __init__(self, job: Job) -> None:
         self.first = job.ctx.row_offset
-        self.train = job.local_split["train"].sort().values  # sorted: a block's are a contiguous run
+        self.train = job.local_split["train"]  # sorted (_local_labeled): a block's are a contiguous run
         self.y, self.multiclass = job.y, job.data.task_type == "multiclass"
 
     def __call__(self, position: Any, logits: torch.Tensor) -> torch.Tensor:
@@ -271,6 +271,7 @@ def _gathered_metric(job: Job, logits: torch.Tensor) -> dict[str, float]:
 
 
 def _local_labeled(ids: np.ndarray, y_all: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """The labelled ids of a split in rows r0..r1, local and sorted."""
     ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
-    own = ids_t[(ids_t >= r0) & (ids_t < r1)]
+    own = ids_t[(ids_t >= r0) & (ids_t < r1)].sort().values
     return own[labeled(y_all[own])] - r0
