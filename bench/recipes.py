@@ -74,7 +74,14 @@ def main() -> None:
     given = (("epochs", args.epochs), ("splits", args.splits), ("seeds", args.seeds), ("threads", args.threads))
     overrides = {k: v for k, v in given if v}
     paths = [RECIPES / f"{n}.yaml" for n in args.names] or sorted(RECIPES.glob("*.yaml"))
-    rows = [run(path, args.nproc, not args.no_track, overrides) for path in paths]
+    from ntp.errors import Terminated
+    from ntp.run.processes import exit_code, sigterm_raises
+
+    try:
+        with sigterm_raises():  # `kill` ends the runs KILLED, as `ntp train` does, not left RUNNING
+            rows = [run(path, args.nproc, not args.no_track, overrides) for path in paths]
+    except (KeyboardInterrupt, Terminated) as exc:
+        raise SystemExit(exit_code(exc, "" if args.no_track else " and its MLflow runs are KILLED")) from None
     report("recipes", rows, {"nproc": args.nproc, **overrides})
 
 
