@@ -72,6 +72,12 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
         "normalisation of bag-of-words features, PyG's NormalizeFeatures",
     )
     g.add_argument(
+        "--largest-component",
+        action="store_true",
+        help="keep only the largest connected component (edges taken as undirected), vertices renumbered in order: "
+        "how Shchur et al. evaluate Amazon and Coauthor graphs, PyG's LargestConnectedComponents",
+    )
+    g.add_argument(
         "--feature-dtype",
         choices=FEATURE_DTYPES,
         default="float32",
@@ -155,6 +161,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         link_metric=args.link_metric,
         add_reverse=args.add_reverse,
         normalize_features=args.normalize_features,
+        largest_component=args.largest_component,
         random_splits=args.random_splits,
         split_per_class=args.split_per_class,
     )

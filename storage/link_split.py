@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from storage.schema import StoreError, is_metric
-from storage.sources.base import GraphSource
+from storage.sources.base import GraphSource, all_edges
 
 
 def parse_ratios(text: str) -> tuple[float, float]:
@@ -34,24 +34,6 @@ def parse_ratios(text: str) -> tuple[float, float]:
             "Fix: e.g. --link-split 0.05,0.1"
         )
     return val, test
-
-
-def _all_edges(source: GraphSource) -> tuple[np.ndarray, np.ndarray]:
-    srcs, dsts = [], []
-    for src, dst, _ in source.edge_blocks():
-        srcs.append(np.asarray(src, np.int64))
-        dsts.append(np.asarray(dst, np.int64))
-    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
-    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
-    n = source.num_nodes
-    bad = (src < 0) | (src >= n) | (dst < 0) | (dst >= n)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise StoreError(
-            f"{source.name}: edge {i} ({src[i]}, {dst[i]}) refers to a node outside [0, {n}). "
-            "Fix: node ids must be below the node count (or pass --nodes)"
-        )
-    return src, dst
 
 
 def _is_symmetric(keys: np.ndarray, rev: np.ndarray) -> bool:
@@ -95,7 +77,7 @@ def with_link_split(
             "Hits@K and ROC-AUC rank. Fix: --link-metric hits@K (e.g. hits@20) or rocauc"
         )
     n = source.num_nodes
-    src, dst = _all_edges(source)
+    src, dst = all_edges(source)
     undirected = symmetrize or _is_symmetric(src * n + dst, dst * n + src)
     if undirected:
         src, dst = np.minimum(src, dst), np.maximum(src, dst)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from storage.build import build
+from storage.components import with_largest_component
 from storage.csr import Preprocessing
 from storage.features import with_normalized_features
 from storage.inputs import Digests, file_identity, tree_identity
@@ -87,6 +88,7 @@ def prepare(
     normalize_features: bool = False,
     random_splits: int | None = None,
     split_per_class: str = SPLIT_PER_CLASS,
+    largest_component: bool = False,
 ) -> Path:
     """Build (or find) the store for `name` and these options; return its path.
 
@@ -98,6 +100,7 @@ def prepare(
     link_split: "VAL,TEST" fractions: a seeded (``seed``) random edge split with negatives makes it a link-prediction
     store ranked by ``link_metric`` (storage.link_split).
     normalize_features: divide each vertex's features by their L1 norm (storage.features.l1_rows).
+    largest_component: keep only the largest connected component (storage.components).
     random_splits: replace the graph's split with this many seeded (``seed``) random splits of ``split_per_class``
     ("TRAIN,VALID") labelled vertices a class, the rest test (storage.random_splits).
     """
@@ -211,6 +214,9 @@ def prepare(
             f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
             "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)"
         )
+    if largest_component:
+        whole = make_source
+        make_source = lambda: with_largest_component(whole())
     if normalize_features:
         if hetero:
             raise StoreError(
@@ -226,7 +232,11 @@ def prepare(
         symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops
     )
     options = {**prep.to_dict(), "feature_dtype": feature_dtype}
-    flags = {"add_reverse": add_reverse, "normalize_features": normalize_features}
+    flags = {
+        "add_reverse": add_reverse,
+        "normalize_features": normalize_features,
+        "largest_component": largest_component,
+    }
     options |= {flag: True for flag, on in flags.items() if on}  # only when set: older stores keep their keys
     if random_splits is not None:
         if link_split is not None:
@@ -251,6 +261,7 @@ def prepare(
     for flag, on in (
         ("--add-reverse", add_reverse),
         ("--normalize-features", normalize_features),
+        ("--largest-component", largest_component),
         ("--symmetrize", symmetrize),
         ("--self-loops", self_loops),
         ("--dedup", dedup),

@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from storage.schema import StoreError
+
 EdgeBlock = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
 
 
@@ -71,3 +73,22 @@ class HeteroParts:
     relations: list[Relation]
     feature_dims: dict[str, int]
     feature_blocks: dict[str, Callable[[], Iterator[np.ndarray]]]
+
+
+def all_edges(source: GraphSource) -> tuple[np.ndarray, np.ndarray]:
+    """Every edge of ``source`` in memory (16 bytes an edge): (src, dst), ids checked against the node count."""
+    srcs, dsts = [], []
+    for src, dst, _ in source.edge_blocks():
+        srcs.append(np.asarray(src, np.int64))
+        dsts.append(np.asarray(dst, np.int64))
+    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
+    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
+    n = source.num_nodes
+    bad = (src < 0) | (src >= n) | (dst < 0) | (dst >= n)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise StoreError(
+            f"{source.name}: edge {i} ({src[i]}, {dst[i]}) refers to a node outside [0, {n}). "
+            "Fix: node ids must be below the node count (or pass --nodes)"
+        )
+    return src, dst
