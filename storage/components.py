@@ -38,7 +38,10 @@ def with_largest_component(source: GraphSource) -> GraphSource:
             f"--largest-component keeps part of a homogeneous graph; {source.name} is {kind}. "
             "Fix: drop --largest-component"
         )
-    keep = largest_component(source.num_nodes, *all_edges(source))
+    src, dst = all_edges(source)
+    keep = largest_component(source.num_nodes, src, dst)
+    kept_edges = int(keep[src].sum())  # promised to the builder, which checks it and sizes the build by it
+    del src, dst  # the builder reads the edges again, block by block
     new_id = np.cumsum(keep) - 1
 
     def edge_blocks() -> Iterator[EdgeBlock]:
@@ -65,6 +68,6 @@ def with_largest_component(source: GraphSource) -> GraphSource:
         feature_blocks=feature_blocks,
         labels=lambda: np.asarray(source.labels())[keep],
         splits=splits,
-        expected_edges=None,
+        expected_edges=kept_edges,
         info=info,
     )
