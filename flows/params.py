@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ntp.config import REPEAT_OPTIONS, TrainConfig
 from ntp.spec import Device, LaunchSpec, resolve
+from storage.schema import SPLIT_PER_CLASS
 
 
 class DatasetOptions(BaseModel):
@@ -36,12 +37,16 @@ class DatasetOptions(BaseModel):
     normalize_features: bool = Field(
         False, description="Divide each vertex's features by their L1 norm (Kipf & Welling, PyG's NormalizeFeatures)."
     )
+    largest_component: bool = Field(
+        False,
+        description="Keep only the largest connected component (Shchur et al., PyG's LargestConnectedComponents).",
+    )
     feature_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Stored feature dtype.")
     nodes: int | None = Field(None, description="synthetic: number of vertices.")
     avg_degree: float | None = Field(None, description="synthetic: average in-degree.")
     features: int | None = Field(None, description="synthetic: feature width.")
     classes: int | None = Field(None, description="synthetic: number of classes.")
-    seed: int = Field(0, description="synthetic: generator seed.")
+    seed: int = Field(0, description="Seed of the synthetic generator, of link_split and of random_splits.")
     edges: str | None = Field(None, description="Your own graph: edge list file (Parquet or CSV).")
     node_features: str | None = Field(None, description="Your own graph: features (.npy or Parquet).")
     labels: str | None = Field(None, description="Your own graph: labels file.")
@@ -53,6 +58,14 @@ class DatasetOptions(BaseModel):
         "of a seeded random edge split with negatives (e.g. '0.05,0.1').",
     )
     link_metric: str = Field("hits@20", description="Metric of a link_split store: hits@K or rocauc.")
+    random_splits: int | None = Field(
+        None,
+        description="Replace the graph's split with this many seeded random class-balanced splits "
+        "(Shchur et al.'s protocol); train with split K or splits 'all'.",
+    )
+    split_per_class: str = Field(
+        SPLIT_PER_CLASS, description="With random_splits: 'TRAIN,VALID' labelled vertices a class; the rest test."
+    )
     add_reverse: bool = Field(
         False,
         description="Heterogeneous graphs (OGB's ogbn-mag layout): add the reverse "
