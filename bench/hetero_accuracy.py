@@ -44,20 +44,14 @@ def run(path, cfg: dict, seed: int, merge_valid: bool, eval_every: int = 1) -> d
 
     from ntp.config import TrainConfig
     from ntp.engine.distributed.dist import distributed
-    from ntp.engine.tasks.hetero.data import load_hetero
     from ntp.engine.tasks.hetero.task import target_logits
     from ntp.engine.train.loop import evaluate_splits, train_step
     from ntp.engine.train.setup import setup
 
-    def load(c, world, rank):
-        data = load_hetero(str(path), world, rank)
-        if merge_valid:
-            data.splits["train"] = np.union1d(data.splits["train"], data.splits["valid"])
-        return data
-
-    config = TrainConfig(store=str(path), model="rgcn", mode="single", seed=seed, **cfg)
+    fit_on = "train+valid" if merge_valid else "train"
+    config = TrainConfig(store=str(path), model="rgcn", mode="single", seed=seed, fit_on=fit_on, **cfg)
     with distributed(60, "cpu") as env:
-        job = setup(config, env, load)
+        job = setup(config, env)
         test_ids = np.asarray(job.data.splits["test"])
         y = np.asarray(job.data.labels)[test_ids]
         best, t0 = (-1.0, None), time.perf_counter()
@@ -68,7 +62,7 @@ def run(path, cfg: dict, seed: int, merge_valid: bool, eval_every: int = 1) -> d
             metrics = evaluate_splits(job)
             pred = target_logits(job).argmax(1).numpy()[test_ids]
             scores = (metrics["test"], f1_score(y, pred, average="macro"), f1_score(y, pred, average="micro"))
-            if metrics["valid"] > best[0]:
+            if merge_valid or metrics["valid"] > best[0]:  # nothing held out: the last epoch stands
                 best = (metrics["valid"], scores)
         seconds = (time.perf_counter() - t0) / config.epochs
     return {

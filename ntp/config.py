@@ -21,6 +21,7 @@ from ntp.options import (
     DecayLayers,
     Decoder,
     Decomposition,
+    FitOn,
     JumpingKnowledge,
     MetricName,
     Mode,
@@ -129,6 +130,14 @@ class TrainConfig:
         "Node classification's metric: acc or rocauc (one-vs-rest mean over classes; for 2 classes the "
         "positive class's ROC-AUC); empty: the store's (ROC-AUC for 2-class heterophilous benchmarks such as "
         "tolokers and questions, as Platonov et al. report them; OGB's own; accuracy otherwise).",
+    )
+    fit_on: FitOn = opt(
+        "data",
+        "train",
+        "The splits whose labels the loss sees. train: the weights of the best validation epoch are kept. "
+        "train+valid, as papers that tune on valid and then train on both (R-GCN's) report: nothing is held out "
+        "to select on, so the last epoch's weights and test metric are kept and no validation metric is reported "
+        "(not with --patience, --lr-schedule plateau or ntp sweep, which need one). Node and R-GCN stores.",
     )
     model: Model = opt("gnn", "gcn", f"The model ({models_help()})")
     arch: Arch = opt(
@@ -354,6 +363,11 @@ class TrainConfig:
     def model_spec(self) -> ModelSpec:
         """What the chosen model can do (ntp.model_specs)."""
         return MODELS[self.model]
+
+    @property
+    def holds_out_valid(self) -> bool:
+        """Whether the valid split is held out of the loss (--fit-on train): then it selects the weights kept."""
+        return self.fit_on == "train"
 
     @property
     def nn_streams(self) -> bool:

@@ -35,6 +35,7 @@ def validate(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
         "plateau_patience",
     )
     _check_schedule(cfg)
+    _check_fit_on(cfg)
     parse_split_list(cfg.splits)
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"--dropout {cfg.dropout} must be in [0, 1); e.g. --dropout 0.5")
@@ -174,6 +175,18 @@ def _non_negative(cfg, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{flag(name)} {getattr(cfg, name)} must be >= 0")
+
+
+def _check_fit_on(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
+    if cfg.holds_out_valid:
+        return
+    needs_valid = {"--patience": cfg.patience > 0, "--lr-schedule plateau": cfg.lr_schedule == "plateau"}
+    for name, used in needs_valid.items():
+        if used:
+            raise ConfigError(
+                f"{name} watches the validation metric; --fit-on {cfg.fit_on} trains on the valid split and "
+                f"leaves none: drop {name.split()[0]}, or use --fit-on train"
+            )
 
 
 def _check_schedule(cfg) -> None:  # noqa: ANN001 (a TrainConfig)

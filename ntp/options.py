@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
@@ -27,6 +27,7 @@ Decomposition = Literal["none", "basis", "block"]
 Schedule = Literal["none", "cosine", "plateau"]
 DecayLayers = Literal["all", "first"]
 MetricName = Literal["acc", "rocauc"]
+FitOn = Literal["train", "train+valid"]
 
 
 _UNITS = {
@@ -82,23 +83,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-_LITERALS = {
-    "Model": Model,
-    "Arch": Arch,
-    "Mode": Mode,
-    "Optimizer": Optimizer,
-    "Norm": Norm,
-    "JumpingKnowledge": JumpingKnowledge,
-    "Offload": Offload,
-    "NNDevice": NNDevice,
-    "Decoder": Decoder,
-    "Precision": Precision,
-    "RelNorm": RelNorm,
-    "Decomposition": Decomposition,
-    "Schedule": Schedule,
-    "DecayLayers": DecayLayers,
-    "MetricName": MetricName,
-}
+#: Every Literal alias above by name: how a field annotated with one is checked.
+_LITERALS = {name: value for name, value in dict(globals()).items() if get_origin(value) is Literal}
 
 
 def literal_choices(type_name: str) -> tuple[str, ...]:

@@ -81,6 +81,13 @@ class FinalRecord:
     store_fingerprint: str = ""
     config: dict[str, Any] = field(default_factory=dict)
 
+    def kept_at(self) -> str:
+        """Which epoch's weights the run kept, and why, for people: "the best validation epoch 12 (valid acc
+        0.8123)", or the last epoch when no valid split was held out (--fit-on train+valid)."""
+        if self.best_valid_metric is None:
+            return f"the last epoch {self.best_epoch + 1} (trained on train+valid: no validation metric)"
+        return f"the best validation epoch {self.best_epoch + 1} (valid {self.metric} {self.best_valid_metric:.4f})"
+
 
 Record = EpochRecord | FinalRecord
 

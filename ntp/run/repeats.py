@@ -57,7 +57,7 @@ def _suffixed(path: str | None, tag: str) -> str | None:
 class RepeatSummary:
     metric: str
     tests: list[float]
-    valids: list[float]
+    valids: list[float | None]  #: None: trained on train+valid, nothing held out
     run_ids: list[str | None]
     labels: list[str]
 
@@ -69,18 +69,22 @@ class RepeatSummary:
         return mean, std
 
     def metrics(self) -> dict[str, float]:
-        (tm, ts), (vm, vs) = self._mean_std(self.tests), self._mean_std(self.valids)
-        return {"test_mean": tm, "test_std": ts, "valid_mean": vm, "valid_std": vs, "runs": float(len(self.tests))}
+        tm, ts = self._mean_std(self.tests)
+        out = {"test_mean": tm, "test_std": ts, "runs": float(len(self.tests))}
+        valids = [v for v in self.valids if v is not None]
+        if valids:
+            out["valid_mean"], out["valid_std"] = self._mean_std(valids)
+        return out
 
     def lines(self) -> list[str]:
         out = [
-            f"{label}: test {self.metric} {t:.4f} (valid {v:.4f})"
+            f"{label}: test {self.metric} {t:.4f}" + (f" (valid {v:.4f})" if v is not None else "")
             for label, t, v in zip(self.labels, self.tests, self.valids)
         ]
         m = self.metrics()
+        valid = f" (valid {m['valid_mean']:.4f} +- {m['valid_std']:.4f})" if "valid_mean" in m else ""
         out.append(
-            f"mean over {len(self.tests)} runs: test {self.metric} {m['test_mean']:.4f} +- {m['test_std']:.4f} "
-            f"(valid {m['valid_mean']:.4f} +- {m['valid_std']:.4f})"
+            f"mean over {len(self.tests)} runs: test {self.metric} {m['test_mean']:.4f} +- {m['test_std']:.4f}{valid}"
         )
         return out
 

@@ -208,10 +208,7 @@ def _print_outcome(result) -> None:
         return
     final = result.final
     if final is not None and final.test_metric is not None:
-        print(
-            f"test {final.metric}: {final.test_metric:.4f} (best valid {final.best_valid_metric:.4f} at epoch "
-            f"{final.best_epoch + 1})"
-        )
+        print(f"test {final.metric}: {final.test_metric:.4f} at {final.kept_at()}")
     if result.results_path:
         print(f"results: {result.results_path}")
     if result.model_path:

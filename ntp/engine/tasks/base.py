@@ -84,6 +84,9 @@ class Task(Protocol):
         """The metric on train/valid/test, the same on every rank (``outputs``: this rank's model outputs, when the
         caller has them already)."""
 
+    def gather_state(self, job: Job) -> None:
+        """Make ``job.model.state_dict()`` whole before the loop keeps it as the best (every rank calls this)."""
+
     def output_rows(self, job: Job) -> Partition:
         """The nodes whose rows this rank's model outputs cover (ids local to the target type for R-GCN)."""
 

@@ -79,8 +79,8 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
         if epoch == cfg.fail_at_epoch and env.rank == cfg.fail_rank:
             raise TrainingError(f"injected failure on rank {env.rank} at epoch {epoch} (--fail-rank/--fail-at-epoch)")
         rec = _run_epoch(job, epoch)
-        if rec.valid_metric is not None:
-            stale = 0 if _update_best(job, epoch, rec.metrics()) else stale + 1
+        if rec.test_metric is not None:  # an evaluated epoch
+            stale = 0 if _keep_if_best(job, rec) else stale + 1
         job.schedule.step(epoch, rec.valid_metric)
         job.history.append(rec)
         for sink in sinks:
@@ -131,7 +131,7 @@ def _run_epoch(job: Job, epoch: int) -> EpochRecord:
         loss=loss,
         epoch_s=epoch_s,
         train_metric=metrics.get("train"),
-        valid_metric=metrics.get("valid"),
+        valid_metric=metrics.get("valid") if job.cfg.holds_out_valid else None,  # else: no valid split left
         test_metric=metrics.get("test"),
         lr=lr,
         workers=workers,
@@ -142,14 +142,17 @@ def _finite(value: float) -> float | None:
     return value if np.isfinite(value) else None
 
 
-def _update_best(job: Job, epoch: int, metrics: dict[str, float]) -> bool:
-    valid = metrics["valid"]
-    if np.isnan(valid) or valid <= job.best.valid:
+def _keep_if_best(job: Job, rec: EpochRecord) -> bool:
+    """Keep the weights of an evaluated epoch that is the best so far: by validation metric, or, with nothing held
+    out (--fit-on train+valid), the latest, as the papers that train so report their last epoch."""
+    valid = rec.valid_metric
+    if job.cfg.holds_out_valid and (valid is None or np.isnan(valid) or valid <= job.best.valid):
         return False
+    job.task.gather_state(job)
     job.best = Best(
-        epoch=epoch,
-        valid=valid,
-        test=metrics["test"],
+        epoch=rec.epoch,
+        valid=valid if job.cfg.holds_out_valid else float("-inf"),
+        test=rec.test_metric,
         state=copy.deepcopy({k: v.detach().cpu() for k, v in job.model.state_dict().items()}),
     )
     return True

@@ -3,9 +3,11 @@ paths), then the task of the data (ntp.engine.tasks.task_for) loads and builds t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from ntp.config import TrainConfig
@@ -40,7 +42,17 @@ def setup(cfg: TrainConfig, env: DistEnv, load: DataLoader | None = None) -> Job
         store = open_training_store(cfg)
         task = task_for(store.meta)
         data = task.load(cfg, env, store)
-    return task.build(cfg.for_task(data.task_type), env, data)
+    return task.build(cfg.for_task(data.task_type), env, fitted_splits(data, cfg))
+
+
+def fitted_splits(data: Any, cfg: TrainConfig) -> Any:
+    """``data`` with the splits the loss sees: under --fit-on train+valid the valid vertices join train, and no
+    valid split is left to evaluate (so none to select on)."""
+    if cfg.holds_out_valid:
+        return data
+    splits = data.splits
+    train = np.union1d(splits["train"], splits["valid"]).astype(np.int64)
+    return dataclasses.replace(data, splits={**splits, "train": train, "valid": np.asarray(splits["valid"])[:0]})
 
 
 def open_training_store(cfg: TrainConfig) -> Any:

@@ -98,8 +98,7 @@ def final_line(final: FinalRecord) -> str:
     if final.test_metric is None:
         return f"done: {final.epochs_run} epochs, no evaluation improved on the first (metric {final.metric})"
     return (
-        f"done: test {final.metric} {final.test_metric:.4f} at the best validation epoch {final.best_epoch + 1} "
-        f"(valid {final.metric} {final.best_valid_metric:.4f}), {final.epochs_run} epochs on "
+        f"done: test {final.metric} {final.test_metric:.4f} at {final.kept_at()}, {final.epochs_run} epochs on "
         f"{final.world_size} rank(s)"
     )
 

@@ -111,6 +111,11 @@ def parse_space(data: dict[str, Any], source: str = "the search space") -> Searc
     both = sorted({d.name for d in dims} & set(fixed))
     if both:
         raise ConfigError(f"{source}: {both} are both fixed and searched; keep each in one place")
+    if fixed.get("fit_on", "train") != "train" or "fit_on" in {d.name for d in dims}:
+        raise ConfigError(
+            f"{source}: a sweep compares trials by their validation metric, which --fit-on train+valid leaves out: "
+            "remove fit_on, and train the winner on train+valid afterwards"
+        )
     for d in dims:  # every end of a range and every choice must make a valid config
         for value in d.choices or (d.low, d.high):
             try:

@@ -85,7 +85,6 @@ class HeteroTask:
     exports_hint = "an R-GCN model predicts its target type's nodes: use --export predictions or embeddings"
 
     def __init__(self) -> None:
-        self.best_valid = float("-inf")
         self.gathered = False  #: the tables' snapshot is of the current parameters
 
     def check(self, cfg: TrainConfig) -> None:
@@ -181,14 +180,14 @@ class HeteroTask:
         if outputs is None:
             job.model.eval()
             outputs = job.model(job.x, job.ctx)
-        out = split_accuracy(job, outputs.argmax(dim=1))
-        # the loop keeps the state of a better validation epoch: gather the tables whole for it, only then (it
-        # moves every table); an epoch that checkpoints gathered them already
-        if out["valid"] > self.best_valid and not self.gathered:
+        return split_accuracy(job, outputs.argmax(dim=1))
+
+    def gather_state(self, job: Job) -> None:
+        """The embedding tables whole, for the state the loop keeps (only then: it moves every table); an epoch
+        that checkpoints gathered them already."""
+        if not self.gathered:
             self.snapshot(job)
             self.gathered = True
-        self.best_valid = max(self.best_valid, out["valid"]) if out["valid"] == out["valid"] else self.best_valid
-        return out
 
     def output_rows(self, job: Job) -> Partition:
         """The target type's nodes (ids local to the type) whose rows this rank's logits are."""

@@ -136,6 +136,11 @@ class LinkTask:
         refuse_section(cfg, "rgcn", "link prediction")
         refuse_split_and_metric(cfg, "link prediction", "the ranking metric chosen at `ntp data prepare --link-metric`")
         refuse_first_layer_decay(cfg, "link prediction")
+        if not cfg.holds_out_valid:
+            raise ConfigError(
+                f"--fit-on {cfg.fit_on}: link prediction trains on the store's train edges and selects on its "
+                "valid edges: drop --fit-on"
+            )
         if cfg.mode == "data":
             raise ConfigError("link prediction runs tensor parallel: use --mode tp (or --mode single for one process)")
 
@@ -269,6 +274,9 @@ class LinkTask:
                 s_neg = scored[id(neg)]
             out[split] = self.score(s_pos, s_neg)
         return out
+
+    def gather_state(self, job: Job) -> None:
+        """Gathered already: each step snapshots the node embedding whole (train_epoch)."""
 
     def output_rows(self, job: Job) -> Partition:
         return Partition(job.data.num_nodes, job.env.world, job.env.rank)

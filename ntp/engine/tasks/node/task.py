@@ -132,6 +132,9 @@ class NodeTask:
             outputs = job.model(job.x, job.ctx)
         return split_metrics(job, outputs)
 
+    def gather_state(self, job: Job) -> None:
+        """Nothing to gather: every rank holds the whole of each parameter."""
+
     def output_rows(self, job: Job) -> Partition:
         return Partition(job.data.num_nodes, job.env.world, job.env.rank)
 
