@@ -95,6 +95,17 @@ def test_rgcn_keeps_its_whole_tables_of_the_last_epoch_on_1_and_2_ranks(tmp_path
     assert runs[2]["best"][1] == pytest.approx(runs[1]["best"][1])
 
 
+def test_a_saved_model_is_evaluated_on_the_stores_own_splits(cora_store: str, tmp_path) -> None:
+    from ntp.engine.infer.inference import evaluate_model
+
+    cfg = TrainConfig(store=cora_store, epochs=3, hidden=8, fit_on="train+valid", model_out=str(tmp_path / "m.pt"))
+    with distributed(60, "cpu") as env:
+        final = fit(setup(cfg, env), sinks=[])
+    metrics = evaluate_model(tmp_path / "m.pt", cora_store)
+    assert metrics["test"] == pytest.approx(final.test_metric)
+    assert 0.0 <= metrics["valid"] <= 1.0  # scored, though it was trained on
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

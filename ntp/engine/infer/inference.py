@@ -28,6 +28,7 @@ _TRAINING_ONLY = {
     "overlap": False,
     "fail_at_epoch": -1,
     "fail_rank": -1,
+    "fit_on": "train",  # the store's splits as they are: a model fitted on train+valid is scored on each
 }
 
 
