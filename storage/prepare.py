@@ -247,15 +247,14 @@ def prepare(
         per_class, unsplit = checked_options(random_splits, split_per_class), make_source
         options["random_splits"] = {"sets": random_splits, "per_class": list(per_class), "seed": seed}
         argv += ["--random-splits", str(random_splits), "--split-per-class", split_per_class]
-        argv += [] if "--seed" in argv else ["--seed", str(seed)]
         make_source = lambda: with_random_splits(unsplit(), random_splits, per_class, seed)
     if link_split is not None:
         ratios, inner = parse_ratios(link_split), make_source
         options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}
-        argv += ["--link-split", link_split, "--link-metric", link_metric] + (
-            [] if "--seed" in argv else ["--seed", str(seed)]
-        )
+        argv += ["--link-split", link_split, "--link-metric", link_metric]
         make_source = lambda: _link_split_of(inner(), ratios, seed, link_metric, prep.symmetrize)
+    if (random_splits is not None or link_split is not None) and "--seed" not in argv:
+        argv += ["--seed", str(seed)]  # the seed draws the splits: the rebuild command repeats it
     digest = options_digest(identity, options)
     target = _path(out) or default_store_path(data_dir, name, digest)
     for flag, on in (
