@@ -30,7 +30,8 @@ SPLITS = ("train", "valid", "test")
 
 @dataclass
 class Best:
-    """The best evaluation so far (by validation metric) and the weights that reached it."""
+    """The evaluation whose weights the run keeps so far (the best validation epoch; the last one evaluated under
+    --fit-on train+valid), and those weights."""
 
     epoch: int = -1
     valid: float = float("-inf")
