@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pack what a lent GPU machine lacks into .device/ (git-ignored; name it in the device tool's `carry`):
-#   .device/wheels    zarr, ogb and pytest-xdist with their missing dependencies, for the machine's Python 3.12 (x86-64)
+#   .device/wheels    zarr and ogb with their missing dependencies, for the machine's Python 3.12 (x86-64)
 #   .device/datasets  the real graphs the GPU benchmarks read (ogbl-ddi, Cora, CiteSeer, Amazon Photo), ~30 MB
 # There, bench/on_device.sh installs the wheels and points the benchmarks at these datasets.
 # Run it here, once, from the repository root: bash bench/device_kit.sh
@@ -14,7 +14,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manyli
   platforms+=(--platform "$p")
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-  -d .device/wheels "zarr>=3.1,<3.2" numcodecs donfig google-crc32c ogb==1.3.6 outdated littleutils pytest-xdist execnet
+  -d .device/wheels "zarr>=3.1,<3.2" numcodecs donfig google-crc32c ogb==1.3.6 outdated littleutils
 
 for name in cora citeseer amazon-photo; do
   cp -r "$shared/ogb-layout/$name" .device/datasets/ogb-layout/

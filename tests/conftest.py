@@ -29,11 +29,3 @@ os.environ.pop("PREFECT_PROFILE", None)
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(TEST_ROOT, ignore_errors=True)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the GPU tests share one worker: a lent machine has one GPU, and tests that plan from its
-    free memory or time it must not run beside each other."""
-    for item in items:
-        if item.get_closest_marker("gpu"):
-            item.add_marker(pytest.mark.xdist_group("gpu"))
