@@ -8,6 +8,7 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import distributed
+from ntp.engine.distributed.traffic import EMBEDDING
 from ntp.engine.tasks.link import pairs as link_pairs
 from ntp.engine.tasks.link.data import link_from_arrays
 from ntp.engine.tasks.link.pairs import score_pairs
@@ -76,9 +77,11 @@ def fit_run(cfg: dict, graph: dict) -> dict:
     with distributed(60, "cpu") as env:
         job = setup(TrainConfig(**cfg), env, link_loader(graph, features=False))
         final = fit(job, sinks=[])
+        job.task.gather_state(job)  # the matrix whole as it is now (fit gathers it only for the states it keeps)
         return {
             "losses": [r.loss for r in job.history],
             "valid": [r.valid_metric for r in job.history],
             "best": (final.best_epoch, final.test_metric),
             "embedding": job.model.state_dict()["embedding.weight"],
+            "gathered": [sum(w.bytes_sent.get(EMBEDDING, 0) for w in r.workers) for r in job.history],
         }

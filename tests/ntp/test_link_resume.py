@@ -52,3 +52,14 @@ def test_two_rank_link_run_resumes_like_an_uninterrupted_one(tmp_path: Path) -> 
         assert resumed["valid"] == pytest.approx(whole["valid"], abs=1.01 / 20)  # (a near tie may flip one of 20)
         assert resumed["best"][0] == whole["best"][0]
         torch.testing.assert_close(resumed["embedding"], whole["embedding"], rtol=rel * 10, atol=1e-6)
+
+
+def test_the_embedding_is_gathered_whole_only_for_a_checkpoint(tmp_path: Path) -> None:
+    """Gathering the whole matrix moves all of it: an epoch does so only when a checkpoint follows it (the weights the
+    loop keeps as the best are gathered after the epoch, outside its traffic), not after every epoch."""
+    plain = run_on_ranks(fit_run, 2, BASE, GRAPH)[0]
+    assert plain["gathered"] == [0] * BASE["epochs"]
+    saved = run_on_ranks(fit_run, 2, {**BASE, "checkpoint_dir": str(tmp_path), "checkpoint_every": 2}, GRAPH)[0]
+    assert [b > 0 for b in saved["gathered"]] == [False, True, False, True, True]  # epochs 1, 3 and the last
+    assert saved["losses"] == plain["losses"]
+    torch.testing.assert_close(saved["embedding"], plain["embedding"], rtol=0, atol=0)

@@ -101,6 +101,8 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
         store_fingerprint=job.data.fingerprint,
         config=cfg.to_dict(),
     )
+    if cfg.model_out and job.best.state is None:  # nothing kept (no finite validation metric): the last weights
+        job.task.gather_state(job)
     if env.is_main and cfg.model_out:
         save_model(job, cfg.model_out)
     for sink in sinks:
