@@ -50,14 +50,16 @@ def trace(cfg: TrainConfig, features: bool, graph: dict, epochs: int, env) -> di
         h_cols = graph_embeddings(job)
         pos, neg = job.task.eval_sets["valid"]
         scores = torch.cat([score_pairs(job.model, h_cols, p, job.comm) for p in (pos, neg)])
-    state = {k: v.clone() for k, v in job.model.state_dict().items()}
+    sent = dict(job.comm.stats.bytes_sent)
+    metrics = evaluate_splits(job)
+    job.task.gather_state(job)  # the node embedding whole, as the loop gathers it for a state it keeps
     return {
         "losses": losses,
         "grads": grads,
         "scores": scores,
-        "metrics": evaluate_splits(job),
-        "state": state,
-        "bytes": dict(job.comm.stats.bytes_sent),
+        "metrics": metrics,
+        "state": {k: v.clone() for k, v in job.model.state_dict().items()},
+        "bytes": sent,
     }
 
 
