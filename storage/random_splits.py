@@ -14,6 +14,7 @@ over draws is what those papers report.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -65,8 +66,10 @@ def with_random_splits(source: GraphSource, sets: int, per_class: tuple[int, int
             "Fix: drop --random-splits"
         )
 
+    labels_once = functools.cache(source.labels)  # the splits and the store's labels read the source once
+
     def splits() -> dict[str, np.ndarray]:
-        labels = np.asarray(source.labels()).reshape(-1)
+        labels = np.asarray(labels_once()).reshape(-1)
         drawn = {}
         for k in range(sets):
             split = draw_split(labels, per_class, np.random.default_rng([seed, k]))
@@ -74,4 +77,4 @@ def with_random_splits(source: GraphSource, sets: int, per_class: tuple[int, int
         return drawn
 
     info = {**source.info, "random_splits": {"sets": sets, "per_class": list(per_class), "seed": seed}}
-    return dataclasses.replace(source, splits=splits, info=info)
+    return dataclasses.replace(source, labels=labels_once, splits=splits, info=info)

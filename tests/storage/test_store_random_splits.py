@@ -81,3 +81,18 @@ def test_bad_options_are_refused_with_the_fix(argv: list[str], problem: str, tmp
 def test_a_heterogeneous_graph_is_refused(shared_datasets: Path, tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="heterogeneous.*Fix: drop --random-splits"):
         prepare("aifb", from_dir=shared_datasets / "ogb-hetero/aifb", data_dir=tmp_path, random_splits=2)
+
+
+def test_the_source_labels_are_read_once() -> None:
+    """The draws and the store's labels share one read of the source's labels (a large graph's take a while)."""
+    import dataclasses
+
+    from storage.random_splits import with_random_splits
+    from storage.sources.synthetic import SyntheticSpec, synthetic_source
+
+    reads = []
+    base = synthetic_source(SyntheticSpec(nodes=400, classes=4))
+    counted = dataclasses.replace(base, labels=lambda: reads.append(1) or base.labels())
+    source = with_random_splits(counted, 2, (5, 5), seed=0)
+    source.splits()
+    assert np.array_equal(source.labels(), base.labels()) and len(reads) == 1
