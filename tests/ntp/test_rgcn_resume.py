@@ -71,3 +71,18 @@ def test_rgcn_with_learned_embeddings_resumes_like_an_uninterrupted_run(tmp_path
                 torch.testing.assert_close(
                     res["state"][key], w, rtol=rel * 10, atol=1e-6, msg=lambda m: f"{key}: {where}\n{m}"
                 )
+
+
+def test_a_model_saved_when_no_epoch_was_kept_holds_the_last_whole_tables(tmp_path: Path) -> None:
+    """With no validation split no epoch is kept as the best, and the saved model is the last weights: its sliced
+    tables are gathered for it on every rank, not read from a snapshot that was never taken."""
+    import numpy as np
+
+    graph = {**GRAPH, "splits": {**GRAPH["splits"], "valid": np.zeros(0, dtype=np.int64)}}
+    cfg = dict(CONFIGS["one-hot-rowwise"], model_out=str(tmp_path / "model.pt"))
+    run = run_on_ranks(fit_runs, 2, [cfg], graph)[0][0]
+    assert run["best"] == (-1, None)  # nothing kept
+    saved = checkpoint.load(tmp_path / "model.pt")["state_dict"]
+    assert saved.keys() == run["state"].keys()
+    for key, value in run["state"].items():
+        torch.testing.assert_close(saved[key], value, rtol=0, atol=0, msg=lambda m: f"{key}: {m}")
