@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,8 +77,6 @@ def test_rgcn_with_learned_embeddings_resumes_like_an_uninterrupted_run(tmp_path
 def test_a_model_saved_when_no_epoch_was_kept_holds_the_last_whole_tables(tmp_path: Path) -> None:
     """With no validation split no epoch is kept as the best, and the saved model is the last weights: its sliced
     tables are gathered for it on every rank, not read from a snapshot that was never taken."""
-    import numpy as np
-
     graph = {**GRAPH, "splits": {**GRAPH["splits"], "valid": np.zeros(0, dtype=np.int64)}}
     cfg = dict(CONFIGS["one-hot-rowwise"], model_out=str(tmp_path / "model.pt"))
     run = run_on_ranks(fit_runs, 2, [cfg], graph)[0][0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,9 @@ from store_helpers import quiet
 from storage import open_store
 from storage.cli import main
 from storage.prepare import prepare
+from storage.random_splits import with_random_splits
 from storage.schema import StoreError
+from storage.sources.synthetic import SyntheticSpec, synthetic_source
 
 
 def _photo(shared: Path, tmp_path: Path, sets: int, **options) -> object:
@@ -85,11 +88,6 @@ def test_a_heterogeneous_graph_is_refused(shared_datasets: Path, tmp_path: Path)
 
 def test_the_source_labels_are_read_once() -> None:
     """The draws and the store's labels share one read of the source's labels (a large graph's take a while)."""
-    import dataclasses
-
-    from storage.random_splits import with_random_splits
-    from storage.sources.synthetic import SyntheticSpec, synthetic_source
-
     reads = []
     base = synthetic_source(SyntheticSpec(nodes=400, classes=4))
     counted = dataclasses.replace(base, labels=lambda: reads.append(1) or base.labels())
