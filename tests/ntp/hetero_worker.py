@@ -9,7 +9,6 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import distributed
 from ntp.engine.tasks.hetero.data import hetero_from_arrays
-from ntp.engine.tasks.hetero.task import HeteroTask
 from ntp.engine.train.loop import train_step
 from ntp.engine.train.setup import setup
 
@@ -69,7 +68,7 @@ def trace(cfg: TrainConfig, graph: dict, epochs: int, env) -> dict:
     with torch.no_grad():
         logits = job.model(job.x, job.ctx)
     traffic = dict(job.comm.stats.bytes_sent), dict(job.comm.stats.calls)  # the model's, before the tables' gather
-    HeteroTask.snapshot(job)  # the whole tables for the state dict (the loop does it when validation improves)
+    job.task.gather_state(job)  # the whole tables for the state dict, as the loop gathers them for a state it keeps
     sliced = [n for n, p in job.model.named_parameters() if any(p is q for q in job.model.sliced())]
     return {
         "losses": losses,
@@ -113,7 +112,7 @@ def fit_runs(configs: list[dict], graph: dict) -> list[dict]:
             cfg = TrainConfig(model="rgcn", **{k: v for k, v in c.items() if k != "featureless"})
             job = setup(cfg, env, hetero_loader(featureless(graph) if c.get("featureless") else graph))
             final = fit(job, sinks=[])
-            HeteroTask.snapshot(job)
+            job.task.gather_state(job)
             out.append(
                 {
                     "losses": [r.loss for r in job.history],

@@ -78,12 +78,20 @@ def fit_run(cfg: dict, graph: dict) -> dict:
     every epoch's loss, the final record and the whole embedding matrix."""
     with distributed(60, "cpu") as env:
         job = setup(TrainConfig(**cfg), env, link_loader(graph, features=False))
+        gather, gathers = job.task.gather_state, []
+
+        def counted(j, with_optimizer=False):  # the epoch each gather follows
+            gathers.append(len(j.history))
+            gather(j, with_optimizer)
+
+        job.task.gather_state = counted
         final = fit(job, sinks=[])
-        job.task.gather_state(job)  # the matrix whole as it is now (fit gathers it only for the states it keeps)
+        gather(job)  # the matrix whole as it is now (fit gathers it only for the states it keeps)
         return {
             "losses": [r.loss for r in job.history],
             "valid": [r.valid_metric for r in job.history],
             "best": (final.best_epoch, final.test_metric),
             "embedding": job.model.state_dict()["embedding.weight"],
             "gathered": [sum(w.bytes_sent.get(EMBEDDING, 0) for w in r.workers) for r in job.history],
+            "gathers": gathers,
         }

@@ -62,4 +62,9 @@ def test_the_embedding_is_gathered_whole_only_for_a_checkpoint(tmp_path: Path) -
     saved = run_on_ranks(fit_run, 2, {**BASE, "checkpoint_dir": str(tmp_path), "checkpoint_every": 2}, GRAPH)[0]
     assert [b > 0 for b in saved["gathered"]] == [False, True, False, True, True]  # epochs 1, 3 and the last
     assert saved["losses"] == plain["losses"]
+    # one gather an epoch at most: a kept epoch that also checkpoints reuses the checkpoint's
+    kept = [e for e, v in enumerate(saved["valid"]) if v > max(saved["valid"][:e], default=float("-inf"))]
+    assert kept and set(kept) & {1, 3, 4}, "the test needs an epoch that both keeps and checkpoints"
+    assert saved["gathers"] == sorted(set(kept) | {1, 3, 4})
+    assert plain["gathers"] == kept
     torch.testing.assert_close(saved["embedding"], plain["embedding"], rtol=0, atol=0)

@@ -85,8 +85,10 @@ class Task(Protocol):
         """The metric on train/valid/test, the same on every rank (``outputs``: this rank's model outputs, when the
         caller has them already)."""
 
-    def gather_state(self, job: Job) -> None:
-        """Make ``job.model.state_dict()`` whole before the loop keeps it as the best (every rank calls this)."""
+    def gather_state(self, job: Job, with_optimizer: bool = False) -> None:
+        """Make ``job.model.state_dict()`` whole, and ``job.optimizer.state_dict()`` too ``with_optimizer``: a
+        collective the loop calls on every rank before it keeps, checkpoints or saves a state, and only then (it
+        moves every sliced table)."""
 
     def output_rows(self, job: Job) -> Partition:
         """The nodes whose rows this rank's model outputs cover (ids local to the target type for R-GCN)."""

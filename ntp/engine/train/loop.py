@@ -74,18 +74,24 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
         sinks = []
     for sink in sinks:
         sink.start(job.history)
-    stale = 0
+    stale, gathered = 0, False
     for epoch in range(start, cfg.epochs):
         if epoch == cfg.fail_at_epoch and env.rank == cfg.fail_rank:
             raise TrainingError(f"injected failure on rank {env.rank} at epoch {epoch} (--fail-rank/--fail-at-epoch)")
         rec = _run_epoch(job, epoch)
+        best, saving = _is_best(job, rec), cfg.checkpoint_due(epoch)
+        if best and not saving:  # every rank: the state kept is whole (a checkpoint's epoch gathered it already)
+            job.task.gather_state(job)
+        if best:
+            _keep(job, rec)
+        gathered = best or saving
         if rec.test_metric is not None:  # an evaluated epoch
-            stale = 0 if _keep_if_best(job, rec) else stale + 1
+            stale = 0 if best else stale + 1
         job.schedule.step(epoch, rec.valid_metric)
         job.history.append(rec)
         for sink in sinks:
             sink.write(rec)
-        if env.is_main and cfg.checkpoint_due(epoch):
+        if env.is_main and saving:
             checkpoint.save_checkpoint(cfg.checkpoint_dir, epoch, _state(job))
         if cfg.patience and stale >= cfg.patience:
             break
@@ -101,7 +107,7 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
         store_fingerprint=job.data.fingerprint,
         config=cfg.to_dict(),
     )
-    if cfg.model_out and job.best.state is None:  # nothing kept (no finite validation metric): the last weights
+    if cfg.model_out and job.best.state is None and not gathered:  # nothing kept: the last weights, whole
         job.task.gather_state(job)
     if env.is_main and cfg.model_out:
         save_model(job, cfg.model_out)
@@ -119,6 +125,8 @@ def _run_epoch(job: Job, epoch: int) -> EpochRecord:
     lr = job.schedule.lr()
     t0, cpu0 = time.perf_counter(), time.process_time()
     loss = train_step(job, epoch)
+    if cfg.checkpoint_due(epoch):  # every rank, in the epoch's traffic: the checkpoint holds whole tables and moments
+        job.task.gather_state(job, with_optimizer=True)
     epoch_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     if not np.isfinite(loss):
         raise TrainingError(
@@ -144,20 +152,23 @@ def _finite(value: float) -> float | None:
     return value if np.isfinite(value) else None
 
 
-def _keep_if_best(job: Job, rec: EpochRecord) -> bool:
-    """Keep the weights of an evaluated epoch that is the best so far: by validation metric, or, with nothing held
-    out (--fit-on train+valid), the latest, as the papers that train so report their last epoch."""
-    valid = rec.valid_metric
-    if job.cfg.holds_out_valid and (valid is None or np.isnan(valid) or valid <= job.best.valid):
+def _is_best(job: Job, rec: EpochRecord) -> bool:
+    """An evaluated epoch whose weights are the best so far: by validation metric, or, with nothing held out
+    (--fit-on train+valid), the latest, as the papers that train so report their last epoch."""
+    if rec.test_metric is None:
         return False
-    job.task.gather_state(job)
+    valid = rec.valid_metric
+    return not job.cfg.holds_out_valid or (valid is not None and not np.isnan(valid) and valid > job.best.valid)
+
+
+def _keep(job: Job, rec: EpochRecord) -> None:
+    """Keep ``rec``'s epoch as the best, with a copy of its (gathered) weights."""
     job.best = Best(
         epoch=rec.epoch,
-        valid=valid if job.cfg.holds_out_valid else float("-inf"),
+        valid=rec.valid_metric if job.cfg.holds_out_valid else float("-inf"),
         test=rec.test_metric,
         state=copy.deepcopy({k: v.detach().cpu() for k, v in job.model.state_dict().items()}),
     )
-    return True
 
 
 def _state(job: Job) -> dict:

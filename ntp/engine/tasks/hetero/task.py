@@ -84,9 +84,6 @@ class HeteroTask:
     exports = ("predictions", "embeddings")
     exports_hint = "an R-GCN model predicts its target type's nodes: use --export predictions or embeddings"
 
-    def __init__(self) -> None:
-        self.gathered = False  #: the tables' snapshot is of the current parameters
-
     def check(self, cfg: TrainConfig) -> None:
         if not cfg.model_spec.heterogeneous:
             models = " or ".join(name for name, spec in MODELS.items() if spec.heterogeneous)
@@ -161,18 +158,7 @@ class HeteroTask:
         sliced = {id(p) for p in model.sliced()}
         all_reduce_gradients([p for p in model.parameters() if id(p) not in sliced], job.comm)
         job.optimizer.step()
-        self.gathered = False
-        if job.cfg.checkpoint_due(epoch):  # the loop saves the whole tables and their optimiser state next
-            self.snapshot(job, with_optimizer=True)
-            self.gathered = True
         return float(job.comm.all_reduce(loss.detach().reshape(1).clone(), ALLREDUCE)[0])
-
-    @staticmethod
-    def snapshot(job: Job, with_optimizer: bool = False) -> None:
-        """Gather every embedding table whole, and its optimiser state for checkpoints (the state dicts save them;
-        every rank must call this)."""
-        for table in embedding_tables(job.model):
-            table.snapshot(_TableView(job.comm, table.num_nodes), with_optimizer=with_optimizer)
 
     @torch.no_grad()
     def evaluate(self, job: Job, outputs: torch.Tensor | None = None) -> dict[str, float]:
@@ -182,12 +168,10 @@ class HeteroTask:
             outputs = job.model(job.x, job.ctx)
         return split_accuracy(job, outputs.argmax(dim=1))
 
-    def gather_state(self, job: Job) -> None:
-        """The embedding tables whole, for the state the loop keeps (only then: it moves every table); an epoch
-        that checkpoints gathered them already."""
-        if not self.gathered:
-            self.snapshot(job)
-            self.gathered = True
+    def gather_state(self, job: Job, with_optimizer: bool = False) -> None:
+        """Every embedding table whole (and its optimiser state), for the state the loop keeps or checkpoints."""
+        for table in embedding_tables(job.model):
+            table.snapshot(_TableView(job.comm, table.num_nodes), with_optimizer=with_optimizer)
 
     def output_rows(self, job: Job) -> Partition:
         """The target type's nodes (ids local to the type) whose rows this rank's logits are."""

@@ -132,9 +132,6 @@ class LinkTask:
         "a link prediction model scores pairs, not nodes: use --export scores --pairs FILE, or --export embeddings"
     )
 
-    def __init__(self) -> None:
-        self.gathered = False  #: the node embedding's snapshot is of the current parameters
-
     def check(self, cfg: TrainConfig) -> None:
         refuse_section(cfg, "rgcn", "link prediction")
         refuse_split_and_metric(cfg, "link prediction", "the ranking metric chosen at `ntp data prepare --link-metric`")
@@ -255,10 +252,6 @@ class LinkTask:
                 clip_gradients(model, comm, cfg.clip_grad)
             job.optimizer.step()
             total += loss * k
-        self.gathered = False
-        if model.embedding is not None and cfg.checkpoint_due(epoch):  # the loop saves the whole matrix next
-            model.embedding.snapshot(ctx, with_optimizer=True)
-            self.gathered = True
         return float(comm.all_reduce(total)[0]) / len(pos)
 
     @torch.no_grad()
@@ -279,12 +272,10 @@ class LinkTask:
             out[split] = self.score(s_pos, s_neg)
         return out
 
-    def gather_state(self, job: Job) -> None:
-        """The node embedding whole, for the state the loop keeps (only then: it moves the whole matrix); an epoch
-        that checkpoints gathered it already."""
-        if job.model.embedding is not None and not self.gathered:
-            job.model.embedding.snapshot(job.ctx)
-            self.gathered = True
+    def gather_state(self, job: Job, with_optimizer: bool = False) -> None:
+        """The node embedding whole (and its optimiser state), for the state the loop keeps or checkpoints."""
+        if job.model.embedding is not None:
+            job.model.embedding.snapshot(job.ctx, with_optimizer=with_optimizer)
 
     def output_rows(self, job: Job) -> Partition:
         return Partition(job.data.num_nodes, job.env.world, job.env.rank)

@@ -132,7 +132,7 @@ class NodeTask:
             outputs = job.model(job.x, job.ctx)
         return split_metrics(job, outputs)
 
-    def gather_state(self, job: Job) -> None:
+    def gather_state(self, job: Job, with_optimizer: bool = False) -> None:
         """Nothing to gather: every rank holds the whole of each parameter."""
 
     def output_rows(self, job: Job) -> Partition:
