@@ -80,13 +80,14 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
             raise TrainingError(f"injected failure on rank {env.rank} at epoch {epoch} (--fail-rank/--fail-at-epoch)")
         rec = _run_epoch(job, epoch)
         best, saving = _is_best(job, rec), cfg.checkpoint_due(epoch)
-        if best and not saving:  # every rank: the state kept is whole (a checkpoint's epoch gathered it already)
-            job.task.gather_state(job)
         if best:
+            if not saving:  # every rank: the state kept is whole (a checkpoint's epoch gathered it already)
+                job.task.gather_state(job)
             _keep(job, rec)
+            stale = 0
+        elif rec.test_metric is not None:  # an evaluated epoch, no better
+            stale += 1
         gathered = best or saving
-        if rec.test_metric is not None:  # an evaluated epoch
-            stale = 0 if best else stale + 1
         job.schedule.step(epoch, rec.valid_metric)
         job.history.append(rec)
         for sink in sinks:
