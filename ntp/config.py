@@ -26,6 +26,7 @@ from ntp.options import (
     MetricName,
     Mode,
     Model,
+    Monitor,
     NNDevice,
     Norm,
     Offload,
@@ -224,7 +225,14 @@ class TrainConfig:
     seed: int = opt("optim", 0, "Seed for parameters, dropout and anything random.")
     eval_every: int = opt("optim", 1, "Evaluate train/valid/test every N epochs (and at the last epoch).")
     patience: int = opt(
-        "optim", 0, "Early stopping: stop after this many evaluations without a better validation metric (0: off)."
+        "optim", 0, "Early stopping: stop after this many evaluations without a better --monitor (0: off)."
+    )
+    monitor: Monitor = opt(
+        "optim",
+        "metric",
+        "What picks the epoch whose weights and test metric are kept, and what --patience watches: the validation "
+        "metric (higher is better), or the validation loss (lower is better; node classification), as Shchur et "
+        "al.'s benchmark selects. --lr-schedule plateau watches the metric either way.",
     )
     splits: str = opt(
         "run",

@@ -180,11 +180,15 @@ def _non_negative(cfg, *names: str) -> None:
 def _check_fit_on(cfg) -> None:  # noqa: ANN001 (a TrainConfig)
     if cfg.holds_out_valid:
         return
-    needs_valid = {"--patience": cfg.patience > 0, "--lr-schedule plateau": cfg.lr_schedule == "plateau"}
+    needs_valid = {
+        "--patience": cfg.patience > 0,
+        "--lr-schedule plateau": cfg.lr_schedule == "plateau",
+        "--monitor loss": cfg.monitor == "loss",
+    }
     for name, used in needs_valid.items():
         if used:
             raise ConfigError(
-                f"{name} watches the validation metric; --fit-on {cfg.fit_on} trains on the valid split and "
+                f"{name} watches the valid split; --fit-on {cfg.fit_on} trains on the valid split and "
                 f"leaves none: drop {name.split()[0]}, or use --fit-on train"
             )
 

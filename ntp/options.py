@@ -28,6 +28,7 @@ Schedule = Literal["none", "cosine", "plateau"]
 DecayLayers = Literal["all", "first"]
 MetricName = Literal["acc", "rocauc"]
 FitOn = Literal["train", "train+valid"]
+Monitor = Literal["metric", "loss"]
 
 
 _UNITS = {

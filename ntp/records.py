@@ -59,6 +59,7 @@ class EpochRecord:
     train_metric: float | None = None  #: None: not evaluated this epoch
     valid_metric: float | None = None
     test_metric: float | None = None
+    valid_loss: float | None = None  #: under --monitor loss
     lr: float | None = None  #: the learning rate this epoch trained with (--lr-schedule)
     workers: list[WorkerStats] = field(default_factory=list)
 

@@ -109,8 +109,9 @@ def test_a_saved_model_is_evaluated_on_the_stores_own_splits(cora_store: str, tm
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(patience=5), "--patience watches the validation metric"),
-        (dict(lr_schedule="plateau"), "--lr-schedule plateau watches the validation metric"),
+        (dict(patience=5), "--patience watches the valid split"),
+        (dict(lr_schedule="plateau"), "--lr-schedule plateau watches the valid split"),
+        (dict(monitor="loss"), "--monitor loss watches the valid split.*drop --monitor, or use --fit-on train"),
         (dict(fit_on="valid"), "--fit-on 'valid' is not valid; choose one of: train, train\\+valid"),
     ],
 )

@@ -36,6 +36,7 @@ class Best:
     epoch: int = -1
     valid: float = float("-inf")
     test: float | None = None
+    valid_loss: float = float("inf")  #: under --monitor loss
     state: dict | None = None
 
 
@@ -174,6 +175,12 @@ def refuse_split_and_metric(cfg: TrainConfig, store_kind: str, metric: str) -> N
         raise ConfigError(
             f"{flags}: this store is {store_kind}, with one split set and {metric} as its metric: drop them"
         )
+
+
+def refuse_loss_monitor(cfg: TrainConfig, store_kind: str) -> None:
+    """--monitor loss selects node classifiers by their validation loss; this task selects by its metric."""
+    if cfg.monitor == "loss":
+        raise ConfigError(f"--monitor loss is for node classification; this store is {store_kind}: drop it")
 
 
 def refuse_section(cfg: TrainConfig, section: str, store_kind: str) -> None:

@@ -144,6 +144,7 @@ def _run_epoch(job: Job, epoch: int) -> EpochRecord:
         train_metric=metrics.get("train"),
         valid_metric=metrics.get("valid") if job.cfg.holds_out_valid else None,  # else: no valid split left
         test_metric=metrics.get("test"),
+        valid_loss=metrics.get("valid_loss"),
         lr=lr,
         workers=workers,
     )
@@ -154,12 +155,16 @@ def _finite(value: float) -> float | None:
 
 
 def _is_best(job: Job, rec: EpochRecord) -> bool:
-    """An evaluated epoch whose weights are the best so far: by validation metric, or, with nothing held out
-    (--fit-on train+valid), the latest, as the papers that train so report their last epoch."""
+    """An evaluated epoch whose weights are the best so far: by validation metric (or loss, --monitor loss), or,
+    with nothing held out (--fit-on train+valid), the latest, as the papers that train so report their last epoch."""
     if rec.test_metric is None:
         return False
+    if not job.cfg.holds_out_valid:
+        return True
+    if job.cfg.monitor == "loss":
+        return rec.valid_loss is not None and rec.valid_loss < job.best.valid_loss  # (False for NaN)
     valid = rec.valid_metric
-    return not job.cfg.holds_out_valid or (valid is not None and not np.isnan(valid) and valid > job.best.valid)
+    return valid is not None and not np.isnan(valid) and valid > job.best.valid
 
 
 def _keep(job: Job, rec: EpochRecord) -> None:
@@ -168,6 +173,7 @@ def _keep(job: Job, rec: EpochRecord) -> None:
         epoch=rec.epoch,
         valid=rec.valid_metric if job.cfg.holds_out_valid else float("-inf"),
         test=rec.test_metric,
+        valid_loss=rec.valid_loss if rec.valid_loss is not None else float("inf"),
         state=copy.deepcopy({k: v.detach().cpu() for k, v in job.model.state_dict().items()}),
     )
 

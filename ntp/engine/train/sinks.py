@@ -87,6 +87,8 @@ class ConsoleSink:
 
 def epoch_line(record: EpochRecord, epochs: int, eta_s: float) -> str:
     metrics = "".join(f"  {name} {value:.4f}" for name, value in record.metrics().items())
+    if record.valid_loss is not None:
+        metrics += f"  valid loss {record.valid_loss:.4f}"
     width = len(str(epochs))
     return (
         f"epoch {record.epoch + 1:>{width}}/{epochs}  loss {record.loss:.4f}{metrics}  "

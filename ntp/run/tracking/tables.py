@@ -124,6 +124,8 @@ def epoch_metrics(record: EpochRecord) -> dict[str, float]:
     lead with them; per-worker series live in the child runs, their balance in the summary."""
     out = {"loss": float(record.loss)}
     out.update({f"{split}_metric": float(v) for split, v in record.metrics().items()})
+    if record.valid_loss is not None:
+        out["valid_loss"] = float(record.valid_loss)
     out["epoch_s"] = float(record.epoch_s)
     if record.lr is not None:
         out["lr"] = float(record.lr)

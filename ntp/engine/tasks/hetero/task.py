@@ -35,6 +35,7 @@ from ntp.engine.tasks.base import (
     count_train_labels,
     make_optimizer,
     refuse_first_layer_decay,
+    refuse_loss_monitor,
     refuse_section,
     refuse_split_and_metric,
     split_accuracy,
@@ -92,6 +93,7 @@ class HeteroTask:
                 f"handles one node and one edge type; use --model {models}"
             )
         refuse_section(cfg, "link", "heterogeneous (R-GCN)")
+        refuse_loss_monitor(cfg, "heterogeneous (R-GCN)")
         refuse_split_and_metric(cfg, "heterogeneous (R-GCN)", "the target type's accuracy")
         refuse_first_layer_decay(cfg, "heterogeneous (R-GCN)")
 

@@ -34,6 +34,7 @@ from ntp.engine.tasks.base import (
     Job,
     make_optimizer,
     refuse_first_layer_decay,
+    refuse_loss_monitor,
     refuse_section,
     refuse_split_and_metric,
 )
@@ -134,6 +135,7 @@ class LinkTask:
 
     def check(self, cfg: TrainConfig) -> None:
         refuse_section(cfg, "rgcn", "link prediction")
+        refuse_loss_monitor(cfg, "link prediction")
         refuse_split_and_metric(cfg, "link prediction", "the ranking metric chosen at `ntp data prepare --link-metric`")
         refuse_first_layer_decay(cfg, "link prediction")
         if not cfg.holds_out_valid:

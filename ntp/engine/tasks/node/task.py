@@ -130,7 +130,10 @@ class NodeTask:
         if outputs is None:
             job.model.eval()
             outputs = job.model(job.x, job.ctx)
-        return split_metrics(job, outputs)
+        metrics = split_metrics(job, outputs)
+        if job.cfg.monitor == "loss":
+            metrics["valid_loss"] = valid_loss(job, outputs)
+        return metrics
 
     def gather_state(self, job: Job, with_optimizer: bool = False) -> None:
         """Nothing to gather: every rank holds the whole of each parameter."""
@@ -245,6 +248,17 @@ def row_losses(logits: torch.Tensor, y: torch.Tensor, multiclass: bool) -> torch
     labelled = ~torch.isnan(y)
     bce = F.binary_cross_entropy_with_logits(logits, torch.nan_to_num(y), reduction="none")
     return torch.where(labelled, bce, 0.0).sum(dim=1)
+
+
+def valid_loss(job: Job, logits: torch.Tensor) -> float:
+    """The training loss over the valid split's labelled rows (their mean), from this rank's rows of ``logits``
+    (every rank gets the same number)."""
+    rows = job.local_split["valid"]
+    y = job.y[rows].to(logits.device)
+    losses = row_losses(logits.index_select(0, rows.to(logits.device)).float(), y, job.data.task_type == "multiclass")
+    total = torch.stack([losses.sum().double(), torch.tensor(float(len(rows)), dtype=torch.float64)])
+    loss_sum, count = job.comm.all_reduce(total.to(job.comm.device), ALLREDUCE).tolist()
+    return loss_sum / count if count else float("nan")
 
 
 def split_metrics(job: Job, logits: torch.Tensor) -> dict[str, float]:
