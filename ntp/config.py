@@ -364,7 +364,7 @@ class TrainConfig:
         validate(self)
 
     def checkpoint_due(self, epoch: int) -> bool:
-        """Whether the loop writes a checkpoint after ``epoch`` (tasks gather sliced state for it beforehand)."""
+        """Whether the loop writes a checkpoint after ``epoch`` (it gathers sliced state for it in that epoch)."""
         return bool(self.checkpoint_dir) and ((epoch + 1) % self.checkpoint_every == 0 or epoch == self.epochs - 1)
 
     @property
