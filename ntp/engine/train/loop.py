@@ -78,8 +78,9 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
     for epoch in range(start, cfg.epochs):
         if epoch == cfg.fail_at_epoch and env.rank == cfg.fail_rank:
             raise TrainingError(f"injected failure on rank {env.rank} at epoch {epoch} (--fail-rank/--fail-at-epoch)")
-        rec = _run_epoch(job, epoch)
-        best, saving = _is_best(job, rec), cfg.checkpoint_due(epoch)
+        saving = cfg.checkpoint_due(epoch)
+        rec = _run_epoch(job, epoch, saving)
+        best = _is_best(job, rec)
         if best:
             if not saving:  # every rank: the state kept is whole (a checkpoint's epoch gathered it already)
                 job.task.gather_state(job)
@@ -118,7 +119,8 @@ def fit(job: Job, sinks: list[RecordSink] | None = None) -> FinalRecord:
     return final
 
 
-def _run_epoch(job: Job, epoch: int) -> EpochRecord:
+def _run_epoch(job: Job, epoch: int, saving: bool) -> EpochRecord:
+    """Train, measure and evaluate one epoch; ``saving``: a checkpoint follows, so its whole state is gathered."""
     cfg, env = job.cfg, job.env
     job.comm.stats.reset()
     reset_peak_memory(env.device)
@@ -126,7 +128,7 @@ def _run_epoch(job: Job, epoch: int) -> EpochRecord:
     lr = job.schedule.lr()
     t0, cpu0 = time.perf_counter(), time.process_time()
     loss = train_step(job, epoch)
-    if cfg.checkpoint_due(epoch):  # every rank, in the epoch's traffic: the checkpoint holds whole tables and moments
+    if saving:  # every rank, in the epoch's traffic: the checkpoint holds whole tables and moments
         job.task.gather_state(job, with_optimizer=True)
     epoch_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     if not np.isfinite(loss):
