@@ -51,8 +51,8 @@ class LaunchResult:
 def torchrun_command(spec: LaunchSpec, log_dir: str | None = None, program: list[str] | None = None) -> list[str]:
     """The torchrun command line of ``spec``, run through ntp.run.rendezvous (torchrun with its stores bound to one
     address). One node: a rendezvous on loopback at a free port. ``log_dir``: where torchrun keeps its files
-    (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind). ``program``: what every rank runs
-    (default: the training worker with the spec's config)."""
+    (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind). ``program``: what every rank runs, after ``--``
+    (default: the training worker with the spec's config; ntp.run.rendezvous says why the ``--``)."""
     cmd = [
         sys.executable,
         "-m",
@@ -62,7 +62,7 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | None = None, program: list
         *([f"--log-dir={log_dir}"] if log_dir else []),
     ]
     cmd += _rendezvous(spec)
-    return cmd + (program or ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)])
+    return cmd + ["--", *(program or ["-m", "ntp.run.worker", "--device", spec.device, *config_to_argv(spec.config)])]
 
 
 def _rendezvous(spec: LaunchSpec) -> list[str]:

@@ -11,7 +11,7 @@ caller (``TCPStore(master_listen_fd=...)``). This module registers two rendezvou
   endpoint's address, and the node that becomes rank 0 hosts the workers' store on its ``--local-addr`` only.
 
 Everything else (joining, heartbeats, restarts, the workers) is torchrun's. Run as
-``python -m ntp.run.rendezvous`` with torchrun's arguments.
+``python -m ntp.run.rendezvous`` with torchrun's arguments, then ``--`` and what each rank runs.
 """
 
 from __future__ import annotations
@@ -131,10 +131,28 @@ def register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun's main with the bound rendezvous backends registered."""
-    from torch.distributed.run import main as torchrun_main
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.run import run
 
     register()
-    torchrun_main(sys.argv[1:] if argv is None else argv)
+    record(run)(torchrun_args(sys.argv[1:] if argv is None else argv))
+
+
+def torchrun_args(argv: list[str]):
+    """torchrun's arguments from ``OPTIONS -- PROGRAM`` (``PROGRAM``: ``-m MODULE ARGS`` or ``SCRIPT ARGS``, what
+    each rank runs), or from torchrun's own form without ``--``. torchrun's parser reads only the options and the
+    program's name, because it would read the program's flags too and refuse one that abbreviates two of its own
+    (argparse's prefix matching: the worker's ``--monitor`` against ``--monitor-interval`` and ``--monitor_interval``)."""
+    from torch.distributed.run import parse_args
+
+    if "--" not in argv:
+        return parse_args(argv)
+    cut = argv.index("--")
+    options, program = argv[:cut], argv[cut + 1 :]
+    name = 2 if program[:1] in (["-m"], ["--module"]) else 1
+    args = parse_args(options + program[:name])
+    args.training_script_args = program[name:]
+    return args
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The program every rank runs: ``torchrun --nproc-per-node M -m ntp.run.worker --store STORE ...``.
+"""The program every rank runs: ``python -m ntp.run.rendezvous --nproc-per-node M -- -m ntp.run.worker --store STORE
+...`` (torchrun through ntp.run.rendezvous, which hands the worker all of its flags).
 
 It reads the training flags, resolves the launch from torchrun's environment (ntp.spec) and trains
 (ntp.engine.train.loop). A failing rank prints its traceback between markers, so the launcher can show the rank that

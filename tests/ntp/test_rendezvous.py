@@ -1,5 +1,5 @@
 """The rendezvous store listens on the address it is given, not on every interface (the two-host version, with a
-second interface and a training job: tests/multinode/test_bound_rendezvous.py)."""
+second interface and a training job: tests/multinode/test_bound_rendezvous.py); torchrun hands the worker its flags."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ntp.run.rendezvous import bound_store
+from ntp.config import TrainConfig
+from ntp.run.flags import config_to_argv
+from ntp.run.launch import torchrun_command
+from ntp.run.rendezvous import bound_store, torchrun_args
+from ntp.spec import resolve
 
 
 def _listening(port: int) -> list[str]:
@@ -42,3 +46,18 @@ def test_the_store_listens_on_the_named_address_only_and_serves_clients() -> Non
 def test_a_store_that_cannot_be_bound_as_asked_is_refused_with_the_fix(host: str, message: str) -> None:
     with pytest.raises((ValueError, RuntimeError), match=message):
         bound_store(host, 0, is_server=True, timeout=timedelta(seconds=5))
+
+
+def test_torchrun_hands_the_worker_its_flags_even_those_that_abbreviate_its_own() -> None:
+    """torchrun's parser refuses a flag after the program that abbreviates two of its options (``--monitor``:
+    ``--monitor-interval`` and ``--monitor_interval``); after ``--`` every flag reaches the worker untouched."""
+    cfg = TrainConfig(monitor="loss", patience=5, epochs=7)
+    spec = resolve(cfg, nproc=2, device="cpu")
+    cmd = torchrun_command(spec)
+    options = cmd[cmd.index("ntp.run.rendezvous") + 1 :]
+    args = torchrun_args(options)
+    assert args.module and args.training_script == "ntp.run.worker" and args.nproc_per_node == "2"
+    assert args.training_script_args == ["--device", "cpu", *config_to_argv(spec.config)]
+    assert "--monitor" in args.training_script_args
+    with pytest.raises(SystemExit):  # torchrun's own form: its parser reads the worker's flags
+        torchrun_args([arg for arg in options if arg != "--"])

@@ -53,8 +53,9 @@ def test_tensor_parallel_cora_accuracy_matches_single(model: str, cora_store: st
 
 
 def test_memory_bounded_options_reach_torchrun_workers_and_keep_results(cora_store: str, tmp_path) -> None:
-    """Budget chunks, offloaded embeddings, a CPU NN stage and pipelining, through `torchrun`: same losses."""
-    cfg = TrainConfig(store=cora_store, model="gcn", epochs=8, hidden=16, eval_every=4, seed=2)
+    """Budget chunks, offloaded embeddings, a CPU NN stage and pipelining, through `torchrun`: same losses. (And
+    --monitor, which torchrun's parser took for an abbreviation of its --monitor-interval.)"""
+    cfg = TrainConfig(store=cora_store, model="gcn", epochs=8, hidden=16, eval_every=4, seed=2, monitor="loss")
     ref = _launch(cfg.replace(mode="single", results=str(tmp_path / "ref.jsonl")), 1)
     lines: list[str] = []
     budget = store_budget(cora_store, 300_000, **{**cfg.to_dict(), "offload": "all"})
@@ -73,6 +74,7 @@ def test_memory_bounded_options_reach_torchrun_workers_and_keep_results(cora_sto
         [r["loss"] for r in _records(ref.results_path)[:-1]],
         rtol=1e-5,
     )
+    assert [r["valid_loss"] for r in _records(ours.results_path)[:-1]][3] > 0
     worker = _records(ours.results_path)[1]["workers"][1]
     assert worker["chunks"] > 1 and worker["offload"] == "all" and worker["nn_device"] == "cpu"
     assert worker["overlapped"] and worker["cpu_s"] > 0 and set(worker["peak_mem_by_phase"]) == {"nn", "propagate"}
