@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -105,102 +105,22 @@ def prepare(
     ("TRAIN,VALID") labelled vertices a class, the rest test (storage.random_splits).
     """
     progress = progress or stderr_progress
-    if feature_dtype not in FEATURE_DTYPES:
-        raise StoreError(f"feature dtype {feature_dtype!r} is not supported. Fix: use one of {FEATURE_DTYPES}")
-    if sum(x is not None for x in (from_dir, from_npz, mirror, edges)) > 1:
-        raise StoreError("--from-dir, --from-npz, --mirror and --edges exclude each other. Fix: pass only one")
-    if self_loops and drop_self_loops:
-        raise StoreError("--self-loops and --drop-self-loops contradict each other. Fix: pass only one")
+    _check_options(feature_dtype, (from_dir, from_npz, mirror, edges), self_loops, drop_self_loops, out, data_dir)
     _check_sizes(nodes, avg_degree, features, classes)
-    if any(is_url(where) for where in (out, data_dir) if where is not None):
-        raise StoreError(
-            f"stores are built in a folder, not at a URL ({out or data_dir}). Fix: build it with --out "
-            "FOLDER, then upload the folder (e.g. `aws s3 cp --recursive FOLDER s3://bucket/store`) and "
-            "train with --store s3://bucket/store"
-        )
     data_dir = _path(data_dir) or default_data_dir().resolve()
     from_dir, from_npz, edges = _path(from_dir), _path(from_npz), _path(edges)
-    node_features, labels, splits = _path(node_features), _path(labels), _path(splits)
-    argv = ["ntp", "data", "prepare", name]
     info = ogb_info(name)
-
     if name == "synthetic":
-        try:
-            spec = SyntheticSpec(
-                nodes=10_000 if nodes is None else nodes,
-                avg_degree=10.0 if avg_degree is None else avg_degree,
-                features=32 if features is None else features,
-                classes=8 if classes is None else classes,
-                seed=seed,
-            )
-        except ValueError as e:
-            raise StoreError(f"synthetic graph: {e}. Fix: adjust --nodes/--avg-degree/--features/--classes") from None
-        identity: dict[str, Any] = {"kind": "synthetic", **asdict(spec)}
-        argv += [
-            "--nodes",
-            str(spec.nodes),
-            "--avg-degree",
-            str(spec.avg_degree),
-            "--features",
-            str(spec.features),
-            "--classes",
-            str(spec.classes),
-            "--seed",
-            str(spec.seed),
-        ]
-        make_source: Callable[[], GraphSource] = lambda: synthetic_source(spec)
+        origin = _synthetic(nodes, avg_degree, features, classes, seed)
     elif from_npz is not None:
-        digests = Digests(progress)
-        identity = {"kind": "heterophilous-npz", "name": name, "file": _file_id(from_npz, digests)}
-        digests.save()
-        argv += ["--from-npz", str(from_npz)]
-        make_source = lambda: heterophilous_source(from_npz, name)
+        origin = _npz(name, from_npz, progress)
     elif edges is not None or name == "edgelist":
-        if edges is None:
-            raise StoreError(
-                "the edgelist source needs an edge file. Fix: pass --edges FILE (Parquet or CSV "
-                "with src,dst[,weight] columns)"
-            )
-        digests = Digests(progress)
-        identity = {
-            "kind": "edgelist",
-            "edges": _file_id(edges, digests),
-            "node_features": _file_id(node_features, digests),
-            "labels": _file_id(labels, digests),
-            "splits": _file_id(splits, digests),
-            "nodes": nodes,
-            "classes": classes,
-        }
-        digests.save()
-        for flag, value in (
-            ("--edges", edges),
-            ("--node-features", node_features),
-            ("--labels", labels),
-            ("--splits", splits),
-            ("--nodes", nodes),
-            ("--classes", classes),
-        ):
-            argv += [flag, str(value)] if value is not None else []
-        make_source = lambda: edgelist_source(name, edges, node_features, labels, splits, nodes, classes)
+        table = dict(edges=edges, node_features=node_features, labels=labels, splits=splits)
+        origin = _edgelist(name, {flag: _path(p) for flag, p in table.items()}, nodes, classes, progress)
     elif from_dir is not None:
-        if not from_dir.is_dir():
-            raise StoreError(f"--from-dir {from_dir} is not a directory. Fix: pass an unzipped OGB dataset folder")
-        digests = Digests(progress)
-        identity = {
-            "kind": "ogb-layout",
-            "name": name,
-            "path": str(from_dir),
-            "files": tree_identity(from_dir, ("raw", "split"), digests),
-        }
-        digests.save()
-        argv += ["--from-dir", str(from_dir)]
-        make_source = lambda: _folder_source(from_dir, name, info, add_reverse)
+        origin = _folder(name, from_dir, info, add_reverse, progress)
     elif info is not None:
-        identity = {"kind": "ogb", "name": name, "release": info.version}
-        argv += ["--data-dir", str(data_dir)] + (["--mirror", mirror] if mirror else [])
-        make_source = lambda: _folder_source(
-            fetch_ogb(info, raw_dir(data_dir), mirror, progress), name, info, add_reverse
-        )
+        origin = _download(name, info, data_dir, mirror, add_reverse, progress)
     else:
         known = ", ".join(sorted(ogb_table()))
         raise StoreError(
@@ -209,78 +129,188 @@ def prepare(
         )
 
     hetero = bool(info and info.is_hetero) or (from_dir is not None and is_hetero_folder(from_dir))
-    if add_reverse and not hetero:
-        raise StoreError(
-            f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
-            "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)"
-        )
-    if largest_component:
-        whole = make_source
-        make_source = lambda: with_largest_component(whole())
-    if normalize_features:
-        if hetero:
-            raise StoreError(
-                f"--normalize-features is for homogeneous graphs; {name} is heterogeneous. "
-                "Fix: drop --normalize-features"
-            )
-        raw_source = make_source
-        make_source = lambda: with_normalized_features(raw_source())
+    _check_kind(name, hetero, add_reverse, normalize_features)
     # OGB's undirected datasets and the heterophilous files list each edge once: the models run on both directions
     inverse = bool(info and info.add_inverse_edge and edges is None and name != "synthetic" and not hetero)
     inverse = inverse or from_npz is not None
     prep = Preprocessing(
         symmetrize=symmetrize or inverse, self_loops=self_loops, dedup=dedup, drop_self_loops=drop_self_loops
     )
-    options = {**prep.to_dict(), "feature_dtype": feature_dtype}
     flags = {
         "add_reverse": add_reverse,
         "normalize_features": normalize_features,
         "largest_component": largest_component,
     }
+    options = {**prep.to_dict(), "feature_dtype": feature_dtype}
     options |= {flag: True for flag, on in flags.items() if on}  # only when set: older stores keep their keys
-    if random_splits is not None:
-        if link_split is not None:
-            raise StoreError(
-                "--random-splits splits the nodes of a node-classification graph; --link-split makes a "
-                "link-prediction store. Fix: pass only one"
-            )
-        per_class, unsplit = checked_options(random_splits, split_per_class), make_source
-        options["random_splits"] = {"sets": random_splits, "per_class": list(per_class), "seed": seed}
-        argv += ["--random-splits", str(random_splits), "--split-per-class", split_per_class]
-        make_source = lambda: with_random_splits(unsplit(), random_splits, per_class, seed)
-    if link_split is not None:
-        ratios, inner = parse_ratios(link_split), make_source
-        options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}
-        argv += ["--link-split", link_split, "--link-metric", link_metric]
-        make_source = lambda: _link_split_of(inner(), ratios, seed, link_metric, prep.symmetrize)
-    if (random_splits is not None or link_split is not None) and "--seed" not in argv:
-        argv += ["--seed", str(seed)]  # the seed draws the splits: the rebuild command repeats it
-    digest = options_digest(identity, options)
+    read = _transformed(origin.read, largest_component, normalize_features)
+    read = _resplit(read, options, origin.argv, prep, seed, random_splits, split_per_class, link_split, link_metric)
+    digest = options_digest(origin.identity, options)
     target = _path(out) or default_store_path(data_dir, name, digest)
-    for flag, on in (
-        ("--add-reverse", add_reverse),
-        ("--normalize-features", normalize_features),
-        ("--largest-component", largest_component),
-        ("--symmetrize", symmetrize),
-        ("--self-loops", self_loops),
-        ("--dedup", dedup),
-        ("--drop-self-loops", drop_self_loops),
-    ):
-        argv += [flag] if on else []
-    if feature_dtype != "float32":
-        argv += ["--feature-dtype", feature_dtype]
-    argv += ["--out", str(target), "--force"]
+    switches = {**flags, "symmetrize": symmetrize, "self_loops": self_loops, "dedup": dedup}
+    switches |= {"drop_self_loops": drop_self_loops}
+    argv = ["ntp", "data", "prepare", name, *origin.argv, *(_flag(key) for key, on in switches.items() if on)]
+    argv += ["--feature-dtype", feature_dtype] if feature_dtype != "float32" else []
     return build(
-        make_source,
+        read,
         target,
         prep=prep,
         feature_dtype=feature_dtype,
         build_key=digest,
-        rebuild_command=shlex.join(argv),
+        rebuild_command=shlex.join([*argv, "--out", str(target), "--force"]),
         progress=progress,
         force=force,
         layout=layout,
     )
+
+
+@dataclass
+class _Origin:
+    """Where a graph comes from: what identifies its bytes (the store's path hashes it), the flags that name it
+    again (the store's rebuild command), and how to read it."""
+
+    identity: dict[str, Any]
+    argv: list[str]
+    read: Callable[[], GraphSource]
+
+
+def _check_options(
+    feature_dtype: str, sources: tuple, self_loops: bool, drop_self_loops: bool, out: PathLike, data_dir: PathLike
+) -> None:
+    if feature_dtype not in FEATURE_DTYPES:
+        raise StoreError(f"feature dtype {feature_dtype!r} is not supported. Fix: use one of {FEATURE_DTYPES}")
+    if sum(x is not None for x in sources) > 1:
+        raise StoreError("--from-dir, --from-npz, --mirror and --edges exclude each other. Fix: pass only one")
+    if self_loops and drop_self_loops:
+        raise StoreError("--self-loops and --drop-self-loops contradict each other. Fix: pass only one")
+    if any(is_url(where) for where in (out, data_dir) if where is not None):
+        raise StoreError(
+            f"stores are built in a folder, not at a URL ({out or data_dir}). Fix: build it with --out "
+            "FOLDER, then upload the folder (e.g. `aws s3 cp --recursive FOLDER s3://bucket/store`) and "
+            "train with --store s3://bucket/store"
+        )
+
+
+def _check_kind(name: str, hetero: bool, add_reverse: bool, normalize_features: bool) -> None:
+    if add_reverse and not hetero:
+        raise StoreError(
+            f"--add-reverse adds reverse relations to a heterogeneous graph; {name} is homogeneous. "
+            "Fix: drop --add-reverse (--symmetrize adds reverse edges to a homogeneous graph)"
+        )
+    if normalize_features and hetero:
+        raise StoreError(
+            f"--normalize-features is for homogeneous graphs; {name} is heterogeneous. Fix: drop --normalize-features"
+        )
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _synthetic(nodes: int | None, avg_degree: float | None, features: int | None, classes: int | None, seed: int):
+    try:
+        spec = SyntheticSpec(
+            nodes=10_000 if nodes is None else nodes,
+            avg_degree=10.0 if avg_degree is None else avg_degree,
+            features=32 if features is None else features,
+            classes=8 if classes is None else classes,
+            seed=seed,
+        )
+    except ValueError as e:
+        raise StoreError(f"synthetic graph: {e}. Fix: adjust --nodes/--avg-degree/--features/--classes") from None
+    sizes = {"nodes": spec.nodes, "avg_degree": spec.avg_degree, "features": spec.features, "classes": spec.classes}
+    argv = [arg for key, value in {**sizes, "seed": spec.seed}.items() for arg in (_flag(key), str(value))]
+    return _Origin({"kind": "synthetic", **asdict(spec)}, argv, lambda: synthetic_source(spec))
+
+
+def _npz(name: str, path: Path, progress: Callable[[str], None]) -> _Origin:
+    digests = Digests(progress)
+    identity = {"kind": "heterophilous-npz", "name": name, "file": _file_id(path, digests)}
+    digests.save()
+    return _Origin(identity, ["--from-npz", str(path)], lambda: heterophilous_source(path, name))
+
+
+def _edgelist(
+    name: str, files: dict[str, Path | None], nodes: int | None, classes: int | None, progress: Callable[[str], None]
+) -> _Origin:
+    """``files``: the edges, node features, labels and splits, by their flags' names."""
+    if files["edges"] is None:
+        raise StoreError(
+            "the edgelist source needs an edge file. Fix: pass --edges FILE (Parquet or CSV "
+            "with src,dst[,weight] columns)"
+        )
+    digests = Digests(progress)
+    identity = {"kind": "edgelist", **{key: _file_id(p, digests) for key, p in files.items()}}
+    identity |= {"nodes": nodes, "classes": classes}
+    digests.save()
+    given = {**files, "nodes": nodes, "classes": classes}
+    argv = [arg for key, value in given.items() if value is not None for arg in (_flag(key), str(value))]
+    return _Origin(identity, argv, lambda: edgelist_source(name, *files.values(), nodes, classes))
+
+
+def _folder(name: str, root: Path, info: Any, add_reverse: bool, progress: Callable[[str], None]) -> _Origin:
+    if not root.is_dir():
+        raise StoreError(f"--from-dir {root} is not a directory. Fix: pass an unzipped OGB dataset folder")
+    digests = Digests(progress)
+    files = tree_identity(root, ("raw", "split"), digests)
+    digests.save()
+    identity = {"kind": "ogb-layout", "name": name, "path": str(root), "files": files}
+    return _Origin(identity, ["--from-dir", str(root)], lambda: _folder_source(root, name, info, add_reverse))
+
+
+def _download(
+    name: str, info: Any, data_dir: Path, mirror: str | None, add_reverse: bool, progress: Callable[[str], None]
+) -> _Origin:
+    argv = ["--data-dir", str(data_dir)] + (["--mirror", mirror] if mirror else [])
+    fetch = lambda: fetch_ogb(info, raw_dir(data_dir), mirror, progress)  # noqa: E731
+    identity = {"kind": "ogb", "name": name, "release": info.version}
+    return _Origin(identity, argv, lambda: _folder_source(fetch(), name, info, add_reverse))
+
+
+def _transformed(
+    read: Callable[[], GraphSource], largest_component: bool, normalize_features: bool
+) -> Callable[[], GraphSource]:
+    """``read`` with the vertices cut to the largest component, then the features normalised, where asked."""
+    if largest_component:
+        whole = read
+        read = lambda: with_largest_component(whole())  # noqa: E731
+    if normalize_features:
+        raw = read
+        read = lambda: with_normalized_features(raw())  # noqa: E731
+    return read
+
+
+def _resplit(
+    read: Callable[[], GraphSource],
+    options: dict[str, Any],
+    argv: list[str],
+    prep: Preprocessing,
+    seed: int,
+    random_splits: int | None,
+    split_per_class: str,
+    link_split: str | None,
+    link_metric: str,
+) -> Callable[[], GraphSource]:
+    """``read`` with the graph's split replaced by seeded random node splits or a random edge split, where asked;
+    each adds its options (the store's path) and flags (its rebuild command)."""
+    if random_splits is not None and link_split is not None:
+        raise StoreError(
+            "--random-splits splits the nodes of a node-classification graph; --link-split makes a "
+            "link-prediction store. Fix: pass only one"
+        )
+    if random_splits is not None:
+        per_class, unsplit = checked_options(random_splits, split_per_class), read
+        options["random_splits"] = {"sets": random_splits, "per_class": list(per_class), "seed": seed}
+        argv += ["--random-splits", str(random_splits), "--split-per-class", split_per_class]
+        read = lambda: with_random_splits(unsplit(), random_splits, per_class, seed)  # noqa: E731
+    if link_split is not None:
+        ratios, whole = parse_ratios(link_split), read
+        options["link_split"] = {"ratios": list(ratios), "seed": seed, "metric": link_metric}
+        argv += ["--link-split", link_split, "--link-metric", link_metric]
+        read = lambda: _link_split_of(whole(), ratios, seed, link_metric, prep.symmetrize)  # noqa: E731
+    if (random_splits is not None or link_split is not None) and "--seed" not in argv:
+        argv += ["--seed", str(seed)]  # the seed draws the splits: the rebuild command repeats it
+    return read
 
 
 def _folder_source(root: Path, name: str, info: Any, add_reverse: bool) -> GraphSource:
