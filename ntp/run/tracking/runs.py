@@ -266,40 +266,13 @@ def start_training_run(
     exp_name = experiment or meta.get("name") or "ntp"
     exp_id = experiment_id(exp_name, c)
     close_orphaned_runs(c, exp_id)
-    commit = git_commit()
-    run_tags = {
-        TAG_KIND: "train",
-        TAG_FLOW_RUN: flow_run_id,
-        TAG_GIT: commit,
-        "mlflow.source.git.commit": commit,
-        "mlflow.source.name": "ntp",
-        "ntp.task_type": meta.get("task_type"),
-        "ntp.target_type": (meta.get("hetero") or {}).get("target"),
-        **launcher_tags(),
-        **(tags or {}),
-    }
-    run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in run_tags.items() if v is not None})
+    run = c.create_run(exp_id, run_name=run_name, tags=_run_tags(meta, flow_run_id, tags))
     guard = TrackingGuard(uri, warn, lost_note) if warn is not None and is_server(uri) else None
     c = c if guard is None else GuardedClient(c, guard)
     tr = TrainingRun(run.info.run_id, exp_id, c, uri, _as_int(meta.get("num_edges")))
     monitor, quiet = None, None if guard is None else QuietMonitor(guard)
     try:
-        params = {**dict(config), "world_size": world_size, "store_fingerprint": meta.get("fingerprint")}
-        params.update(
-            {
-                f"data.{k}": v
-                for k, v in meta.items()
-                if isinstance(v, (int, float, str, bool)) and k not in ("fingerprint",)
-            }
-        )
-        if meta.get("hetero"):  # a heterogeneous store: its shape (the type and relation lists are in the config)
-            params.update(
-                {
-                    "data.node_types": len(meta["hetero"]["node_types"]),
-                    "data.relations": len(meta["hetero"]["relations"]),
-                }
-            )
-        tr.log_params(params)
+        tr.log_params(_run_params(config, world_size, meta))
         tr.log_config({**dict(config), "world_size": world_size})
         if store_path is not None:
             tr.log_dataset(store_path, meta)
@@ -328,6 +301,33 @@ def start_training_run(
             record_unended(tr.run_id, "FINISHED")
     finally:
         logging.getLogger(MONITOR_LOGGER).removeFilter(quiet)
+
+
+def _run_tags(meta: Mapping[str, Any], flow_run_id: str | None, tags: Mapping[str, Any] | None) -> dict[str, str]:
+    """A training run's tags: its kind, flow run, code version, task, launcher, and the caller's ``tags``."""
+    commit = git_commit()
+    run_tags = {
+        TAG_KIND: "train",
+        TAG_FLOW_RUN: flow_run_id,
+        TAG_GIT: commit,
+        "mlflow.source.git.commit": commit,
+        "mlflow.source.name": "ntp",
+        "ntp.task_type": meta.get("task_type"),
+        "ntp.target_type": (meta.get("hetero") or {}).get("target"),
+        **launcher_tags(),
+        **(tags or {}),
+    }
+    return {k: str(v) for k, v in run_tags.items() if v is not None}
+
+
+def _run_params(config: Mapping[str, Any], world_size: int, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Every config field, the world size, and the store's fingerprint and scalar facts (``data.*``)."""
+    params = {**dict(config), "world_size": world_size, "store_fingerprint": meta.get("fingerprint")}
+    params |= {f"data.{k}": v for k, v in meta.items() if isinstance(v, (int, float, str, bool)) and k != "fingerprint"}
+    if meta.get("hetero"):  # a heterogeneous store: its shape (the type and relation lists are in the config)
+        params["data.node_types"] = len(meta["hetero"]["node_types"])
+        params["data.relations"] = len(meta["hetero"]["relations"])
+    return params
 
 
 def log_evaluation(
