@@ -209,14 +209,7 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
     triplets = read_triplets(root, counts)
     split_dir = _split_dir(root, info)
     target = _target_type(root, split_dir, counts)
-    for part in SPLIT_PARTS:
-        if not (split_dir / target / f"{part}.csv.gz").is_file():
-            raise _problem(
-                root,
-                f"split/{split_dir.name}/{target}/{part}.csv.gz",
-                "is missing",
-                "give train, valid and test id files",
-            )
+    _check_target_files(root, split_dir, target)
     relations = [Relation(s, r, d, *read_relation(root, (s, r, d), counts)) for s, r, d in triplets]
     if add_reverse:
         relations = with_reverse(relations)
@@ -224,47 +217,10 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
     offsets = dict(zip(types, np.cumsum([0] + [counts[t] for t in types]).tolist()))
     n = sum(counts.values())
     dims = {t: _features(root, t, counts[t]) for t in types}
-    label_path = root / "raw/node-label" / target / "node-label.csv.gz"
-    label_cols = count_columns(label_path)
-    if label_cols != 1:
-        raise _problem(
-            root,
-            f"raw/node-label/{target}/node-label.csv.gz",
-            f"has {label_cols} columns",
-            "one class id per line (-1 = unlabeled); multi-task heterogeneous labels are not supported",
-        )
 
     def edge_blocks() -> Iterator[EdgeBlock]:
         for r in relations:
             yield r.src_ids + offsets[r.src], r.dst_ids + offsets[r.dst], None
-
-    def labels() -> np.ndarray:
-        y = read_numeric(label_path, "float64").ravel()
-        if len(y) != counts[target]:
-            raise _problem(
-                root,
-                f"raw/node-label/{target}/node-label.csv.gz",
-                f"has {len(y)} rows but num-node-dict "
-                f"says {counts[target]} nodes of type {target!r} (mismatched counts)",
-                "one label per node",
-            )
-        out = np.full(n, -1.0)
-        out[offsets[target] : offsets[target] + len(y)] = np.where(np.isnan(y), -1, y)
-        return out
-
-    def splits() -> dict[str, np.ndarray]:
-        out = {}
-        for part in SPLIT_PARTS:
-            ids = read_numeric(split_dir / target / f"{part}.csv.gz", "int64").ravel()
-            if len(ids) and (ids.min() < 0 or ids.max() >= counts[target]):
-                raise _problem(
-                    root,
-                    f"split/{split_dir.name}/{target}/{part}.csv.gz",
-                    f"ids range over [{ids.min()}, {ids.max()}] but type {target!r} has {counts[target]} nodes",
-                    "split ids are local to the labeled type, from 0",
-                )
-            out[part] = ids + offsets[target]
-        return out
 
     parts = HeteroParts(
         node_types=types,
@@ -284,8 +240,8 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
         feature_dim=0,
         edge_blocks=edge_blocks,
         feature_blocks=lambda: iter([np.zeros((n, 0), np.float32)]),
-        labels=labels,
-        splits=splits,
+        labels=lambda: _labels(root, target, counts, offsets[target], n),
+        splits=lambda: _splits(root, split_dir, target, counts[target], offsets[target]),
         task_type="multiclass",
         metric="acc",
         num_classes=info.num_classes if info is not None else 0,
@@ -301,3 +257,54 @@ def ogb_hetero_source(root: Path, name: str, info: OgbInfo | None, add_reverse: 
         },
         hetero=parts,
     )
+
+
+def _check_target_files(root: Path, split_dir: Path, target: str) -> None:
+    """The target type's split id files and its label file (one column) exist, before anything is read."""
+    for part in SPLIT_PARTS:
+        if not (split_dir / target / f"{part}.csv.gz").is_file():
+            raise _problem(
+                root,
+                f"split/{split_dir.name}/{target}/{part}.csv.gz",
+                "is missing",
+                "give train, valid and test id files",
+            )
+    label_cols = count_columns(root / "raw/node-label" / target / "node-label.csv.gz")
+    if label_cols != 1:
+        raise _problem(
+            root,
+            f"raw/node-label/{target}/node-label.csv.gz",
+            f"has {label_cols} columns",
+            "one class id per line (-1 = unlabeled); multi-task heterogeneous labels are not supported",
+        )
+
+
+def _labels(root: Path, target: str, counts: dict[str, int], first: int, n: int) -> np.ndarray:
+    """The target type's labels at its global ids (from ``first``), -1 for every other vertex and the unlabelled."""
+    y = read_numeric(root / "raw/node-label" / target / "node-label.csv.gz", "float64").ravel()
+    if len(y) != counts[target]:
+        raise _problem(
+            root,
+            f"raw/node-label/{target}/node-label.csv.gz",
+            f"has {len(y)} rows but num-node-dict says {counts[target]} nodes of type {target!r} (mismatched counts)",
+            "one label per node",
+        )
+    out = np.full(n, -1.0)
+    out[first : first + len(y)] = np.where(np.isnan(y), -1, y)
+    return out
+
+
+def _splits(root: Path, split_dir: Path, target: str, count: int, first: int) -> dict[str, np.ndarray]:
+    """The split's ids of the target type (local, from 0), as global ids (from ``first``)."""
+    out = {}
+    for part in SPLIT_PARTS:
+        ids = read_numeric(split_dir / target / f"{part}.csv.gz", "int64").ravel()
+        if len(ids) and (ids.min() < 0 or ids.max() >= count):
+            raise _problem(
+                root,
+                f"split/{split_dir.name}/{target}/{part}.csv.gz",
+                f"ids range over [{ids.min()}, {ids.max()}] but type {target!r} has {count} nodes",
+                "split ids are local to the labeled type, from 0",
+            )
+        out[part] = ids + first
+    return out
