@@ -66,41 +66,16 @@ def with_link_split(
     source: GraphSource, ratios: tuple[float, float], seed: int, metric: str, symmetrize: bool
 ) -> GraphSource:
     """``source`` as a link-prediction source (see the module docstring)."""
-    if source.weighted:
-        raise StoreError(
-            f"{source.name}: --link-split of a weighted graph is not supported. Fix: drop the weight "
-            "column of the edge file"
-        )
-    if not is_metric(metric) or metric in ("acc", "mrr"):
-        raise StoreError(
-            f"--link-metric {metric!r}: a random split has one negative per positive pair, which "
-            "Hits@K and ROC-AUC rank. Fix: --link-metric hits@K (e.g. hits@20) or rocauc"
-        )
+    _check(source, metric)
     n = source.num_nodes
     src, dst = all_edges(source)
     undirected = symmetrize or _is_symmetric(src * n + dst, dst * n + src)
     if undirected:
         src, dst = np.minimum(src, dst), np.maximum(src, dst)
     keys = np.unique(src * n + dst)
-    if len(keys) < 3:
-        raise StoreError(
-            f"{source.name}: {len(keys)} distinct edges cannot be split three ways. Fix: use a larger graph"
-        )
     rng = np.random.default_rng(seed)
-    keys_shuffled = keys[rng.permutation(len(keys))]
-    n_val = max(1, round(ratios[0] * len(keys)))
-    n_test = max(1, round(ratios[1] * len(keys)))
-    if n_val + n_test >= len(keys):
-        raise StoreError(
-            f"{source.name}: {len(keys)} edges leave none for training with --link-split "
-            f"{ratios[0]},{ratios[1]}. Fix: smaller fractions"
-        )
-    parts = {
-        "valid": keys_shuffled[:n_val],
-        "test": keys_shuffled[n_val : n_val + n_test],
-        "train": np.sort(keys_shuffled[n_val + n_test :]),
-    }
-    pairs = {k: np.stack([v // n, v % n], axis=1) for k, v in parts.items()}
+    pairs = {k: np.stack([v // n, v % n], axis=1) for k, v in _split_keys(keys, ratios, rng, source.name).items()}
+    n_val, n_test = len(pairs["valid"]), len(pairs["test"])
     taken = keys if not undirected else np.unique(np.concatenate([keys, (keys % n) * n + keys // n]))
     neg_all = _negatives(rng, n, n_val + n_test, taken, undirected)
     splits = {
@@ -145,3 +120,35 @@ def with_link_split(
         expected_edges=len(graph),
         info=info,
     )
+
+
+def _check(source: GraphSource, metric: str) -> None:
+    if source.weighted:
+        raise StoreError(
+            f"{source.name}: --link-split of a weighted graph is not supported. Fix: drop the weight "
+            "column of the edge file"
+        )
+    if not is_metric(metric) or metric in ("acc", "mrr"):
+        raise StoreError(
+            f"--link-metric {metric!r}: a random split has one negative per positive pair, which "
+            "Hits@K and ROC-AUC rank. Fix: --link-metric hits@K (e.g. hits@20) or rocauc"
+        )
+
+
+def _split_keys(keys: np.ndarray, ratios: tuple[float, float], rng, name: str) -> dict[str, np.ndarray]:
+    """The distinct edge keys shuffled into valid and test (at least one each, in ``ratios``), the rest train."""
+    if len(keys) < 3:
+        raise StoreError(f"{name}: {len(keys)} distinct edges cannot be split three ways. Fix: use a larger graph")
+    shuffled = keys[rng.permutation(len(keys))]
+    n_val = max(1, round(ratios[0] * len(keys)))
+    n_test = max(1, round(ratios[1] * len(keys)))
+    if n_val + n_test >= len(keys):
+        raise StoreError(
+            f"{name}: {len(keys)} edges leave none for training with --link-split "
+            f"{ratios[0]},{ratios[1]}. Fix: smaller fractions"
+        )
+    return {
+        "valid": shuffled[:n_val],
+        "test": shuffled[n_val : n_val + n_test],
+        "train": np.sort(shuffled[n_val + n_test :]),
+    }
