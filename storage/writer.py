@@ -113,19 +113,7 @@ def write_store(
 
     progress(f"{source.name}: streaming edges (pass 1: count)")
     builder = CsrBuilder(n, index_dtype, tmp, source.weighted, prep, progress)
-    reported = 0
-    for src, dst, w in source.edge_blocks():
-        builder.add(src, dst, w)
-        if not reported or builder.raw_edges - reported >= 10_000_000:
-            progress(f"  {builder.raw_edges:,} edges read")
-            reported = builder.raw_edges
-    progress(f"  {builder.raw_edges:,} edges read in all")
-    if source.expected_edges is not None and builder.raw_edges != source.expected_edges:
-        raise StoreError(
-            f"{source.name}: the edge file has {builder.raw_edges} edges but the "
-            f"dataset says {source.expected_edges}; the download is incomplete or "
-            "damaged: delete it and prepare again"
-        )
+    _read_edges(source, builder, progress)
     csr = builder.finish()
     sums.update(_write_topology(group, csr, n, layout, progress, symmetric=prep.effective().symmetrize))
     del csr, builder
@@ -175,6 +163,23 @@ def write_store(
     meta = StoreMeta(fingerprint=S.fingerprint(meta_fields), schema_version=S.SCHEMA_VERSION, **meta_fields)
     group.attrs.update(meta.to_dict())  # written last: a store without it never opens
     return meta
+
+
+def _read_edges(source: GraphSource, builder: CsrBuilder, progress: Callable[[str], None]) -> None:
+    """Every edge block of ``source`` into ``builder``, saying the count every 10 million; as many as it expects."""
+    reported = 0
+    for src, dst, w in source.edge_blocks():
+        builder.add(src, dst, w)
+        if not reported or builder.raw_edges - reported >= 10_000_000:
+            progress(f"  {builder.raw_edges:,} edges read")
+            reported = builder.raw_edges
+    progress(f"  {builder.raw_edges:,} edges read in all")
+    if source.expected_edges is not None and builder.raw_edges != source.expected_edges:
+        raise StoreError(
+            f"{source.name}: the edge file has {builder.raw_edges} edges but the "
+            f"dataset says {source.expected_edges}; the download is incomplete or "
+            "damaged: delete it and prepare again"
+        )
 
 
 def _write_node_targets(
