@@ -105,17 +105,7 @@ def train_tracked(
         spec = with_outputs_in(spec, job_dir(spec.job_id or run.run_id))
         cfg = spec.config
         run.set_tags({"ntp.results": cfg.results, "ntp.model_out": cfg.model_out})  # params hold the requested values
-        try:
-            with ResultsFollower(cfg.results, [EpochLogger(run), *consumers], warn=on_line):
-                res = launch_training(spec, on_line=on_line)
-        except BaseException as exc:
-            if Path(cfg.results).is_file():
-                try:
-                    run.log_results(cfg.results, status=end_status(exc))
-                except Exception as log_exc:  # never hide the training error behind a logging error
-                    if not run.lost:  # a lost server was said once
-                        on_line(f"warning: could not log partial results: {log_exc}")
-            raise
+        res = _launch_followed(run, spec, consumers, on_line)
         summary = _log_outcome(run, cfg, res, meta)
     final = read_results(cfg.results).final
     logged = None
@@ -133,6 +123,23 @@ def train_tracked(
         tracking_lost=run.lost,
         registered_version=None if logged is None or logged["version"] is None else str(logged["version"]),
     )
+
+
+def _launch_followed(run: Any, spec: LaunchSpec, consumers: Sequence[Consumer], on_line: Callable[[str], None]):
+    """``launch_training(spec)`` with each epoch logged to ``run`` (and handed to ``consumers``) as it is written;
+    when the job fails, the results it wrote so far are logged before the error is raised on."""
+    results = spec.config.results
+    try:
+        with ResultsFollower(results, [EpochLogger(run), *consumers], warn=on_line):
+            return launch_training(spec, on_line=on_line)
+    except BaseException as exc:
+        if Path(results).is_file():
+            try:
+                run.log_results(results, status=end_status(exc))
+            except Exception as log_exc:  # never hide the training error behind a logging error
+                if not run.lost:  # a lost server was said once
+                    on_line(f"warning: could not log partial results: {log_exc}")
+        raise
 
 
 def _log_outcome(run: Any, cfg: Any, res: Any, meta: dict) -> dict[str, float]:
