@@ -4,6 +4,7 @@ the model registry under a name (a new version per call, as ``mlflow.register_mo
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,10 @@ def log_mlflow_model(
         "config": dict(config),
         "metrics": dict(metrics),
     }
-    with mlflow.start_run(run_id=run_id):
+    with mlflow.start_run(run_id=run_id), warnings.catch_warnings():
+        # MLflow checks an input example by predicting it, a forward pass over the whole graph; the signature says
+        # what the model takes, so its advice to give one is left unsaid
+        warnings.filterwarnings("ignore", message=".*An input example was not provided")
         info = mlflow.pyfunc.log_model(
             name=NAME,
             python_model=str(Path(__file__).with_name("served_model.py")),

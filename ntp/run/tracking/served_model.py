@@ -19,7 +19,7 @@ import pandas as pd
 
 
 class NodePredictor(mlflow.pyfunc.PythonModel):
-    """Node ids in (a ``node_id`` column, or a list/array of ids), predictions out: ``node_id``, ``pred`` (the
+    """Node ids in (a ``node_id`` column: the model's signature), predictions out: ``node_id``, ``pred`` (the
     class; 0/1 per task for binary/multi-label stores) and ``prob`` (probabilities per class or task)."""
 
     def load_context(self, context) -> None:
@@ -28,8 +28,8 @@ class NodePredictor(mlflow.pyfunc.PythonModel):
         self.any_store = bool(context.model_config.get("any_store", False))
         self.table: dict[str, np.ndarray] | None = None
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
-        ids = _node_ids(model_input)
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        ids = model_input["node_id"].to_numpy(dtype=np.int64)
         table = self._predictions()
         n = len(table["node_id"])
         outside = ids[(ids < 0) | (ids >= n)]
@@ -49,14 +49,6 @@ class NodePredictor(mlflow.pyfunc.PythonModel):
 
             self.table = predict_in_process(self.model_path, self.store, self.any_store)
         return self.table
-
-
-def _node_ids(model_input) -> np.ndarray:
-    if isinstance(model_input, pd.DataFrame):
-        if "node_id" not in model_input.columns:
-            raise ValueError(f"the input has columns {list(model_input.columns)}; it needs a node_id column")
-        model_input = model_input["node_id"]
-    return np.asarray(model_input, dtype=np.int64).reshape(-1)
 
 
 mlflow.models.set_model(NodePredictor())
