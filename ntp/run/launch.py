@@ -51,8 +51,8 @@ class LaunchResult:
 def torchrun_command(spec: LaunchSpec, log_dir: str | None = None, program: list[str] | None = None) -> list[str]:
     """The torchrun command line of ``spec``, run through ntp.run.rendezvous (torchrun with its stores bound to one
     address). One node: a rendezvous on loopback at a free port. ``log_dir``: where torchrun keeps its files
-    (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind). ``program``: what every rank runs, after ``--``
-    (default: the training worker with the spec's config; ntp.run.rendezvous says why the ``--``)."""
+    (default: a new ``torchelastic_*`` folder in $TMPDIR that it leaves behind). ``program``: what every rank
+    runs, after ``--`` (default: the training worker with the spec's config; ntp.run.rendezvous says why)."""
     cmd = [
         sys.executable,
         "-m",
