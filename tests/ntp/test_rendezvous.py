@@ -4,15 +4,18 @@ second interface and a training job: tests/multinode/test_bound_rendezvous.py); 
 from __future__ import annotations
 
 import socket
+from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from ntp.config import TrainConfig
-from ntp.run.flags import config_to_argv
+from ntp.options import literal_choices
+from ntp.run.flags import config_from_args, config_to_argv
 from ntp.run.launch import torchrun_command
 from ntp.run.rendezvous import bound_store, torchrun_args
+from ntp.run.worker import build_parser
 from ntp.spec import resolve
 
 
@@ -61,3 +64,44 @@ def test_torchrun_hands_the_worker_its_flags_even_those_that_abbreviate_its_own(
     assert "--monitor" in args.training_script_args
     with pytest.raises(SystemExit):  # torchrun's own form: its parser reads the worker's flags
         torchrun_args([arg for arg in options if arg != "--"])
+
+
+#: values the general rule below does not give a field, and the fields that a field needs beside it
+VALUES = {"memory_budget": "8GB", "min_lr": 0.001, "splits": "0,1"}
+COUPLED_RGCN = {"model": "rgcn", "arch": "coupled"}
+NEEDS = {
+    "resume": {"checkpoint_dir": "ckpt"},
+    "resume_anyway": {"resume": True, "checkpoint_dir": "ckpt"},
+    "decomposition": {**COUPLED_RGCN, "num_bases": 2},
+    "num_bases": {**COUPLED_RGCN, "decomposition": "basis"},
+    "sparse_embeddings": {"model": "rgcn"},
+    "nn_block_rows": {"nn_device": "stream"},
+    **{name: {"arch": "coupled"} for name in ("residual", "jk", "input_proj")},
+}
+
+
+def _another(f, default):
+    """A value of field ``f`` other than its default, as its flag takes it."""
+    if f.name in VALUES:
+        return VALUES[f.name]
+    choices = literal_choices(f.type)
+    if choices:
+        return next(c for c in choices if c != default)
+    if f.type == "bool":
+        return not default
+    if f.type.startswith("int"):
+        return (default or 0) + 3
+    if f.type.startswith("float"):
+        return (default or 0.0) + 0.25
+    return "given"
+
+
+@pytest.mark.parametrize("field", [f for f in fields(TrainConfig)], ids=lambda f: f.name)
+def test_every_training_flag_reaches_the_worker_through_torchrun(field) -> None:
+    """Each config field, set apart from its default, travels the launch as it does on several ranks: into the
+    torchrun command (config_to_argv), through torchrun's parser, into the worker's parser, back to the config."""
+    value = _another(field, getattr(TrainConfig(), field.name))
+    cfg = TrainConfig.from_dict({**NEEDS.get(field.name, {}), field.name: value})
+    options = ["--nproc-per-node=3", "--max-restarts=0", "--standalone"]
+    args = torchrun_args([*options, "--", "-m", "ntp.run.worker", "--device", "cpu", *config_to_argv(cfg)])
+    assert config_from_args(build_parser().parse_args(args.training_script_args)) == cfg
