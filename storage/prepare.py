@@ -207,7 +207,9 @@ def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def _synthetic(nodes: int | None, avg_degree: float | None, features: int | None, classes: int | None, seed: int):
+def _synthetic(
+    nodes: int | None, avg_degree: float | None, features: int | None, classes: int | None, seed: int
+) -> _Origin:
     try:
         spec = SyntheticSpec(
             nodes=10_000 if nodes is None else nodes,
