@@ -4,8 +4,10 @@ the model registry under a name (a new version per call, as ``mlflow.register_mo
 
 from __future__ import annotations
 
+import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ def log_mlflow_model(
         "config": dict(config),
         "metrics": dict(metrics),
     }
-    with mlflow.start_run(run_id=run_id), warnings.catch_warnings():
+    with mlflow.start_run(run_id=run_id), warnings.catch_warnings(), _no_copy_bar():
         # MLflow checks an input example by predicting it, a forward pass over the whole graph; the signature says
         # what the model takes, so its advice to give one is left unsaid
         warnings.filterwarnings("ignore", message=".*An input example was not provided")
@@ -71,6 +73,22 @@ def log_mlflow_model(
             register, str(info.registered_model_version), "ntp.store_fingerprint", str(meta["fingerprint"])
         )
     return {"model_uri": info.model_uri, "model_id": info.model_id, "version": info.registered_model_version}
+
+
+@contextmanager
+def _no_copy_bar() -> Iterator[None]:
+    """No progress bar while MLflow copies the model file into the logged model (a bar a run for one local copy),
+    unless the user set MLflow's own switch for it."""
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as BAR
+
+    if BAR.name in os.environ:
+        yield
+        return
+    os.environ[BAR.name] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(BAR.name, None)
 
 
 def fetch_model_file(model_uri: str, dst: str | Path, uri: str | None = None) -> Path:
