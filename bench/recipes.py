@@ -37,7 +37,7 @@ def store(recipe: dict) -> Path:
     return prepare(how.pop("name"), **how, progress=lambda line: None)
 
 
-def run(path: Path, nproc: int, track: bool, overrides: dict) -> dict:
+def run(path: Path, nproc: int, track: bool, overrides: dict, continue_run: str | None = None) -> dict:
     from ntp.config import TrainConfig
     from ntp.run.repeats import train_repeats
     from ntp.spec import resolve
@@ -46,7 +46,14 @@ def run(path: Path, nproc: int, track: bool, overrides: dict) -> dict:
     cfg = TrainConfig.from_file(path, store=str(store(recipe)), **overrides)
     spec = resolve(cfg, nproc=nproc, device="cpu" if nproc > 1 else "auto")
     t0 = time.perf_counter()
-    summary = train_repeats(spec, track=track, experiment="recipes", run_name=path.stem, on_line=lambda line: None)
+    summary = train_repeats(
+        spec,
+        track=track,
+        experiment="recipes",
+        run_name=path.stem,
+        on_line=lambda line: None,
+        continue_run=continue_run,
+    )
     m, target = summary.metrics(), recipe.get("target")
     return {
         "recipe": path.stem,
@@ -70,16 +77,24 @@ def main() -> None:
     p.add_argument("--splits", default=None, help="override the split sets (e.g. 0,1,2)")
     p.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
     p.add_argument("--no-track", action="store_true", help="do not log the runs to MLflow (the table still is)")
+    p.add_argument(
+        "--continue",
+        dest="continue_run",
+        metavar="RUN_ID",
+        help="take up a stopped recipe's MLflow parent run (one recipe): its finished runs are kept, the others run",
+    )
     args = p.parse_args()
     given = (("epochs", args.epochs), ("splits", args.splits), ("seeds", args.seeds), ("threads", args.threads))
     overrides = {k: v for k, v in given if v}
     paths = [RECIPES / f"{n}.yaml" for n in args.names] or sorted(RECIPES.glob("*.yaml"))
+    if args.continue_run and len(paths) != 1:
+        p.error("--continue takes up one recipe's run: name that recipe")
     from ntp.errors import Terminated
     from ntp.run.processes import exit_code, sigterm_raises
 
     try:
         with sigterm_raises():  # `kill` ends the runs KILLED, as `ntp train` does, not left RUNNING
-            rows = [run(path, args.nproc, not args.no_track, overrides) for path in paths]
+            rows = [run(path, args.nproc, not args.no_track, overrides, args.continue_run) for path in paths]
     except (KeyboardInterrupt, Terminated) as exc:
         raise SystemExit(exit_code(exc, "" if args.no_track else " and its MLflow runs are KILLED")) from None
     report("recipes", rows, {"nproc": args.nproc, **overrides})

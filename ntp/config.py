@@ -89,6 +89,20 @@ INFERENCE_OPTIONS = (
     "threads",
 )
 
+#: Fields that say how a job runs and where it writes, not what it computes: `ntp train --continue` of a --splits or
+#: --seeds run takes them from this command, while every other field must be the one the stopped run was made with.
+CONTINUABLE_CHANGES = frozenset(INFERENCE_OPTIONS) | {
+    "mode",
+    "results",
+    "model_out",
+    "checkpoint_dir",
+    "checkpoint_every",
+    "resume",
+    "resume_anyway",
+    "fail_at_epoch",
+    "fail_rank",
+}
+
 
 #: The config's sections, in --help's order: name -> title. A field's section is in its metadata (:func:`opt`).
 SECTIONS = {

@@ -1,6 +1,7 @@
 """``ntp train --splits all|LIST`` and ``--seeds N``: one training job per (split set, seed), one after the other,
 and their mean +- standard deviation (sample std, ddof=1, as OGB's and Platonov et al.'s loggers report it). Tracked,
-the jobs are children of one MLflow parent run that holds the summary (ntp.run.tracking.nested)."""
+the jobs are children of one MLflow parent run that holds the summary (ntp.run.tracking.nested). ``--continue RUN``
+takes up such a parent run that stopped (killed, failed, preempted): its finished children are kept, the others run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ntp.config import TrainConfig
+from ntp.config import CONTINUABLE_CHANGES, TrainConfig
 from ntp.config_checks import parse_split_list
 from ntp.errors import ConfigError, TrainingError
 from ntp.run.scratch import owned_tempdir
@@ -68,6 +69,12 @@ class RepeatSummary:
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
         return mean, std
 
+    def add(self, label: str, test: float, valid: float | None, run_id: str | None) -> None:
+        self.labels.append(label)
+        self.tests.append(test)
+        self.valids.append(valid)
+        self.run_ids.append(run_id)
+
     def metrics(self) -> dict[str, float]:
         tm, ts = self._mean_std(self.tests)
         out = {"test_mean": tm, "test_std": ts, "runs": float(len(self.tests))}
@@ -96,8 +103,10 @@ def train_repeats(
     experiment: str | None = None,
     run_name: str | None = None,
     on_line: Callable[[str], None] = print,
+    continue_run: str | None = None,
 ) -> RepeatSummary:
-    """Train every child of ``spec``'s config and summarise them (the parent run's metrics when ``track``)."""
+    """Train every child of ``spec``'s config and summarise them (the parent run's metrics when ``track``). With
+    ``continue_run``, the children go on under that stopped parent run; those that finished there are kept."""
     from contextlib import nullcontext
 
     from ntp.run.tracking import default_run_name, train_tracked, train_untracked
@@ -109,16 +118,26 @@ def train_repeats(
     base = run_name or default_run_name(spec)
     exp = experiment or meta.name
     summary = RepeatSummary(metric=spec.config.metric or meta.metric, tests=[], valids=[], run_ids=[], labels=[])
+    params = {**spec.config.for_task(meta.task_type).to_dict(), "children": len(children)}
+    kept: dict[tuple[int, int], tuple[float, float | None, str]] = {}
+    if continue_run:
+        if not track:
+            raise ConfigError("--continue takes up a tracked run: drop --no-track")
+        exp, base, kept = _continued(continue_run, params)
     if track:
         from ntp.run.tracking.nested import parent_run
 
-        params = {**spec.config.for_task(meta.task_type).to_dict(), "children": len(children)}
-        scope = parent_run(exp, kind="repeats", run_name=base, params=params)
+        scope = parent_run(exp, kind="repeats", run_name=base, params=params, reopen=continue_run)
     else:
         scope = nullcontext()
     with scope as parent:
         for i, cfg in enumerate(children):
             label = f"split {cfg.split}, seed {cfg.seed}"
+            if (cfg.split, cfg.seed) in kept:
+                test, valid, run_id = kept[cfg.split, cfg.seed]
+                on_line(f"[ntp] run {i + 1}/{len(children)}: {label}: finished before (run {run_id}), kept")
+                summary.add(label, test, valid, run_id)
+                continue
             on_line(f"[ntp] run {i + 1}/{len(children)}: {label}")
             child = dataclasses.replace(spec, config=cfg)
             if parent is not None:
@@ -133,12 +152,49 @@ def train_repeats(
             final = result.final
             if final is None or final.test_metric is None:
                 raise TrainingError(f"{label}: the job reported no test metric (no evaluation improved on the first)")
-            summary.tests.append(final.test_metric)
-            summary.valids.append(final.best_valid_metric)
-            summary.run_ids.append(result.run_id)
-            summary.labels.append(label)
+            summary.add(label, final.test_metric, final.best_valid_metric, result.run_id)
             summary.metric = final.metric
         if parent is not None:
             parent.log_metrics(summary.metrics())
             parent.client.set_tag(parent.run_id, "ntp.metric", summary.metric)
     return summary
+
+
+def _continued(run_id: str, params: dict) -> tuple[str, str, dict[tuple[int, int], tuple[float, float | None, str]]]:
+    """The stopped --splits/--seeds parent run ``run_id``: its experiment's name, its name, and the (test, best
+    valid, run id) of each (split set, seed) whose child finished. ConfigError where it is no such run, still runs,
+    or was made with other options than ``params`` (all but :data:`CONTINUABLE_CHANGES` must be the same)."""
+    from ntp.run.tracking import client
+    from ntp.run.tracking.mlflow_store import TAG_KIND, TAG_PARENT
+    from ntp.run.tracking.orphans import close_orphaned_runs
+    from ntp.run.tracking.runs import _param_value
+
+    c = client()
+    try:
+        run = c.get_run(run_id)
+    except Exception as exc:
+        raise ConfigError(f"--continue {run_id}: no such MLflow run ({type(exc).__name__})") from None
+    exp_id = run.info.experiment_id
+    close_orphaned_runs(c, exp_id)  # a parent whose launcher died is ended now, and may go on
+    if run.data.tags.get(TAG_KIND) != "repeats":
+        raise ConfigError(f"--continue {run_id}: not the parent run of a --splits/--seeds run")
+    if c.get_run(run_id).info.status == "RUNNING":
+        raise ConfigError(f"--continue {run_id}: the run is still running; wait for it to end, or stop it")
+    differ = [
+        f"{key} {run.data.params.get(key)!r} there, {_param_value(value)!r} here"
+        for key, value in params.items()
+        if key not in CONTINUABLE_CHANGES and run.data.params.get(key) != _param_value(value)
+    ]
+    if differ:
+        raise ConfigError(
+            f"--continue {run_id}: that run was made with other options ({'; '.join(differ)}): "
+            "give the same ones, or start a new run (drop --continue)"
+        )
+    kept = {}
+    query = f"tags.{TAG_PARENT} = '{run_id}' and attributes.status = 'FINISHED'"
+    for child in c.search_runs([exp_id], query, order_by=["attributes.start_time ASC"]):
+        test = child.data.metrics.get("final_test_metric")
+        if test is not None:
+            key = (int(child.data.tags["ntp.split"]), int(child.data.tags["ntp.seed"]))
+            kept[key] = (test, child.data.metrics.get("best_valid_metric"), child.info.run_id)
+    return c.get_experiment(exp_id).name, run.info.run_name, kept

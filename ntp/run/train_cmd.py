@@ -48,6 +48,14 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="an extra tag of the MLflow run (repeatable); --tag mlflow.parentRunId=RUN_ID makes it a child run",
     )
+    tracking.add_argument(
+        "--continue",
+        dest="continue_run",
+        default=None,
+        metavar="RUN_ID",
+        help="with --splits/--seeds: take up that stopped parent run (killed, failed, preempted) with the same "
+        "options; its finished runs are kept, the others train under it",
+    )
     add_config_arguments(parser)
     parser.set_defaults(func=run_train)
     return parser
@@ -111,10 +119,18 @@ def _train(args: argparse.Namespace):
             from ntp.errors import ConfigError
 
             raise ConfigError("--register names one model; --splits/--seeds train several: register one run's model")
-        summary = train_repeats(
-            spec, track=not args.no_track, experiment=args.experiment, run_name=args.run_name, on_line=print
+        return train_repeats(
+            spec,
+            track=not args.no_track,
+            experiment=args.experiment,
+            run_name=args.run_name,
+            on_line=print,
+            continue_run=args.continue_run,
         )
-        return summary
+    if args.continue_run:
+        from ntp.errors import ConfigError
+
+        raise ConfigError("--continue takes up a --splits/--seeds run: give the --splits/--seeds it was made with")
     # one process trains here and prints its own lines; a bar is for the output streamed from torchrun
     bar = ProgressBar(spec.config.epochs) if ProgressBar.wanted() and spec.mode != "single" else None
     on_line, consumers = (bar.line, [bar]) if bar else (print, [])

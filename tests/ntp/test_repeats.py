@@ -1,15 +1,20 @@
 """`ntp train --splits/--seeds`: one job per (split set, seed), children of one MLflow parent run that holds the
-mean and the sample standard deviation; every run ends FINISHED (none left RUNNING)."""
+mean and the sample standard deviation; every run ends FINISHED (none left RUNNING). `--continue` takes up a stopped
+one."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
 import pytest
 
+from ntp.config import TrainConfig
 from ntp.run.cli import main as ntp_main
+from ntp.run.repeats import train_repeats
 from ntp.run.tracking import client
+from ntp.spec import resolve
 from storage.prepare import prepare
 
 NPZ = Path(__file__).resolve().parents[2] / ".." / "shared" / "datasets" / "heterophilous" / "chameleon_filtered.npz"
@@ -37,3 +42,62 @@ def test_splits_and_seeds_are_children_of_one_parent_with_mean_and_std(tmp_path,
     out = capsys.readouterr().out
     assert "mean over 2 runs: test acc" in out and "split 7, seed 6: test acc" in out
     assert ntp_main([*argv, "--splits", "0,10", "--no-track"]) == 2, "a split set the store lacks: bad input"
+
+
+def test_a_stopped_run_continues_under_its_parent_keeping_its_finished_children(tmp_path, capsys) -> None:
+    """Ctrl-C during the third of three seeds ends the parent KILLED; `--continue` keeps the two finished children,
+    trains the third under the same parent and ends it FINISHED with the summary an unstopped run gives."""
+    store = str(prepare("synthetic", nodes=120, features=6, classes=3, out=tmp_path / "s", progress=lambda m: None))
+    cfg = TrainConfig(store=store, seeds=3, epochs=3, hidden=8)
+
+    def stop_at_the_third(line: str) -> None:
+        if "run 3/3" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_repeats(resolve(cfg, nproc=1, device="cpu"), track=True, experiment="cont", on_line=stop_at_the_third)
+    c = client()
+    exp = c.get_experiment_by_name("cont").experiment_id
+    (parent,) = c.search_runs([exp], "tags.`ntp.kind` = 'repeats'")
+    assert parent.info.status == "KILLED"
+    first = _children(c, exp, parent.info.run_id)
+    assert [(r.data.tags["ntp.seed"], r.info.status) for r in first] == [("0", "FINISHED"), ("1", "FINISHED")]
+
+    argv = ["train", "--store", store, "--seeds", "3", "--epochs", "3", "--hidden", "8", "--nproc", "1"]
+    assert ntp_main([*argv, "--continue", parent.info.run_id, "--threads", "1"]) == 0  # how it runs may change
+    out = capsys.readouterr().out
+    assert out.count("finished before") == 2 and "run 3/3: split 0, seed 2\n" in out
+    again = c.get_run(parent.info.run_id)
+    children = _children(c, exp, parent.info.run_id)
+    assert again.info.status == "FINISHED" and [r.data.tags["ntp.seed"] for r in children] == ["0", "1", "2"]
+    assert [r.info.run_id for r in children[:2]] == [r.info.run_id for r in first]
+    whole = train_repeats(resolve(cfg, nproc=1, device="cpu"), track=False, on_line=lambda line: None)
+    assert [r.data.metrics["final_test_metric"] for r in children] == pytest.approx(whole.tests)
+    assert again.data.metrics["test_mean"] == pytest.approx(statistics.mean(whole.tests))
+    assert again.data.metrics["test_std"] == pytest.approx(statistics.stdev(whole.tests))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--epochs", "4"], "made with other options \\(epochs '3' there, '4' here\\)"),
+        (["--no-track"], "drop --no-track"),
+    ],
+)
+def test_continue_refuses_other_options_and_no_tracking(tmp_path, capsys, extra, message) -> None:
+    store = str(prepare("synthetic", nodes=60, features=4, classes=2, out=tmp_path / "s", progress=lambda m: None))
+    experiment = f"refuse-{tmp_path.name}"
+    argv = ["train", "--store", store, "--epochs", "3", "--hidden", "8", "--nproc", "1", "--experiment", experiment]
+    assert ntp_main([*argv, "--seeds", "2", "--run-name", "two"]) == 0
+    c = client()
+    (parent,) = c.search_runs([c.get_experiment_by_name(experiment).experiment_id], "attributes.run_name = 'two'")
+    capsys.readouterr()
+    assert ntp_main([*argv, "--seeds", "2", "--continue", parent.info.run_id, *extra]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert ntp_main([*argv, "--continue", parent.info.run_id]) == 2, "one run: nothing to continue"
+    assert "give the --splits/--seeds it was made with" in capsys.readouterr().err
+
+
+def _children(c, exp: str, parent_id: str) -> list:
+    runs = c.search_runs([exp], f"tags.mlflow.parentRunId = '{parent_id}'", order_by=["attributes.start_time ASC"])
+    return [r for r in runs if r.data.tags.get("ntp.kind") == "train"]

@@ -26,8 +26,8 @@ from ntp.run.sweep.trial import (
     slot_queue,
 )
 from ntp.run.tracking.mlflow_store import client, data_dir, experiment_id, tracking_uri
-from ntp.run.tracking.nested import create_parent
-from ntp.run.tracking.orphans import end_status, launcher_tags
+from ntp.run.tracking.nested import create_parent, reopen_parent
+from ntp.run.tracking.orphans import end_status
 
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("median", "hyperband", "none")
@@ -204,10 +204,7 @@ def parent_run(study: Any, settings: SweepSettings, experiment: str, c: Any) -> 
     """The sweep's MLflow parent run: the study's own when it resumes (RUNNING again), else a new one."""
     run_id = study.user_attrs.get(PARENT_ATTR)
     if run_id:
-        c.update_run(run_id, status="RUNNING")
-        for key, value in launcher_tags().items():  # this process now owns it
-            c.set_tag(run_id, key, value)
-        return run_id
+        return reopen_parent(c, run_id)
     params = {
         "study": settings.study_name,
         "store": settings.store,

@@ -47,12 +47,18 @@ def parent_run(
     params: Mapping[str, Any] | None = None,
     tags: Mapping[str, Any] | None = None,
     uri: str | None = None,
+    reopen: str | None = None,
 ) -> Iterator[ParentRun]:
-    """A parent run of ``kind`` (its ``ntp.kind`` tag, e.g. "repeats") in ``experiment``, with ``params``."""
+    """A parent run of ``kind`` (its ``ntp.kind`` tag, e.g. "repeats") in ``experiment``, with ``params``; or, with
+    ``reopen``, that run of ``experiment`` again (:func:`reopen_parent`)."""
     c = client(uri or tracking_uri())
     exp_id = experiment_id(experiment, c)
     close_orphaned_runs(c, exp_id)
-    parent = ParentRun(create_parent(c, exp_id, kind=kind, run_name=run_name, params=params, tags=tags), exp_id, c)
+    if reopen:
+        run_id = reopen_parent(c, reopen)
+    else:
+        run_id = create_parent(c, exp_id, kind=kind, run_name=run_name, params=params, tags=tags)
+    parent = ParentRun(run_id, exp_id, c)
     try:
         yield parent
     except BaseException as exc:
@@ -82,3 +88,12 @@ def create_parent(
     run = c.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in all_tags.items() if v is not None})
     c.log_batch(run.info.run_id, params=[Param(k, _param_value(v)) for k, v in (params or {}).items()])
     return run.info.run_id
+
+
+def reopen_parent(c: Any, run_id: str) -> str:
+    """The ended parent run ``run_id`` RUNNING again, owned by this process (its launcher tags), to take more
+    children: a sweep that resumes its study, `ntp train --continue` of a stopped --splits/--seeds run."""
+    c.update_run(run_id, status="RUNNING")
+    for key, value in launcher_tags().items():
+        c.set_tag(run_id, key, value)
+    return run_id
