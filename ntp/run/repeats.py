@@ -123,7 +123,8 @@ def train_repeats(
     if continue_run:
         if not track:
             raise ConfigError("--continue takes up a tracked run: drop --no-track")
-        exp, base, kept = _continued(continue_run, params)
+        defaults = {key: spec.config.default_of(key) for key in params if key in TrainConfig.__dataclass_fields__}
+        exp, base, kept = _continued(continue_run, params, defaults)
     if track:
         from ntp.run.tracking.nested import parent_run
 
@@ -160,10 +161,13 @@ def train_repeats(
     return summary
 
 
-def _continued(run_id: str, params: dict) -> tuple[str, str, dict[tuple[int, int], tuple[float, float | None, str]]]:
+def _continued(
+    run_id: str, params: dict, defaults: dict
+) -> tuple[str, str, dict[tuple[int, int], tuple[float, float | None, str]]]:
     """The stopped --splits/--seeds parent run ``run_id``: its experiment's name, its name, and the (test, best
     valid, run id) of each (split set, seed) whose child finished. ConfigError where it is no such run, still runs,
-    or was made with other options than ``params`` (all but :data:`CONTINUABLE_CHANGES` must be the same)."""
+    or was made with other options than ``params`` (all but :data:`CONTINUABLE_CHANGES` must be the same; an option
+    newer than the run must be at its default, ``defaults``)."""
     from ntp.run.tracking import client
     from ntp.run.tracking.mlflow_store import TAG_KIND, TAG_PARENT
     from ntp.run.tracking.orphans import close_orphaned_runs
@@ -180,10 +184,11 @@ def _continued(run_id: str, params: dict) -> tuple[str, str, dict[tuple[int, int
         raise ConfigError(f"--continue {run_id}: not the parent run of a --splits/--seeds run")
     if c.get_run(run_id).info.status == "RUNNING":
         raise ConfigError(f"--continue {run_id}: the run is still running; wait for it to end, or stop it")
+    made = {key: run.data.params.get(key, _param_value(defaults.get(key))) for key in params}
     differ = [
-        f"{key} {run.data.params.get(key)!r} there, {_param_value(value)!r} here"
+        f"{key} {made[key]!r} there, {_param_value(value)!r} here"
         for key, value in params.items()
-        if key not in CONTINUABLE_CHANGES and run.data.params.get(key) != _param_value(value)
+        if key not in CONTINUABLE_CHANGES and made[key] != _param_value(value)
     ]
     if differ:
         raise ConfigError(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ntp.config import TrainConfig
+from ntp.errors import ConfigError
 from ntp.run.cli import main as ntp_main
 from ntp.run.repeats import train_repeats
 from ntp.run.tracking import client
@@ -101,3 +102,22 @@ def test_continue_refuses_other_options_and_no_tracking(tmp_path, capsys, extra,
 def _children(c, exp: str, parent_id: str) -> list:
     runs = c.search_runs([exp], f"tags.mlflow.parentRunId = '{parent_id}'", order_by=["attributes.start_time ASC"])
     return [r for r in runs if r.data.tags.get("ntp.kind") == "train"]
+
+
+def test_an_option_newer_than_the_stopped_run_must_be_at_its_default() -> None:
+    """A run made before an option existed computed what its default computes: continuing it at the default is
+    allowed, at another value refused."""
+    from ntp.run.repeats import _continued
+    from ntp.run.tracking import experiment_id
+    from ntp.run.tracking.nested import create_parent
+
+    c = client()
+    cfg = TrainConfig(store="s", seeds=2)
+    params = {**cfg.to_dict(), "children": 2}
+    older = {k: v for k, v in params.items() if k != "monitor"}  # made before --monitor existed
+    run_id = create_parent(c, experiment_id("older", c), kind="repeats", run_name="old", params=older)
+    c.set_terminated(run_id, "KILLED")
+    defaults = {k: cfg.default_of(k) for k in params if k != "children"}
+    assert _continued(run_id, params, defaults) == ("older", "old", {})
+    with pytest.raises(ConfigError, match="monitor 'metric' there, 'loss' here"):
+        _continued(run_id, {**params, "monitor": "loss"}, defaults)
