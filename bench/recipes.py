@@ -72,7 +72,12 @@ def run(path: Path, nproc: int, track: bool, overrides: dict, continue_run: str 
 def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("names", nargs="*", help="recipe names (file stems under recipes/; default: all)")
-    p.add_argument("--nproc", type=int, default=1, help="ranks per run (default 1; results equal any other count)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks per run (default 1; any count trains the same model, up to floating-point rounding)",
+    )
     p.add_argument("--epochs", type=int, default=None, help="override every recipe's epochs (smoke runs)")
     p.add_argument("--splits", default=None, help="override the split sets (e.g. 0,1,2)")
     p.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
