@@ -61,6 +61,7 @@ class EpochRecord:
     test_metric: float | None = None
     valid_loss: float | None = None  #: under --monitor loss
     lr: float | None = None  #: the learning rate this epoch trained with (--lr-schedule)
+    eval_s: float | None = None  #: seconds rank 0 spent evaluating after the epoch (None: not evaluated)
     workers: list[WorkerStats] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:

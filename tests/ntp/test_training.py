@@ -223,3 +223,16 @@ def test_early_stopping_ends_after_patience_evaluations_without_progress() -> No
     final = fit(job)
     last = job.history[-1].epoch
     assert last < 199 and last == final.best_epoch + 3
+
+
+def test_each_evaluated_epoch_records_its_evaluation_time() -> None:
+    """eval_s: the seconds the evaluation after an epoch took (on top of epoch_s), None where none ran; an MLflow
+    curve of its own."""
+    from ntp.run.tracking.tables import epoch_metrics
+
+    job = setup(TrainConfig(epochs=5, eval_every=2, hidden=4), SINGLE, loader(random_graph(n=60, d=6, classes=3)))
+    fit(job)
+    evaluated = [r.eval_s is not None for r in job.history]
+    assert evaluated == [False, True, False, True, True]  # every 2nd epoch and the last
+    assert all(r.eval_s > 0 for r in job.history if r.eval_s is not None)
+    assert "eval_s" not in epoch_metrics(job.history[0]) and epoch_metrics(job.history[1])["eval_s"] > 0

@@ -137,7 +137,10 @@ def _run_epoch(job: Job, epoch: int, saving: bool) -> EpochRecord:
             f"store's features for NaN/inf (`ntp data info {cfg.store}`)"
         )
     mine = worker_stats(job, epoch_s, cpu_s)
-    metrics = evaluate_splits(job) if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1 else {}
+    evaluated = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
+    t1 = time.perf_counter()
+    metrics = evaluate_splits(job) if evaluated else {}
+    eval_s = time.perf_counter() - t1 if evaluated else None
     workers = all_gather_objects(mine)
     return EpochRecord(
         epoch=epoch,
@@ -148,6 +151,7 @@ def _run_epoch(job: Job, epoch: int, saving: bool) -> EpochRecord:
         test_metric=metrics.get("test"),
         valid_loss=metrics.get("valid_loss"),
         lr=lr,
+        eval_s=eval_s,
         workers=workers,
     )
 

@@ -120,13 +120,15 @@ def _per_edge(results: Results, bytes_per_rank: float, num_edges: int) -> dict[s
 
 
 def epoch_metrics(record: EpochRecord) -> dict[str, float]:
-    """Parent-run metrics of one epoch: only the key curves (loss, split metrics, epoch time), so the run's charts
-    lead with them; per-worker series live in the child runs, their balance in the summary."""
+    """Parent-run metrics of one epoch: only the key curves (loss, split metrics, epoch and evaluation time), so the
+    run's charts lead with them; per-worker series live in the child runs, their balance in the summary."""
     out = {"loss": float(record.loss)}
     out.update({f"{split}_metric": float(v) for split, v in record.metrics().items()})
     if record.valid_loss is not None:
         out["valid_loss"] = float(record.valid_loss)
     out["epoch_s"] = float(record.epoch_s)
+    if record.eval_s is not None:
+        out["eval_s"] = float(record.eval_s)
     if record.lr is not None:
         out["lr"] = float(record.lr)
     return out
