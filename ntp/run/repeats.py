@@ -169,7 +169,7 @@ def _continued(
     or was made with other options than ``params`` (all but :data:`CONTINUABLE_CHANGES` must be the same; an option
     newer than the run must be at its default, ``defaults``)."""
     from ntp.run.tracking import client
-    from ntp.run.tracking.mlflow_store import TAG_KIND, TAG_PARENT
+    from ntp.run.tracking.mlflow_store import TAG_KIND
     from ntp.run.tracking.orphans import close_orphaned_runs
     from ntp.run.tracking.runs import _param_value
 
@@ -195,6 +195,13 @@ def _continued(
             f"--continue {run_id}: that run was made with other options ({'; '.join(differ)}): "
             "give the same ones, or start a new run (drop --continue)"
         )
+    return c.get_experiment(exp_id).name, run.info.run_name, _finished_children(c, exp_id, run_id)
+
+
+def _finished_children(c, exp_id: str, run_id: str) -> dict[tuple[int, int], tuple[float, float | None, str]]:
+    """(test, best valid, run id) of each (split set, seed) of which a child of ``run_id`` finished (the latest)."""
+    from ntp.run.tracking.mlflow_store import TAG_PARENT
+
     kept = {}
     query = f"tags.{TAG_PARENT} = '{run_id}' and attributes.status = 'FINISHED'"
     for child in c.search_runs([exp_id], query, order_by=["attributes.start_time ASC"]):
@@ -202,4 +209,4 @@ def _continued(
         if test is not None:
             key = (int(child.data.tags["ntp.split"]), int(child.data.tags["ntp.seed"]))
             kept[key] = (test, child.data.metrics.get("best_valid_metric"), child.info.run_id)
-    return c.get_experiment(exp_id).name, run.info.run_name, kept
+    return kept
