@@ -37,6 +37,12 @@ def store(recipe: dict) -> Path:
     return prepare(how.pop("name"), **how, progress=lambda line: None)
 
 
+def _progress(recipe: str, line: str) -> None:
+    """One line as each run starts and ends (its metric, the running mean); the epochs' lines are left out."""
+    if line.startswith("[ntp] run "):
+        print(f"{recipe}: {line.removeprefix('[ntp] ')}", flush=True)
+
+
 def run(path: Path, nproc: int, track: bool, overrides: dict, continue_run: str | None = None) -> dict:
     from ntp.config import TrainConfig
     from ntp.run.repeats import train_repeats
@@ -51,7 +57,7 @@ def run(path: Path, nproc: int, track: bool, overrides: dict, continue_run: str 
         track=track,
         experiment="recipes",
         run_name=path.stem,
-        on_line=lambda line: None,
+        on_line=lambda line: _progress(path.stem, line),
         continue_run=continue_run,
     )
     m, target = summary.metrics(), recipe.get("target")

@@ -20,7 +20,7 @@ from ntp.engine.infer.predict import Request, check_export
 from ntp.engine.tasks import task_for
 from ntp.errors import ConfigError, WorkerFailed, is_input_error
 from ntp.run.flags import config_to_argv
-from ntp.run.launch import LineSink, leads, run_torchrun_job
+from ntp.run.launch import LineSink, leads, run_torchrun_job, stdout_to
 from ntp.run.predict_worker import request_argv
 from ntp.run.preflight import check_launch
 from ntp.spec import LaunchSpec, resolve
@@ -113,7 +113,8 @@ def _run_ranks(spec: LaunchSpec, request: Request, on_line: LineSink) -> None:
         from ntp.engine.infer.predict import run
 
         try:
-            run(spec.config, spec.device, request)
+            with stdout_to(on_line):
+                run(spec.config, spec.device, request)
         except Exception as exc:
             if is_input_error(exc):
                 raise

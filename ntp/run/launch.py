@@ -1,5 +1,5 @@
-"""Start a training job from its launch spec: in this process (``single``) or as a torchrun job whose output is
-streamed line by line.
+"""Start a training job from its launch spec: in this process (``single``) or as a torchrun job. Either way its
+output reaches the caller's ``on_line`` line by line.
 
 The torchrun job runs in its own session and dies with the launcher (ntp.run.processes): on a timeout, an
 interrupt or SIGTERM the whole group is stopped, and if the launcher is killed outright the kernel stops torchrun,
@@ -11,6 +11,8 @@ host if the launcher was killed outright (ntp.run.scratch).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -113,7 +115,8 @@ def launch_training(spec: LaunchSpec, *, on_line: LineSink = print, env: dict[st
     check_launch(spec)
     t0 = time.perf_counter()
     if spec.mode == "single":
-        _run_in_process(spec)
+        with stdout_to(on_line):
+            _run_in_process(spec)
     else:
         run_torchrun_job(spec, None, on_line=on_line, env=env)
     cfg = spec.config
@@ -137,6 +140,38 @@ def run_torchrun_job(
             on_line,
             {**_scratch_env(tmp), **allocator_env(), **network, **(env or {})},
         )
+
+
+class _LineStream(io.TextIOBase):
+    """A text stream that hands each complete line to a sink (the rest at close)."""
+
+    def __init__(self, sink: LineSink) -> None:
+        self.sink, self.pending = sink, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.sink(line)
+        return len(text)
+
+    def close(self) -> None:
+        if self.pending:
+            self.sink(self.pending)
+            self.pending = ""
+        super().close()
+
+
+@contextlib.contextmanager
+def stdout_to(on_line: LineSink):
+    """What an in-process job prints goes where a torchrun job's lines go (a Prefect task's log, a quiet caller)."""
+    if on_line is print:
+        yield
+        return
+    with contextlib.closing(_LineStream(on_line)) as stream, contextlib.redirect_stdout(stream):
+        yield
 
 
 def _run_in_process(spec: LaunchSpec) -> None:

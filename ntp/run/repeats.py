@@ -83,6 +83,14 @@ class RepeatSummary:
             out["valid_mean"], out["valid_std"] = self._mean_std(valids)
         return out
 
+    def latest(self) -> str:
+        """The last run's test metric and the running mean, for a progress line after each run."""
+        m = self.metrics()
+        return (
+            f"test {self.metric} {self.tests[-1]:.4f}; "
+            f"mean of {len(self.tests)} so far {m['test_mean']:.4f} +- {m['test_std']:.4f}"
+        )
+
     def lines(self) -> list[str]:
         out = [
             f"{label}: test {self.metric} {t:.4f}" + (f" (valid {v:.4f})" if v is not None else "")
@@ -153,8 +161,9 @@ def train_repeats(
             final = result.final
             if final is None or final.test_metric is None:
                 raise TrainingError(f"{label}: the job reported no test metric (no evaluation improved on the first)")
-            summary.add(label, final.test_metric, final.best_valid_metric, result.run_id)
             summary.metric = final.metric
+            summary.add(label, final.test_metric, final.best_valid_metric, result.run_id)
+            on_line(f"[ntp] run {i + 1}/{len(children)}: {label}: {summary.latest()}")
         if parent is not None:
             parent.log_metrics(summary.metrics())
             parent.client.set_tag(parent.run_id, "ntp.metric", summary.metric)

@@ -42,6 +42,9 @@ def test_splits_and_seeds_are_children_of_one_parent_with_mean_and_std(tmp_path,
     assert parent.data.params["splits"] == "7" and parent.data.metrics["runs"] == 2
     out = capsys.readouterr().out
     assert "mean over 2 runs: test acc" in out and "split 7, seed 6: test acc" in out
+    last = next(r.data.metrics["final_test_metric"] for r in children if r.data.tags["ntp.seed"] == "6")
+    so_far = f"run 2/2: split 7, seed 6: test acc {last:.4f}; mean of 2 so far {statistics.mean(tests):.4f}"
+    assert so_far in out, "each finished run prints its metric and the running mean"
     assert ntp_main([*argv, "--splits", "0,10", "--no-track"]) == 2, "a split set the store lacks: bad input"
 
 

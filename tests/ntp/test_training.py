@@ -236,3 +236,12 @@ def test_each_evaluated_epoch_records_its_evaluation_time() -> None:
     assert evaluated == [False, True, False, True, True]  # every 2nd epoch and the last
     assert all(r.eval_s > 0 for r in job.history if r.eval_s is not None)
     assert "eval_s" not in epoch_metrics(job.history[0]) and epoch_metrics(job.history[1])["eval_s"] > 0
+
+
+def test_an_in_process_job_prints_through_the_callers_sink_as_a_torchrun_job_does(cora_store, capsys) -> None:
+    """One rank trains in this process; its epoch lines still reach ``on_line`` (a Prefect task's log, a recipe's
+    quiet runner), not this process's stdout."""
+    lines: list[str] = []
+    _launch(TrainConfig(store=cora_store, epochs=2, hidden=8, mode="single"), 1, on_line=lines.append)
+    assert [line.split()[:2] for line in lines if line.startswith("epoch")] == [["epoch", "1/2"], ["epoch", "2/2"]]
+    assert lines[-1].startswith("done: test acc") and capsys.readouterr().out == ""
