@@ -110,6 +110,21 @@ CASES = [
     ),
     Case(
         "medium",
+        "a new run in a --checkpoint-dir holding an earlier run's checkpoints",
+        "refused before any rank starts, --resume named; their checkpoints would be mixed",
+        (f"{FAULTS}::test_a_new_run_is_refused_a_checkpoint_folder_holding_an_earlier_runs",),
+    ),
+    Case(
+        "medium",
+        "`ntp train --seeds N` stopped mid-job, then `--continue`",
+        "finished jobs kept, the stopped one resumed from its checkpoint, the summary of an unstopped run",
+        (
+            "tests/ntp/test_repeats.py::test_a_stopped_run_continues_under_its_parent_keeping_its_finished_children",
+            "tests/ntp/test_repeats.py::test_continue_resumes_the_stopped_job_from_its_checkpoint",
+        ),
+    ),
+    Case(
+        "medium",
         "an input edited without changing its size (OGB folder, edge list)",
         "the store is rebuilt, not reused",
         (

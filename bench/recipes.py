@@ -92,9 +92,19 @@ def main() -> None:
         "--continue",
         dest="continue_run",
         metavar="RUN_ID",
-        help="take up a stopped recipe's MLflow parent run (one recipe): its finished runs are kept, the others run",
+        help="take up a stopped recipe's MLflow parent run (one recipe): its finished runs are kept, the one it "
+        "stopped in resumes from its checkpoint, the others run",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        help="each run's checkpoints (every 10 epochs), in a folder of its recipe's MLflow parent run, so that "
+        "--continue resumes the run it stopped in (default: checkpoints/ in the data folder, ./data or "
+        "$NTP_DATA_DIR; none with --no-track)",
     )
     args = p.parse_args()
+    from storage.paths import default_data_dir
+
+    checkpoints = args.checkpoint_dir or (None if args.no_track else str(default_data_dir() / "checkpoints"))
     given = (("epochs", args.epochs), ("splits", args.splits), ("seeds", args.seeds), ("threads", args.threads))
     overrides = {k: v for k, v in given if v}
     paths = [RECIPES / f"{n}.yaml" for n in args.names] or sorted(RECIPES.glob("*.yaml"))
@@ -105,7 +115,8 @@ def main() -> None:
 
     try:
         with sigterm_raises():  # `kill` ends the runs KILLED, as `ntp train` does, not left RUNNING
-            rows = [run(path, args.nproc, not args.no_track, overrides, args.continue_run) for path in paths]
+            track, how = not args.no_track, {**overrides, "checkpoint_dir": checkpoints}
+            rows = [run(path, args.nproc, track, how, args.continue_run) for path in paths]
     except (KeyboardInterrupt, Terminated) as exc:
         raise SystemExit(exit_code(exc, "" if args.no_track else " and its MLflow runs are KILLED")) from None
     report("recipes", rows, {"nproc": args.nproc, **overrides})

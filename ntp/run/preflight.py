@@ -1,5 +1,6 @@
 """Checks made before any rank starts: the store opens and has something to train on, the output paths can be
-written, a resumed checkpoint loads and fits the options, and the memory plan of an explicit budget can work.
+written (and a new run's checkpoint folder holds no earlier run's), a resumed checkpoint loads and fits the options,
+and the memory plan of an explicit budget can work.
 
 A problem found here is the user's input (StoreError, ConfigError, MemoryPlanError): it is reported at once, with
 its fix, instead of inside epoch 0 of every rank, and schedulers do not retry it.
@@ -25,6 +26,8 @@ def check_launch(spec: LaunchSpec) -> ChunkPlan | None:
     checkpoint.check_output_paths(cfg)
     if cfg.resume:
         _check_resume(spec, store.meta)
+    elif cfg.checkpoint_dir:
+        checkpoint.check_no_earlier_run(cfg.checkpoint_dir)
     if cfg.chunk_rows:
         return uniform_plan(store.meta.num_nodes, cfg.chunk_rows)
     return task.plan(cfg, store, spec.world_size, spec.device, spec.mode)

@@ -23,12 +23,15 @@ def repeated(cfg: TrainConfig) -> bool:
     return bool(cfg.splits.strip()) or cfg.seeds > 0
 
 
-def child_configs(cfg: TrainConfig, split_sets: int) -> list[TrainConfig]:
+def child_configs(cfg: TrainConfig, split_sets: int, parent_run: str | None = None) -> list[TrainConfig]:
     """One config per (split set, seed): split sets of --splits (else --split), seeds --seed .. --seed+N-1. Files
-    the config names get a ``-splitK-seedS`` suffix, so the runs do not overwrite each other."""
+    the config names get a ``-splitK-seedS`` suffix, so the runs do not overwrite each other; checkpoints go to
+    the folder ``splitK-seedS`` of --checkpoint-dir, or of its folder ``parent_run`` (the MLflow parent run's id),
+    where a new parent never meets an earlier one's checkpoints and ``--continue`` finds its own."""
     chosen = parse_split_list(cfg.splits, split_sets) or [cfg.split]
     if chosen == [] or (cfg.splits.strip() and split_sets < 1):
         raise ConfigError(f"--splits {cfg.splits}: the store holds no split set")
+    checkpoints = Path(cfg.checkpoint_dir, parent_run or "") if cfg.checkpoint_dir else None
     out = []
     for k in chosen:
         for seed in range(cfg.seed, cfg.seed + max(cfg.seeds, 1)):
@@ -41,7 +44,7 @@ def child_configs(cfg: TrainConfig, split_sets: int) -> list[TrainConfig]:
                     seeds=0,
                     results=_suffixed(cfg.results, tag),
                     model_out=_suffixed(cfg.model_out, tag),
-                    checkpoint_dir=str(Path(cfg.checkpoint_dir) / tag) if cfg.checkpoint_dir else None,
+                    checkpoint_dir=str(checkpoints / tag) if checkpoints else None,
                 )
             )
     return out
@@ -122,7 +125,8 @@ def train_repeats(
     from storage.schema import split_sets
 
     meta = open_store(spec.config.store).meta
-    children = child_configs(spec.config, split_sets(meta.split_names))
+    sets = split_sets(meta.split_names)
+    children = child_configs(spec.config, sets)
     base = run_name or default_run_name(spec)
     exp = experiment or meta.name
     summary = RepeatSummary(metric=spec.config.metric or meta.metric, tests=[], valids=[], run_ids=[], labels=[])
@@ -140,6 +144,10 @@ def train_repeats(
     else:
         scope = nullcontext()
     with scope as parent:
+        if parent is not None:
+            # with --continue, the job that was stopped resumes from its latest checkpoint (a fresh start if none)
+            resume = spec.config.resume or bool(continue_run and spec.config.checkpoint_dir)
+            children = child_configs(spec.config.replace(resume=resume), sets, parent.run_id)
         for i, cfg in enumerate(children):
             label = f"split {cfg.split}, seed {cfg.seed}"
             if (cfg.split, cfg.seed) in kept:

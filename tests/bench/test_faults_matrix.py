@@ -37,6 +37,7 @@ def test_every_case_names_existing_tests_and_only_its_own() -> None:
     assert [c.case for c in faults.select(faults.CASES, "resume")] == [
         "--resume with a changed option",
         "--resume on another store",
+        "`ntp train --seeds N` stopped mid-job, then `--continue`",  # by its test's name
     ]
 
 

@@ -147,6 +147,15 @@ def test_no_loadable_checkpoint_is_a_clear_error(stores, tmp_path) -> None:
             attempt()
 
 
+def test_a_new_run_is_refused_a_checkpoint_folder_holding_an_earlier_runs(stores, tmp_path) -> None:
+    """Its checkpoints would be pruned in favour of the earlier run's later epochs, and --resume would pick those."""
+    _train(_cfg(stores[0], tmp_path, epochs=4))  # keeps ckpt-000001 and ckpt-000003
+    with pytest.raises(ConfigError, match=r"earlier run \(the latest: ckpt-000003.pt, 4 epochs done\).*--resume"):
+        _preflight(_cfg(stores[0], tmp_path))
+    _preflight(_cfg(stores[0], tmp_path, resume=True))  # continuing it is what the folder is for
+    _preflight(_cfg(stores[0], tmp_path, checkpoint_dir=str(tmp_path / "new")))
+
+
 # -- 3. evaluation checks the store fingerprint ----------------------------------------------------------------------
 def test_evaluate_refuses_a_model_of_another_store(stores, tmp_path, capsys) -> None:
     from ntp.engine.infer.inference import evaluate_model

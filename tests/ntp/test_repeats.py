@@ -81,6 +81,41 @@ def test_a_stopped_run_continues_under_its_parent_keeping_its_finished_children(
     assert again.data.metrics["test_std"] == pytest.approx(statistics.stdev(whole.tests))
 
 
+def test_continue_resumes_the_stopped_job_from_its_checkpoint(tmp_path, capsys) -> None:
+    """Stopped in its second job after 4 of 6 epochs, a run with --checkpoint-dir continues that job from its
+    checkpoint (in the parent run's folder), trains only the 2 epochs left, and ends as an unstopped run."""
+    store = str(prepare("synthetic", nodes=120, features=6, classes=3, out=tmp_path / "s", progress=lambda m: None))
+    ckpt = tmp_path / "ckpt"
+    cfg = TrainConfig(store=store, seeds=2, epochs=6, hidden=8, checkpoint_dir=str(ckpt), checkpoint_every=2)
+    second = []
+
+    def stop_in_epoch_5_of_the_second(line: str) -> None:
+        if line.startswith("[ntp] run 2/2: split 0, seed 1"):
+            second.append(line)
+        if second and line.startswith("epoch 5/6"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_repeats(resolve(cfg, nproc=1), track=True, experiment="resumed", on_line=stop_in_epoch_5_of_the_second)
+    c = client()
+    exp = c.get_experiment_by_name("resumed").experiment_id
+    (parent,) = c.search_runs([exp], "tags.`ntp.kind` = 'repeats'")
+    folder = ckpt / parent.info.run_id / "split0-seed1"
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-000001.pt", "ckpt-000003.pt"]
+    capsys.readouterr()
+
+    argv = ["train", "--store", store, "--seeds", "2", "--epochs", "6", "--hidden", "8", "--nproc", "1"]
+    argv += ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"]
+    assert ntp_main([*argv, "--continue", parent.info.run_id]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming from {folder / 'ckpt-000003.pt'}: 4 of 6 epochs done" in out
+    assert "epoch 4/6" not in out and "epoch 5/6" in out and "epoch 6/6" in out, "only the 2 epochs left train"
+    children = [r for r in _children(c, exp, parent.info.run_id) if r.info.status == "FINISHED"]
+    whole = train_repeats(resolve(cfg.replace(checkpoint_dir=None), nproc=1), track=False, on_line=lambda x: None)
+    assert [r.data.metrics["final_test_metric"] for r in children] == pytest.approx(whole.tests)
+    assert c.get_run(parent.info.run_id).info.status == "FINISHED"
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -117,6 +117,18 @@ def config_changes(saved: dict, cfg: TrainConfig, path: Path) -> list[str]:
     ]
 
 
+def check_no_earlier_run(directory: str | Path) -> None:
+    """A new run (no --resume) starts in a checkpoint folder without checkpoints: one holding an earlier run's would
+    mix the two, and its later epochs would be kept over the new run's (only the newest are kept) and resumed."""
+    latest = latest_checkpoint(directory)
+    if latest is not None:
+        done = int(_NAME.match(latest.name).group(1)) + 1
+        raise ConfigError(
+            f"--checkpoint-dir {directory} holds checkpoints of an earlier run (the latest: {latest.name}, {done} "
+            "epochs done). Fix: add --resume to continue that run, or pass a new or empty --checkpoint-dir"
+        )
+
+
 def check_output_paths(cfg: TrainConfig) -> None:
     """Everything the run writes can be written: found now, not after training."""
     for option, path, kind, example in (

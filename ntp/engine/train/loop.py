@@ -200,14 +200,16 @@ def _state(job: Job) -> dict:
 def _maybe_resume(job: Job) -> int:
     if not job.cfg.resume:
         return 0
-    warn = (lambda m: print(m, flush=True)) if job.env.is_main else (lambda m: None)  # once per job, not per rank
-    found = checkpoint.latest_loadable(job.cfg.checkpoint_dir, job.env.device, warn)
+    say = (lambda m: print(m, flush=True)) if job.env.is_main else (lambda m: None)  # once per job, not per rank
+    found = checkpoint.latest_loadable(job.cfg.checkpoint_dir, job.env.device, say)
     if found is None:
         return 0  # nothing to resume from yet: a fresh start
     path, state = found
-    checkpoint.check_resumable(state, path, job.cfg, job.data.fingerprint, warn)
+    checkpoint.check_resumable(state, path, job.cfg, job.data.fingerprint, say)
     _restore(job, path, state)
-    return int(state["epoch"]) + 1
+    done = int(state["epoch"]) + 1
+    say(f"[ntp] resuming from {path}: {done} of {job.cfg.epochs} epochs done")
+    return done
 
 
 def _restore(job: Job, path: Path, state: dict) -> None:
