@@ -263,7 +263,12 @@ class TrainConfig:
     results: str | None = opt(
         "run", None, "JSON-lines results file written by rank 0 (one record per epoch, then a final record)."
     )
-    checkpoint_dir: str | None = opt("run", None, "Directory for checkpoints (written atomically).")
+    checkpoint_dir: str | None = opt(
+        "run",
+        None,
+        "Directory for checkpoints (written atomically; a new run needs one without checkpoints). With "
+        "--splits/--seeds, a folder PARENT_RUN_ID/splitK-seedS per job: --continue resumes the stopped one there.",
+    )
     checkpoint_every: int = opt("run", 10, "Write a checkpoint every N epochs (needs checkpoint_dir).")
     model_out: str | None = opt(
         "run", None, "Where rank 0 saves the best model (weights + config) at the end of training."
