@@ -375,13 +375,17 @@ def _log_mlflow(name: str, rows: list[dict], params: dict, files: list[Path]) ->
     client.set_terminated(rid)
 
 
-def base_parser(doc: str):
+def base_parser(doc: str, *, timed: bool = True, threads: bool = True):
+    """A script's parser with the options it shares: --quick and --repeats where it times something (``timed``),
+    --threads where it runs torch (``threads``)."""
     import argparse
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small sizes and few repeats (runs in about a minute)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median reported)")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    if timed:
+        p.add_argument("--quick", action="store_true", help="small sizes and few repeats (runs in about a minute)")
+        p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median reported)")
+    if threads:
+        p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     return p
 
 
