@@ -1,4 +1,5 @@
-"""Plots for docs/benchmarks.md from the JSON tables under bench/out/ (run after the benchmarks)."""
+"""Plots for docs/benchmarks.md from the JSON tables under bench/out/ (run after the benchmarks), and for
+docs/recipes.md from its own table."""
 
 from __future__ import annotations
 
@@ -116,9 +117,67 @@ def time_to_accuracy() -> None:
     fig.savefig(DOCS / "bench_time_to_accuracy.png", dpi=110)
 
 
+def _recipe_rows() -> list[dict]:
+    """The table of docs/recipes.md (its rows come from several sittings, each named in its note): recipe, target,
+    ours, std, met."""
+    import re
+
+    section = (DOCS / "recipes.md").read_text().split("## Where ours stands", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or cells[0] == "recipe":
+            continue
+        target = re.search(r"\d+\.\d+", cells[2])
+        ours = re.match(r"([\d.]+) \+- ([\d.]+)", cells[3])
+        if target and ours and not cells[2].startswith("open"):
+            rows.append(
+                {
+                    "recipe": cells[0],
+                    "target": float(target.group()),
+                    "ours": float(ours.group(1)),
+                    "std": float(ours.group(2)),
+                    "runs": cells[4],
+                    "met": cells[5],
+                }
+            )
+    return rows
+
+
+def recipes() -> None:
+    """Each recipe's mean minus its published figure, in points, with the runs' standard deviation as a bar."""
+    rows = _recipe_rows()
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    for y, r in enumerate(reversed(rows)):
+        judged = r["met"] in ("yes", "no")
+        color = {"yes": "tab:green", "no": "tab:red"}.get(r["met"], "tab:gray")
+        ax.errorbar(
+            r["ours"] - r["target"], y, xerr=r["std"], fmt="o", color=color, mfc=color if judged else "white", capsize=3
+        )
+        note = "" if judged else f" ({r['runs']}, not judged yet)"
+        ax.annotate(
+            f"{r['ours']:.2f} +- {r['std']:.2f} vs {r['target']:.2f}{note}",
+            (1, y),
+            xycoords=("axes fraction", "data"),
+            xytext=(6, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
+    ax.axvline(0, color="gray", linestyle="--", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [r["recipe"] for r in reversed(rows)], fontsize=8)
+    ax.set_xlabel("ours minus the published figure (points); bar: +- the runs' standard deviation")
+    ax.set_title("Recipes against the literature (docs/recipes.md)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(DOCS / "bench_recipes.png", dpi=110, bbox_inches="tight")
+
+
 if __name__ == "__main__":
     kernel()
     modes()
     depth_width()
     chunking()
     time_to_accuracy()
+    recipes()

@@ -21,3 +21,17 @@ def test_a_recipe_prints_each_run_and_the_running_mean(capsys) -> None:
     assert lines[3].startswith("cora-gcn: run 2/2: split 0, seed 1: test acc ")
     assert lines[3].endswith(f"mean of 2 so far {row['ours'] / 100:.4f} +- {row['ours_std'] / 100:.4f}")
     assert len(lines) == 4, "the epochs' lines are left out"
+
+
+def test_the_figure_reads_every_judged_row_of_the_recipes_table(tmp_path, monkeypatch) -> None:
+    """bench/plots.py draws docs/recipes.md's table: one point per recipe with a numeric target, each a recipe file."""
+    import plots
+
+    rows = plots._recipe_rows()
+    stems = {p.stem for p in recipes.RECIPES.glob("*.yaml")}
+    assert {r["recipe"] for r in rows} <= stems and len(rows) == len(stems) - 1, "all but actor's open target"
+    assert all(0 < r["target"] <= 100 and 0 < r["ours"] <= 100 and r["std"] >= 0 for r in rows)
+    monkeypatch.setattr(plots, "DOCS", tmp_path)
+    (tmp_path / "recipes.md").write_text((plots.REPO / "docs" / "recipes.md").read_text())
+    plots.recipes()
+    assert (tmp_path / "bench_recipes.png").stat().st_size > 10_000
