@@ -38,8 +38,8 @@ def store(recipe: dict) -> Path:
 
 
 def _progress(recipe: str, line: str) -> None:
-    """One line as each run starts and ends (its metric, the running mean); the epochs' lines are left out."""
-    if line.startswith("[ntp] run "):
+    """One line as each run starts, resumes and ends (its metric, the running mean); the epochs' lines are left out."""
+    if line.startswith(("[ntp] run ", "[ntp] resuming ")):
         print(f"{recipe}: {line.removeprefix('[ntp] ')}", flush=True)
 
 

@@ -35,3 +35,10 @@ def test_the_figure_reads_every_judged_row_of_the_recipes_table(tmp_path, monkey
     (tmp_path / "recipes.md").write_text((plots.REPO / "docs" / "recipes.md").read_text())
     plots.recipes()
     assert (tmp_path / "bench_recipes.png").stat().st_size > 10_000
+
+
+def test_a_resumed_run_says_so_and_epoch_lines_stay_out(capsys) -> None:
+    resumed = "resuming from data/checkpoints/RUN/split0-seed3/ckpt-000039.pt: 40 of 200 epochs done"
+    recipes._progress("ddi", f"[ntp] {resumed}")
+    recipes._progress("ddi", "epoch  41/200  loss 0.2000")
+    assert capsys.readouterr().out == f"ddi: {resumed}\n"
