@@ -23,7 +23,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 from ntp.errors import WorkerFailed, is_input_error
 from ntp.run.allocator import allocator_env
@@ -143,10 +143,11 @@ def run_torchrun_job(
 
 
 class _LineStream(io.TextIOBase):
-    """A text stream that hands each complete line to a sink (the rest at close)."""
+    """A text stream that hands each complete line to a sink (the rest at close). The sink runs with ``outer`` as
+    stdout: what it prints (a quiet caller printing the lines it keeps) goes out, not back into this stream."""
 
-    def __init__(self, sink: LineSink) -> None:
-        self.sink, self.pending = sink, ""
+    def __init__(self, sink: LineSink, outer: TextIO) -> None:
+        self.sink, self.outer, self.pending = sink, outer, ""
 
     def writable(self) -> bool:
         return True
@@ -154,12 +155,16 @@ class _LineStream(io.TextIOBase):
     def write(self, text: str) -> int:
         *lines, self.pending = (self.pending + text).split("\n")
         for line in lines:
-            self.sink(line)
+            self._hand(line)
         return len(text)
+
+    def _hand(self, line: str) -> None:
+        with contextlib.redirect_stdout(self.outer):
+            self.sink(line)
 
     def close(self) -> None:
         if self.pending:
-            self.sink(self.pending)
+            self._hand(self.pending)
             self.pending = ""
         super().close()
 
@@ -170,7 +175,7 @@ def stdout_to(on_line: LineSink):
     if on_line is print:
         yield
         return
-    with contextlib.closing(_LineStream(on_line)) as stream, contextlib.redirect_stdout(stream):
+    with contextlib.closing(_LineStream(on_line, sys.stdout)) as stream, contextlib.redirect_stdout(stream):
         yield
 
 

@@ -245,3 +245,14 @@ def test_an_in_process_job_prints_through_the_callers_sink_as_a_torchrun_job_doe
     _launch(TrainConfig(store=cora_store, epochs=2, hidden=8, mode="single"), 1, on_line=lines.append)
     assert [line.split()[:2] for line in lines if line.startswith("epoch")] == [["epoch", "1/2"], ["epoch", "2/2"]]
     assert lines[-1].startswith("done: test acc") and capsys.readouterr().out == ""
+
+
+def test_a_sink_that_prints_the_lines_it_keeps_prints_them_out(cora_store, capsys) -> None:
+    """A quiet caller (bench/recipes.py) prints the lines it keeps: they reach stdout, not the job's redirection."""
+
+    def keep_done(line: str) -> None:
+        if line.startswith("done:"):
+            print(f"kept {line}")
+
+    _launch(TrainConfig(store=cora_store, epochs=2, hidden=8, mode="single"), 1, on_line=keep_done)
+    assert capsys.readouterr().out.startswith("kept done: test acc")
