@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import recipes  # noqa: E402  (bench/ is not a package)
@@ -24,12 +25,13 @@ def test_a_recipe_prints_each_run_and_the_running_mean(capsys) -> None:
 
 
 def test_the_figure_reads_every_judged_row_of_the_recipes_table(tmp_path, monkeypatch) -> None:
-    """bench/plots.py draws docs/recipes.md's table: one point per recipe with a numeric target, each a recipe file."""
+    """bench/plots.py draws docs/recipes.md's table: one point per recipe file, at the file's own target."""
     import plots
 
     rows = plots._recipe_rows()
-    stems = {p.stem for p in recipes.RECIPES.glob("*.yaml")}
-    assert {r["recipe"] for r in rows} <= stems and len(rows) == len(stems) - 1, "all but actor's open target"
+    targets = {p.stem: yaml.safe_load(p.read_text())["recipe"]["target"] for p in recipes.RECIPES.glob("*.yaml")}
+    assert sorted(r["recipe"] for r in rows) == sorted(targets)
+    assert all(r["target"] == round(100 * targets[r["recipe"]], 2) for r in rows), "the table quotes each file's target"
     assert all(0 < r["target"] <= 100 and 0 < r["ours"] <= 100 and r["std"] >= 0 for r in rows)
     monkeypatch.setattr(plots, "DOCS", tmp_path)
     (tmp_path / "recipes.md").write_text((plots.REPO / "docs" / "recipes.md").read_text())
