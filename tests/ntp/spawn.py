@@ -1,7 +1,9 @@
 """Run a function on W real processes joined by a gloo process group (what torchrun does, without the CLI).
 
 The workers join with `distributed(timeout, "cpu")`: gloo even where CUDA is visible, since one GPU cannot host two
-ranks (NCCL refuses them)."""
+ranks (NCCL refuses them). They fork from a server process that imported torch and ntp once (a rank starts in tens of
+milliseconds, not the seconds a fresh interpreter takes), and each takes the caller's environment as it is at the call,
+as a spawned process would."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank: int, world: int, port: int, args: tuple, queue) -> None:
+def _entry(fn, rank: int, world: int, port: int, args: tuple, queue, env: dict) -> None:
+    os.environ.clear()
+    os.environ.update(env)  # the caller's, not the fork server's (a test may have set a variable since it started)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -36,10 +40,12 @@ def _entry(fn, rank: int, world: int, port: int, args: tuple, queue) -> None:
 
 def run_on_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
     """``fn(*args)`` on ``world`` processes; returns the per-rank results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "ntp.engine"])  # read once, when the server starts
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args, queue)) for r in range(world)]
+    env = dict(os.environ)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args, queue, env)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, object] = {}
