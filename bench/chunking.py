@@ -158,7 +158,7 @@ def _median_run(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, repeats=True, threads=False)
     p.add_argument("--nodes", type=int, default=None)
     p.add_argument("--avg-degree", type=float, default=None)
     p.add_argument("--features", type=int, default=16)

@@ -375,14 +375,15 @@ def _log_mlflow(name: str, rows: list[dict], params: dict, files: list[Path]) ->
     client.set_terminated(rid)
 
 
-def base_parser(doc: str, *, timed: bool = True, threads: bool = True):
-    """A script's parser with the options it shares: --quick and --repeats where it times something (``timed``),
-    --threads where it runs torch (``threads``)."""
+def base_parser(doc: str, *, quick: bool = True, repeats: bool = False, threads: bool = True):
+    """A script's parser with the shared options it honours: --quick (a smoke run), --repeats (it times something
+    several times and reports the median), --threads (it runs torch here)."""
     import argparse
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if timed:
+    if quick:
         p.add_argument("--quick", action="store_true", help="small sizes and few repeats (runs in about a minute)")
+    if repeats:
         p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median reported)")
     if threads:
         p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")

@@ -135,7 +135,7 @@ def kernel_ns(rows: int, width: int, rate: float, relu: bool, device: torch.devi
 
 
 def main() -> None:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, repeats=True)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument(
         "--layers",

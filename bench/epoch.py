@@ -211,7 +211,7 @@ def measure(a: dict, store: Path, model: str, args, threads: int, dgl_py) -> dic
 
 
 def main() -> None:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, repeats=True)
     add_graph_arguments(p)
     p.add_argument("--models", nargs="+", default=["gcn", "sage", "gat"], choices=["gcn", "sage", "gat"])
     p.add_argument("--hidden", type=int, default=64)

@@ -206,7 +206,7 @@ def _edges(store: Path) -> int:
 
 
 def main() -> None:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, threads=False)
     p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="default: cuda where there is one")
     p.add_argument(
         "--size",

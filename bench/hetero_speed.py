@@ -232,7 +232,7 @@ SYSTEMS = {
 
 
 def main() -> None:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, repeats=True)
     p.add_argument("--graphs", nargs="+", default=["aifb", "imdb", "mag-like"])
     p.add_argument("--mag-scale", type=float, default=0.01)
     p.add_argument("--hidden", type=int, default=16)

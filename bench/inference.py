@@ -66,7 +66,7 @@ def train_epoch_wall(store: Path, nproc: int) -> float:
 
 
 def main() -> None:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, threads=False)
     p.add_argument("--nodes", type=int, default=200_000)
     p.add_argument("--avg-degree", type=float, default=20)
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3])

@@ -30,7 +30,7 @@ from common import (
 
 
 def main() -> None:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, repeats=True)
     add_graph_arguments(p)
     p.add_argument("--width", type=int, default=64)
     add_single_process_arguments(p)

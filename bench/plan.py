@@ -141,7 +141,7 @@ def measured_bytes_per_edge() -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = base_parser(__doc__, timed=False, threads=False)
+    p = base_parser(__doc__, quick=False, threads=False)
     p.add_argument("--gpu-gb", type=float, nargs="+", default=[16, 80], help="GPU memory sizes (GB)")
     p.add_argument("--gpus-per-machine", type=int, default=8)
     p.add_argument("--hidden", type=int, default=256, help="hidden width (NeutronTP's papers100M runs: 128)")

@@ -30,7 +30,7 @@ def _value(text: str):
 
 
 def main() -> None:
-    p = base_parser(__doc__, timed=False, threads=False)
+    p = base_parser(__doc__, quick=False, threads=False)
     p.add_argument("--size", default="products", choices=list(SIZES))
     p.add_argument("--device", default="cuda")
     p.add_argument("--options", nargs="*", default=[], help="TrainConfig fields, name=value")

@@ -76,7 +76,7 @@ def run(path: Path, nproc: int, track: bool, overrides: dict, continue_run: str 
 
 
 def main() -> None:
-    p = base_parser(__doc__, timed=False)
+    p = base_parser(__doc__, quick=False)
     p.add_argument("names", nargs="*", help="recipe names (file stems under recipes/; default: all)")
     p.add_argument(
         "--nproc",

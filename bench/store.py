@@ -21,7 +21,7 @@ def run(script: str, argv: list[str]) -> str:
 
 
 def main() -> None:
-    args = base_parser(__doc__).parse_args()
+    args = base_parser(__doc__, threads=False).parse_args()
     build = run("store_build.py", ["--nodes", "200000"] if args.quick else ["--nodes", "5000000"])
     read = run("store_read.py", ["--nodes", "100000"] if args.quick else ["--nodes", "500000"])
     rows = [{"benchmark": "build", "line": line} for line in build.strip().splitlines()]
