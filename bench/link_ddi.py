@@ -123,21 +123,19 @@ def main() -> None:
     if args.quick:
         args.models, args.seeds, args.epochs, args.eval_every = ["gcn"], [0], 2, 1
     store = ddi_store()
+    settings = dict(
+        epochs=args.epochs,
+        eval_every=args.eval_every,
+        nproc=args.nproc,
+        out=args.out,
+        precision=args.precision,
+        threads=args.threads or 0,
+    )
     rows = []
     for model in args.models:
         runs = []
         for seed in args.seeds:
-            row = run_one(
-                store,
-                model,
-                seed,
-                args.epochs,
-                args.eval_every,
-                args.nproc,
-                args.out,
-                args.precision,
-                args.threads or 0,
-            )
+            row = run_one(store, model, seed, **settings)
             print(json.dumps(row), flush=True)
             runs.append(row)
         tests = [r["test_hits@20"] for r in runs]
@@ -155,14 +153,7 @@ def main() -> None:
     report(
         "link_ddi",
         rows,
-        {
-            "epochs": args.epochs,
-            "seeds": args.seeds,
-            "nproc": args.nproc,
-            "threads": args.threads,
-            "precision": args.precision,
-            **OGB_EXAMPLE,
-        },
+        {"seeds": args.seeds, **{k: v for k, v in settings.items() if k != "out"}, **OGB_EXAMPLE},
         columns=[
             "model",
             "precision",
