@@ -1,7 +1,7 @@
 """Run a function on W real processes joined by a gloo process group (what torchrun does, without the CLI).
 
 The workers join with `distributed(timeout, "cpu")`: gloo even where CUDA is visible, since one GPU cannot host two
-ranks (NCCL refuses them). They fork from a server process that imported torch and ntp once (a rank starts in tens of
+ranks (NCCL refuses them). They fork from a server process that imported torch (and ntp) once (a rank starts in tens of
 milliseconds, not the seconds a fresh interpreter takes), and each takes the caller's environment as it is at the call,
 as a spawned process would."""
 
@@ -12,6 +12,8 @@ import os
 import pickle
 import socket
 import traceback
+
+import torch
 
 
 def free_port() -> int:
@@ -38,10 +40,15 @@ def _entry(fn, rank: int, world: int, port: int, args: tuple, queue, env: dict) 
         queue.put((rank, None, traceback.format_exc()))
 
 
+#: what the fork server imports once. ntp.engine imports Triton: where a GPU is visible the ranks import it
+#: themselves, so nothing in the server can have touched the GPU before they fork.
+_PRELOAD = ["torch"] if torch.cuda.is_available() else ["torch", "ntp.engine"]
+
+
 def run_on_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
     """``fn(*args)`` on ``world`` processes; returns the per-rank results in rank order."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "ntp.engine"])  # read once, when the server starts
+    ctx.set_forkserver_preload(_PRELOAD)  # read once, when the server starts
     queue = ctx.Queue()
     port = free_port()
     env = dict(os.environ)
