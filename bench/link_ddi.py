@@ -127,7 +127,6 @@ def main() -> None:
         epochs=args.epochs,
         eval_every=args.eval_every,
         nproc=args.nproc,
-        out=args.out,
         precision=args.precision,
         threads=args.threads or 0,
     )
@@ -135,7 +134,7 @@ def main() -> None:
     for model in args.models:
         runs = []
         for seed in args.seeds:
-            row = run_one(store, model, seed, **settings)
+            row = run_one(store, model, seed, out=args.out, **settings)
             print(json.dumps(row), flush=True)
             runs.append(row)
         tests = [r["test_hits@20"] for r in runs]
@@ -153,7 +152,7 @@ def main() -> None:
     report(
         "link_ddi",
         rows,
-        {"seeds": args.seeds, **{k: v for k, v in settings.items() if k != "out"}, **OGB_EXAMPLE},
+        {"seeds": args.seeds, **settings, **OGB_EXAMPLE},
         columns=[
             "model",
             "precision",
