@@ -3,13 +3,23 @@ takes and ignores would make a measured command mean something other than what i
 
 from __future__ import annotations
 
+import inspect
 import re
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+from common import base_parser  # noqa: E402  (bench/ is not a package)
+
 #: bench/common.py helpers that read shared options for the script that calls them
 HELPERS = {"graph_selection": {"quick"}, "single_process_settings": {"quick", "repeats", "threads"}}
-DEFAULTS = {"quick": True, "repeats": False, "threads": True}  # bench/common.py:base_parser
+#: which shared options base_parser adds when a script does not say
+DEFAULTS = {
+    name: param.default
+    for name, param in inspect.signature(base_parser).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY
+}
 
 
 def _offered(call: str) -> set[str]:
