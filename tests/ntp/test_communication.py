@@ -9,7 +9,7 @@ from ntp.config import TrainConfig
 from ntp.engine.distributed.collectives import Comm, gather, split
 from ntp.engine.distributed.cost import coupled_bytes, decoupled_bytes
 from ntp.engine.distributed.dist import distributed
-from ntp.engine.distributed.partition import Partition
+from ntp.engine.distributed.partition import Partition, ceil_div
 from ntp.engine.train.loop import train_step
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
@@ -52,6 +52,49 @@ def test_split_and_gather_move_the_right_blocks_both_ways(world: int) -> None:
         assert torch.equal(out["y_grad"], _full(3)[:, c0:c1]), f"gather backward = split, rank {rank}"
 
 
+def passes_worker(n: int, width: int, blocks: list[int]) -> dict:
+    """Split and gather in passes of each of ``blocks`` rows, values and gradients, and the bytes each moved."""
+    with distributed(30, "cpu") as env:
+        comm = Comm(Partition(n, env.world, env.rank), env.device)
+        r0, r1 = comm.part.rows()
+        c0, c1 = comm.part.cols(width)
+        full = lambda seed: torch.randn(n, width, generator=torch.Generator().manual_seed(seed))  # noqa: E731
+        out = {}
+        for block in [0, *blocks]:  # 0: one pass, the reference
+            comm.stats.reset()
+            x = full(0)[r0:r1].clone().requires_grad_()
+            cols = split(x, comm, block_rows=block, to=env.device)
+            cols.backward(full(1)[:, c0:c1])
+            y = full(2)[:, c0:c1].clone().requires_grad_()
+            rows = gather(y, comm, width, block_rows=block, to=env.device)
+            rows.backward(full(3)[r0:r1])
+            stats = comm.stats
+            out[block] = {
+                "values": [cols.detach(), x.grad, rows.detach(), y.grad],
+                "bytes": (dict(stats.bytes_sent), dict(stats.bytes_recv)),
+                "calls": dict(stats.calls),
+            }
+        return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_split_and_gather_in_passes_move_what_one_pass_moves(world: int) -> None:
+    """An exchange of rows kept in host memory (--nn-device stream) runs in passes of a block of rows: the slice,
+    the rows and both backwards equal one pass's exactly, for blocks of one row, of a size that divides nothing, and
+    larger than a rank's rows, on 23 rows (a rank's block uneven) of 10 columns (uneven too); the bytes are one
+    pass's, and each pass is one all-to-all."""
+    n, width, blocks = 23, 10, [1, 4, 100]
+    for rank, out in enumerate(run_on_ranks(passes_worker, world, n, width, blocks)):
+        reference = out[0]
+        for block in blocks:
+            names = ("split", "its backward", "gather", "its backward")
+            for name, got, want in zip(names, out[block]["values"], reference["values"]):
+                assert torch.equal(got, want), f"{name} in passes of {block} rows, rank {rank}"
+            assert out[block]["bytes"] == reference["bytes"], f"passes of {block} rows, rank {rank}"
+            passes = ceil_div(ceil_div(n, world), block)
+            assert out[block]["calls"] == {k: passes * v for k, v in reference["calls"].items()}
+
+
 REPEATS = 5
 
 
@@ -74,6 +117,38 @@ def exchange_peaks_worker(n: int, width: int) -> dict:
                 peaks[name] = min(peaks.get(name, live.peak), live.peak)
         block = env.world * comm.part.padded_rows * comm.part.padded_cols(width) * 4  # the padded send buffer
         return {"peaks": peaks, "block": block}
+
+
+def passes_peak_worker(n: int, width: int, block: int) -> dict:
+    from tests.ntp.live_bytes import LiveBytes
+
+    with distributed(30, "cpu") as env:
+        comm = Comm(Partition(n, env.world, env.rank), env.device)
+        c0, c1 = comm.part.cols(width)
+        x, y = torch.randn(comm.part.num_rows(), width), torch.randn(n, c1 - c0)
+        peaks = {}
+        for name, exchange in (
+            ("split", lambda: comm.rows_to_cols_in_passes(x, block, env.device)),
+            ("gather", lambda: comm.cols_to_rows_in_passes(y, width, block, env.device)),
+        ):
+            for _ in range(REPEATS):
+                live = LiveBytes()
+                with live:
+                    exchange()
+                peaks[name] = min(peaks.get(name, live.peak), live.peak)
+        result = 4 * max(n * (c1 - c0), comm.part.num_rows() * width)
+        one_pass = env.world * block * comm.part.padded_cols(width) * 4  # a pass's send buffer
+        return {"peaks": peaks, "result": result, "pass": one_pass}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_an_exchange_in_passes_holds_its_result_and_a_pass(world: int) -> None:
+    """In passes, an exchange holds its result and one pass's buffers (its send and receive buffers and the block
+    laid out), not two whole matrices: what lets a streamed rank's device hold a pass, not the rows
+    (ntp.engine.memory.parts.exchange_row_bytes counts three such buffers)."""
+    for out in run_on_ranks(passes_peak_worker, world, 1_001, 37, 50):
+        for name, peak in out["peaks"].items():
+            assert peak <= out["result"] + 3 * out["pass"], f"{name}: {peak} bytes live, {out}"
 
 
 @pytest.mark.parametrize("world", [2, 3])

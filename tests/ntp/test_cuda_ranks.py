@@ -56,3 +56,51 @@ def test_cuda_ranks_sharing_a_gpu_train_as_one_cpu_process(world: int) -> None:
             f"final predictions: {where}",
             rtol=1e-4,
         )
+
+
+#: 100k rows on 2 ranks, 128 columns wide: a rank's rows are 25.6 MB a matrix; streamed in blocks of 1000 rows, the
+#: column slice in blocks of 4 of its 64 columns under a 14 MB budget (ntp.engine.memory.parts.offloaded_layout)
+WIDE = dict(mode="tp", model="gcn", arch="coupled", hidden=128, dropout=0.5, epochs=2, seed=1)
+STREAMED_WIDE = dict(WIDE, nn_device="stream", nn_block_rows=1000, offload="all", memory_budget="14MB")
+
+
+def _streamed_step_peak() -> dict:
+    """A streamed rank's device peak over a step (above what lived before it), beside its rows' bytes."""
+    import os
+
+    from ntp.config import TrainConfig
+    from ntp.engine.distributed.dist import SHARED_GPU_ENV, distributed
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
+    from tests.ntp.graphs import loader
+
+    os.environ[SHARED_GPU_ENV] = "1"
+    graph = random_graph(n=100_000, d=128, classes=8, avg_degree=10, seed=5)
+    with distributed(120, "cuda") as env:
+        job = setup(TrainConfig(**STREAMED_WIDE), env, loader(graph))
+        train_step(job, 0)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        train_step(job, 1)
+        torch.cuda.synchronize()
+        return {
+            "peak": torch.cuda.max_memory_allocated() - before,
+            "rows": job.comm.part.num_rows() * WIDE["hidden"] * 4,
+            "column_block": job.ctx.column_block,
+            "budget": job.cfg.memory_budget_bytes,
+        }
+
+
+def test_streamed_ranks_exchange_their_rows_in_passes_never_whole_on_the_gpu() -> None:
+    """Two streamed CUDA ranks with the column slice streamed too (--offload all): split and gather move the rows a
+    block at a time (ntp.engine.distributed.collectives.Comm.rows_to_cols_in_passes), so a step's device peak stays
+    under the budget and under one matrix of a rank's rows; an exchange of whole rows holds three such matrices
+    (the rows on the device, the send and receive buffers), which the plan never counted."""
+    for rank, out in enumerate(run_on_ranks(_streamed_step_peak, 2, timeout=300)):
+        print(
+            f"streamed step on rank {rank}: {out['peak'] / 1e6:.1f} MB, a matrix of its rows {out['rows'] / 1e6:.1f} MB"
+        )
+        assert 0 < out["column_block"] < 64, out
+        assert out["peak"] <= out["budget"], out
+        assert out["peak"] < out["rows"], out

@@ -194,7 +194,9 @@ def _streamed_worker(options: dict) -> tuple[int, int]:
         params = sum(p.numel() for p in job.model.parameters())
         shape = dict(num_nodes=N, feature_dim=FEATURES, out_dim=CLASSES, world=env.world)
         host = stream_host_bytes(cfg.replace(offload="all"), **shape)
-        device = stream_block_bytes(stream_row_bytes(cfg, FEATURES, CLASSES, "cpu"), STREAM_BLOCK, params)
+        device = stream_block_bytes(
+            stream_row_bytes(cfg, FEATURES, CLASSES, "cpu", world=env.world), STREAM_BLOCK, params
+        )
         scaled = 4 * N * job.ctx.slice_width  # a product's float32 copy of its input (a column block's on a GPU)
         return live.peak + held_bytes(job), host + device + scaled + chunk_bytes(job, width=0)
 

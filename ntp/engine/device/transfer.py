@@ -112,6 +112,41 @@ def _columns_from_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst[:, a:b].t().copy_(slab, non_blocking=True)
 
 
+def layout_empty(
+    rows: int, cols: int, dtype: torch.dtype, device: torch.device, compute: torch.device, columns: bool = True
+) -> torch.Tensor:
+    """An uninitialised ``rows x cols`` tensor on ``device`` for a rank that computes on ``compute``: in a GPU rank's
+    host memory pinned, and laid out column by column where ``columns`` (:func:`host_columns`: a column slice, as
+    products take it); elsewhere row by row."""
+    if device.type != "cpu" or compute.type != "cuda":
+        return torch.empty(rows, cols, dtype=dtype, device=device)
+    if columns:
+        return host_empty(cols, rows, dtype=dtype, pinned=True).t()
+    return host_empty(rows, cols, dtype=dtype, pinned=True)
+
+
+def _across_columns(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether rows of ``t`` cross to ``device`` from a column-major host layout (:func:`is_column_major`), whose
+    rows are strided: they then travel as its columns' runs, transposed on the device."""
+    return t.device != device and t.dim() == 2 and not t.is_contiguous() and is_column_major(t)
+
+
+def rows_on(t: torch.Tensor, a: int, b: int, device: torch.device) -> torch.Tensor:
+    """Rows ``a:b`` of ``t`` on ``device`` (a view where ``t`` is there already)."""
+    if _across_columns(t, device):
+        return t.t()[:, a:b].to(device).t()  # each column's run of rows in one piece
+    return t[a:b].to(device)
+
+
+def put_rows(dst: torch.Tensor, a: int, src: torch.Tensor) -> None:
+    """``dst[a:a + len(src)] = src``, from any device; into a column-major host ``dst`` a column's run at a time,
+    transposed on ``src``'s device first."""
+    if _across_columns(dst, src.device):
+        dst.t()[:, a : a + src.shape[0]].copy_(src.t().contiguous())
+    else:
+        dst[a : a + src.shape[0]].copy_(src)
+
+
 def even_blocks(width: int, block: int) -> list[tuple[int, int]]:
     """``width`` columns in as few blocks of at most ``block`` columns as hold them, of widths that differ by one at
     most (a narrow last block would pass over the whole topology for a few columns)."""

@@ -7,7 +7,9 @@
 
 Layouts (see ../shared/design/tensor-parallel.md): the row layout holds this rank's vertex rows with all columns;
 the column layout holds every vertex row with this rank's column slice. Blocks are padded to equal sizes so that every
-rank sends and receives exactly the same number of bytes; the padding never reaches results.
+rank sends and receives exactly the same number of bytes; the padding never reaches results. Rows kept in host
+memory (``--nn-device stream``) are exchanged in passes of a block of rows, so the device holds a pass's buffers,
+not the matrix.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ntp.engine.device.transfer import layout_empty, put_rows, rows_on
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.distributed.traffic import ALLREDUCE, GATHER, SPLIT, CommStats
 
@@ -93,10 +96,7 @@ class Comm:
         if m == 1:
             return y
         c0, c1 = lay.cols(width)
-        if y.shape != (lay.num_nodes, c1 - c0):
-            raise RuntimeError(
-                f"rank {self.rank}: column block has shape {tuple(y.shape)}, expected {(lay.num_nodes, c1 - c0)}"
-            )
+        self._check_cols(y, width)
         rows_pad, cols_pad = lay.padded_rows, lay.padded_cols(width)
         send = y.new_zeros(m, rows_pad, cols_pad)
         for r in range(m):
@@ -107,6 +107,64 @@ class Comm:
         col_b = lay.col_bounds(width)
         n_own = lay.num_rows()
         return torch.cat([recv[q, :n_own, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=1)
+
+    # -- the same exchanges in passes of rows, for rows kept in host memory ----------------------------------------
+    def passes(self, block_rows: int) -> list[tuple[int, int]]:
+        """The ranges of padded rows that the passes of an exchange in blocks of ``block_rows`` rows move, the same on
+        every rank (each pass moves rows ``a:b`` of every rank's row block)."""
+        padded = self.part.padded_rows
+        return [(a, min(a + block_rows, padded)) for a in range(0, padded, max(1, block_rows))]
+
+    def rows_to_cols_in_passes(
+        self, x: torch.Tensor, block_rows: int, to: torch.device, kind: str = SPLIT
+    ) -> torch.Tensor:
+        """:meth:`rows_to_cols` in passes of ``block_rows`` rows of every rank's row block (:meth:`passes`): ``x`` is
+        read where it lies a pass at a time, each pass's buffers are on the communication device, and the column
+        slice is written on ``to`` (in a GPU rank's host memory, column by column, as products take it). The same
+        values and bytes as one pass."""
+        lay, m = self.part, self.world
+        width = x.shape[1]
+        self._check_rows(x)
+        col_b, (c0, c1) = lay.col_bounds(width), lay.cols(width)
+        out = layout_empty(lay.num_nodes, c1 - c0, x.dtype, to, self.device)
+        for a, b in self.passes(block_rows):
+            block = rows_on(x, a, min(b, x.shape[0]), self.device)
+            send = block.new_zeros(m, b - a, lay.padded_cols(width))
+            for q in range(m):
+                send[q, : block.shape[0], : col_b[q + 1] - col_b[q]] = block[:, col_b[q] : col_b[q + 1]]
+            del block
+            recv = self._all_to_all(send, kind)
+            del send
+            for r in range(m):
+                r0, r1 = lay.rows(r)
+                rows = min(b, r1 - r0) - a
+                if rows > 0:
+                    put_rows(out, r0 + a, recv[r, :rows, : c1 - c0])
+        return out
+
+    def cols_to_rows_in_passes(
+        self, y: torch.Tensor, width: int, block_rows: int, to: torch.device, kind: str = GATHER
+    ) -> torch.Tensor:
+        """:meth:`cols_to_rows` in passes of ``block_rows`` rows of every rank's row block, as
+        :meth:`rows_to_cols_in_passes`: ``y`` read where it lies, the rows written on ``to``."""
+        lay, m = self.part, self.world
+        c0, c1 = lay.cols(width)
+        self._check_cols(y, width)
+        col_b, n_own = lay.col_bounds(width), lay.num_rows()
+        out = layout_empty(n_own, width, y.dtype, to, self.device, columns=False)
+        for a, b in self.passes(block_rows):
+            send = torch.zeros(m, b - a, lay.padded_cols(width), dtype=y.dtype, device=self.device)
+            for r in range(m):
+                r0, r1 = lay.rows(r)
+                rows = min(b, r1 - r0) - a
+                if rows > 0:
+                    send[r, :rows, : c1 - c0] = rows_on(y, r0 + a, r0 + a + rows, self.device)
+            recv = self._all_to_all(send, kind)
+            del send
+            rows = min(b, n_own) - a
+            if rows > 0:
+                put_rows(out, a, torch.cat([recv[q, :rows, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=1))
+        return out
 
     def _all_to_all(self, send: torch.Tensor, kind: str) -> torch.Tensor:
         recv = torch.empty_like(send)
@@ -185,6 +243,13 @@ class Comm:
         if x.shape[0] != self.part.num_rows():
             raise RuntimeError(f"rank {self.rank}: row block has {x.shape[0]} rows, expected {self.part.num_rows()}")
 
+    def _check_cols(self, y: torch.Tensor, width: int) -> None:
+        c0, c1 = self.part.cols(width)
+        if y.shape != (self.part.num_nodes, c1 - c0):
+            raise RuntimeError(
+                f"rank {self.rank}: column block has shape {tuple(y.shape)}, expected {(self.part.num_nodes, c1 - c0)}"
+            )
+
 
 # -- small Python objects and synchronisation (no autograd, no byte counting) -----------------------------------
 def all_gather_objects(obj: object) -> list:
@@ -210,29 +275,45 @@ def barrier() -> None:
 
 # -- autograd Functions: each backward is the named opposite of its forward ---------------------------------------
 class _SplitRowsToCols(torch.autograd.Function):
+    """``block_rows``: in passes (:meth:`Comm.rows_to_cols_in_passes`), the slice on ``to``, the gradient back where
+    ``x`` lies."""
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:
-        ctx.comm, ctx.width, ctx.kind = comm, x.shape[1], kind
-        return comm.rows_to_cols(x, kind)
+    def forward(ctx, x: torch.Tensor, comm: Comm, kind: str, block_rows: int, to: torch.device) -> torch.Tensor:
+        ctx.comm, ctx.width, ctx.kind, ctx.block_rows, ctx.source = comm, x.shape[1], kind, block_rows, x.device
+        return comm.rows_to_cols_in_passes(x, block_rows, to, kind) if block_rows else comm.rows_to_cols(x, kind)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return (
-            ctx.comm.cols_to_rows(grad.contiguous(), ctx.width, GATHER if ctx.kind == SPLIT else ctx.kind),
-            None,
-            None,
-        )
+        comm, kind = ctx.comm, GATHER if ctx.kind == SPLIT else ctx.kind
+        if ctx.block_rows:
+            return (
+                comm.cols_to_rows_in_passes(grad, ctx.width, ctx.block_rows, ctx.source, kind),
+                None,
+                None,
+                None,
+                None,
+            )
+        return comm.cols_to_rows(grad.contiguous(), ctx.width, kind), None, None, None, None
 
 
 class _GatherColsToRows(torch.autograd.Function):
+    """``block_rows``: in passes (:meth:`Comm.cols_to_rows_in_passes`), the rows on ``to``, the gradient back where
+    ``y`` lies."""
+
     @staticmethod
-    def forward(ctx, y: torch.Tensor, comm: Comm, width: int, kind: str) -> torch.Tensor:
-        ctx.comm, ctx.kind = comm, kind
+    def forward(ctx, y: torch.Tensor, comm: Comm, width: int, kind: str, block_rows: int, to: torch.device):
+        ctx.comm, ctx.kind, ctx.block_rows, ctx.source = comm, kind, block_rows, y.device
+        if block_rows:
+            return comm.cols_to_rows_in_passes(y, width, block_rows, to, kind)
         return comm.cols_to_rows(y, width, kind)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return ctx.comm.rows_to_cols(grad.contiguous(), SPLIT if ctx.kind == GATHER else ctx.kind), None, None, None
+        comm, kind = ctx.comm, SPLIT if ctx.kind == GATHER else ctx.kind
+        if ctx.block_rows:
+            return comm.rows_to_cols_in_passes(grad, ctx.block_rows, ctx.source, kind), None, None, None, None, None
+        return comm.rows_to_cols(grad.contiguous(), kind), None, None, None, None, None
 
 
 class _AllGatherRows(torch.autograd.Function):
@@ -275,14 +356,25 @@ class _AllReduceSum(torch.autograd.Function):
 
 
 # -- public wrappers ----------------------------------------------------------------------------------------------
-def split(x: torch.Tensor, comm: Comm, kind: str = SPLIT) -> torch.Tensor:
-    """Row layout -> column layout (one all-to-all; its backward is :func:`gather`)."""
-    return x if comm.world == 1 else _SplitRowsToCols.apply(x, comm, kind)
+def split(
+    x: torch.Tensor, comm: Comm, kind: str = SPLIT, block_rows: int = 0, to: torch.device | None = None
+) -> torch.Tensor:
+    """Row layout -> column layout (one all-to-all; its backward is :func:`gather`). ``block_rows``: in passes of
+    that many rows, ``x`` read where it lies and the slice written on ``to`` (default: ``x``'s device)."""
+    return x if comm.world == 1 else _SplitRowsToCols.apply(x, comm, kind, block_rows, to or x.device)
 
 
-def gather(y: torch.Tensor, comm: Comm, width: int, kind: str = GATHER) -> torch.Tensor:
-    """Column layout -> row layout (one all-to-all; its backward is :func:`split`)."""
-    return y if comm.world == 1 else _GatherColsToRows.apply(y, comm, width, kind)
+def gather(
+    y: torch.Tensor,
+    comm: Comm,
+    width: int,
+    kind: str = GATHER,
+    block_rows: int = 0,
+    to: torch.device | None = None,
+) -> torch.Tensor:
+    """Column layout -> row layout (one all-to-all; its backward is :func:`split`). ``block_rows``: in passes of
+    that many rows, ``y`` read where it lies and the rows written on ``to`` (default: ``y``'s device)."""
+    return y if comm.world == 1 else _GatherColsToRows.apply(y, comm, width, kind, block_rows, to or y.device)
 
 
 def all_gather_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:

@@ -67,6 +67,11 @@ STREAM_BLOCK_BYTES = 1 << 30
 #: the share of what the budget leaves besides aggregation's resident parts that a streamed NN block may take
 STREAM_BLOCK_SHARE = 0.5
 
+#: buffers of a pass of an exchange in passes as wide as the exchanged matrix's padded columns
+#: (ntp.engine.distributed.collectives.Comm.rows_to_cols_in_passes): its send and receive buffers and the block of
+#: rows laid out (tests/ntp/test_communication.py holds a pass to them)
+EXCHANGE_COPIES = 3
+
 #: the fewest rows of a streamed NN block: fewer, and each block's fixed costs (copies, kernel launches) dominate
 MIN_STREAM_ROWS = 1024
 
@@ -389,7 +394,7 @@ def rank_resident_parts(
     parts["NN stage"] = nn_bytes
     if row_block:
         parts["NN block"] = stream_block_bytes(
-            stream_row_bytes(cfg, feature_dim, out_dim, device_type, output_copies), row_block, params
+            stream_row_bytes(cfg, feature_dim, out_dim, device_type, output_copies, world), row_block, params
         )
     return parts
 
@@ -400,11 +405,14 @@ def stream_row_bytes(
     out_dim: int,
     device_type: str = "cuda",
     output_copies: int = OUTPUT_COPIES,
+    world: int = 1,
 ) -> int:
     """Device bytes of one row of the NN stage streamed in row blocks (``cfg``: a TrainConfig;
     ntp.engine.parallel.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
     layer counted, though a segment holds one or two), and the blocks on their way: two of the input coming, two of
-    the widest output leaving."""
+    the widest output leaving; or, where more, a row of an exchange's pass on ``world`` ranks (the rows' split and
+    gather run in passes of a block: :func:`exchange_row_bytes`; never at once with a segment)."""
+    exchange = exchange_row_bytes(propagated_width(cfg.arch, cfg.hidden, out_dim), world, cfg.precision)
     per_row = nn_stage_bytes(
         1,
         in_dim,
@@ -421,7 +429,13 @@ def stream_row_bytes(
         output_copies,
         working_copies(cfg, device_type),
     )
-    return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim)
+    return max(per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim), exchange)
+
+
+def exchange_row_bytes(width: int, world: int, precision: str = "fp32") -> int:
+    """Device bytes per row of a pass of a ``width``-column matrix's exchange in passes on ``world`` ranks
+    (:data:`EXCHANGE_COPIES` buffers of its padded columns); none on one rank, which exchanges nothing."""
+    return EXCHANGE_COPIES * world * ceil_div(width, world) * element_bytes(precision) if world > 1 else 0
 
 
 def stream_block_bytes(row_bytes: int, row_block: int, params: int) -> int:
@@ -471,7 +485,7 @@ def stream_parts(
         graph = sum(rank_resident_parts(cfg, nn_on_device=False, **shape).values())
         left = room - graph - 4 * params * PARAMETER_COPIES if room else 0
         block = stream_block_rows(
-            stream_row_bytes(cfg, feature_dim, out_dim, device_type),
+            stream_row_bytes(cfg, feature_dim, out_dim, device_type, world=world),
             ceil_div(num_nodes, world),
             max(left, 1) if room else 0,
         )
