@@ -134,7 +134,7 @@ def _across_columns(t: torch.Tensor, device: torch.device) -> bool:
 def rows_on(t: torch.Tensor, a: int, b: int, device: torch.device) -> torch.Tensor:
     """Rows ``a:b`` of ``t`` on ``device`` (a view where ``t`` is there already)."""
     if _across_columns(t, device):
-        return t.t()[:, a:b].to(device).t()  # each column's run of rows in one piece
+        return t.t()[:, a:b].to(device).t().contiguous()  # each column's run of rows in one piece, laid out there
     return t[a:b].to(device)
 
 

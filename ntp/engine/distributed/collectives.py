@@ -121,25 +121,11 @@ class Comm:
         """:meth:`rows_to_cols` in passes of ``block_rows`` rows of every rank's row block (:meth:`passes`): ``x`` is
         read where it lies a pass at a time, each pass's buffers are on the communication device, and the column
         slice is written on ``to`` (in a GPU rank's host memory, column by column, as products take it). The same
-        values and bytes as one pass."""
-        lay, m = self.part, self.world
-        width = x.shape[1]
+        values and bytes as one pass; on one rank, a copy a block at a time."""
         self._check_rows(x)
-        col_b, (c0, c1) = lay.col_bounds(width), lay.cols(width)
-        out = layout_empty(lay.num_nodes, c1 - c0, x.dtype, to, self.device)
+        out = self.slice_empty(x.shape[1], x.dtype, to)
         for a, b in self.passes(block_rows):
-            block = rows_on(x, a, min(b, x.shape[0]), self.device)
-            send = block.new_zeros(m, b - a, lay.padded_cols(width))
-            for q in range(m):
-                send[q, : block.shape[0], : col_b[q + 1] - col_b[q]] = block[:, col_b[q] : col_b[q + 1]]
-            del block
-            recv = self._all_to_all(send, kind)
-            del send
-            for r in range(m):
-                r0, r1 = lay.rows(r)
-                rows = min(b, r1 - r0) - a
-                if rows > 0:
-                    put_rows(out, r0 + a, recv[r, :rows, : c1 - c0])
+            self.split_pass(rows_on(x, a, min(b, x.shape[0]), self.device), a, b, out, kind)
         return out
 
     def cols_to_rows_in_passes(
@@ -147,24 +133,57 @@ class Comm:
     ) -> torch.Tensor:
         """:meth:`cols_to_rows` in passes of ``block_rows`` rows of every rank's row block, as
         :meth:`rows_to_cols_in_passes`: ``y`` read where it lies, the rows written on ``to``."""
-        lay, m = self.part, self.world
-        c0, c1 = lay.cols(width)
         self._check_cols(y, width)
-        col_b, n_own = lay.col_bounds(width), lay.num_rows()
-        out = layout_empty(n_own, width, y.dtype, to, self.device, columns=False)
+        out = layout_empty(self.part.num_rows(), width, y.dtype, to, self.device, columns=False)
         for a, b in self.passes(block_rows):
-            send = torch.zeros(m, b - a, lay.padded_cols(width), dtype=y.dtype, device=self.device)
-            for r in range(m):
-                r0, r1 = lay.rows(r)
-                rows = min(b, r1 - r0) - a
-                if rows > 0:
-                    send[r, :rows, : c1 - c0] = rows_on(y, r0 + a, r0 + a + rows, self.device)
-            recv = self._all_to_all(send, kind)
-            del send
-            rows = min(b, n_own) - a
-            if rows > 0:
-                put_rows(out, a, torch.cat([recv[q, :rows, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=1))
+            put_rows(out, a, self.gather_pass(y, a, b, width, kind))
         return out
+
+    def slice_empty(self, width: int, dtype: torch.dtype, to: torch.device) -> torch.Tensor:
+        """An uninitialised column slice of a ``width``-column matrix on ``to``, as :meth:`split_pass` fills it."""
+        c0, c1 = self.part.cols(width)
+        return layout_empty(self.part.num_nodes, c1 - c0, dtype, to, self.device)
+
+    def split_pass(self, block: torch.Tensor, a: int, b: int, out: torch.Tensor, kind: str = SPLIT) -> None:
+        """One pass of :meth:`rows_to_cols_in_passes` (``(a, b)`` one of :meth:`passes`): ``block`` holds this rank's
+        rows ``a:a + len(block)`` (on the communication device; fewer than ``b - a`` at the end of its rows), and the
+        column slice ``out`` receives every rank's rows of the pass."""
+        lay, m = self.part, self.world
+        if m == 1:
+            put_rows(out, a, block)
+            return
+        width = block.shape[1]
+        col_b, (c0, c1) = lay.col_bounds(width), lay.cols(width)
+        send = block.new_zeros(m, b - a, lay.padded_cols(width))
+        for q in range(m):
+            send[q, : block.shape[0], : col_b[q + 1] - col_b[q]] = block[:, col_b[q] : col_b[q + 1]]
+        recv = self._all_to_all(send, kind)
+        del send
+        for r in range(m):
+            r0, r1 = lay.rows(r)
+            rows = min(b, r1 - r0) - a
+            if rows > 0:
+                put_rows(out, r0 + a, recv[r, :rows, : c1 - c0])
+
+    def gather_pass(self, y: torch.Tensor, a: int, b: int, width: int, kind: str = GATHER) -> torch.Tensor:
+        """One pass of :meth:`cols_to_rows_in_passes`: this rank's rows ``a:b`` (fewer at the end of its rows) with
+        all ``width`` columns, on the communication device, from every rank's column slice ``y`` (where it lies)."""
+        lay, m = self.part, self.world
+        n_own = lay.num_rows()
+        if m == 1:
+            return rows_on(y, a, min(b, n_own), self.device)
+        c0, c1 = lay.cols(width)
+        col_b = lay.col_bounds(width)
+        send = torch.zeros(m, b - a, lay.padded_cols(width), dtype=y.dtype, device=self.device)
+        for r in range(m):
+            r0, r1 = lay.rows(r)
+            rows = min(b, r1 - r0) - a
+            if rows > 0:
+                send[r, :rows, : c1 - c0] = rows_on(y, r0 + a, r0 + a + rows, self.device)
+        recv = self._all_to_all(send, kind)
+        del send
+        rows = max(0, min(b, n_own) - a)
+        return torch.cat([recv[q, :rows, : col_b[q + 1] - col_b[q]] for q in range(m)], dim=1)
 
     def _all_to_all(self, send: torch.Tensor, kind: str) -> torch.Tensor:
         recv = torch.empty_like(send)
@@ -360,8 +379,11 @@ def split(
     x: torch.Tensor, comm: Comm, kind: str = SPLIT, block_rows: int = 0, to: torch.device | None = None
 ) -> torch.Tensor:
     """Row layout -> column layout (one all-to-all; its backward is :func:`gather`). ``block_rows``: in passes of
-    that many rows, ``x`` read where it lies and the slice written on ``to`` (default: ``x``'s device)."""
-    return x if comm.world == 1 else _SplitRowsToCols.apply(x, comm, kind, block_rows, to or x.device)
+    that many rows, ``x`` read where it lies and the slice written on ``to`` (default: ``x``'s device), on one rank
+    too (a copy to ``to``)."""
+    if comm.world == 1 and not block_rows:
+        return x
+    return _SplitRowsToCols.apply(x, comm, kind, block_rows, to or x.device)
 
 
 def gather(
@@ -373,8 +395,11 @@ def gather(
     to: torch.device | None = None,
 ) -> torch.Tensor:
     """Column layout -> row layout (one all-to-all; its backward is :func:`split`). ``block_rows``: in passes of
-    that many rows, ``y`` read where it lies and the rows written on ``to`` (default: ``y``'s device)."""
-    return y if comm.world == 1 else _GatherColsToRows.apply(y, comm, width, kind, block_rows, to or y.device)
+    that many rows, ``y`` read where it lies and the rows written on ``to`` (default: ``y``'s device), on one rank
+    too."""
+    if comm.world == 1 and not block_rows:
+        return y
+    return _GatherColsToRows.apply(y, comm, width, kind, block_rows, to or y.device)
 
 
 def all_gather_rows(x: torch.Tensor, comm: Comm, kind: str) -> torch.Tensor:

@@ -68,8 +68,8 @@ STREAM_BLOCK_BYTES = 1 << 30
 STREAM_BLOCK_SHARE = 0.5
 
 #: buffers of a pass of an exchange in passes as wide as the exchanged matrix's padded columns
-#: (ntp.engine.distributed.collectives.Comm.rows_to_cols_in_passes): its send and receive buffers and the block of
-#: rows laid out (tests/ntp/test_communication.py holds a pass to them)
+#: (ntp.engine.distributed.collectives.Comm.split_pass): its send and receive buffers and the block of rows laid out
+#: (tests/ntp/test_communication.py holds a pass to them)
 EXCHANGE_COPIES = 3
 
 #: the fewest rows of a streamed NN block: fewer, and each block's fixed costs (copies, kernel launches) dominate
@@ -409,9 +409,9 @@ def stream_row_bytes(
 ) -> int:
     """Device bytes of one row of the NN stage streamed in row blocks (``cfg``: a TrainConfig;
     ntp.engine.parallel.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
-    layer counted, though a segment holds one or two), and the blocks on their way: two of the input coming, two of
-    the widest output leaving; or, where more, a row of an exchange's pass on ``world`` ranks (the rows' split and
-    gather run in passes of a block: :func:`exchange_row_bytes`; never at once with a segment)."""
+    layer counted, though a segment holds one or two), the blocks on their way: two of the input coming, two of
+    the widest output leaving, and a row of an exchange's pass (:func:`exchange_row_bytes`: a segment next to
+    propagation gathers its input and splits its output in its own passes)."""
     exchange = exchange_row_bytes(propagated_width(cfg.arch, cfg.hidden, out_dim), world, cfg.precision)
     per_row = nn_stage_bytes(
         1,
@@ -429,12 +429,13 @@ def stream_row_bytes(
         output_copies,
         working_copies(cfg, device_type),
     )
-    return max(per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim), exchange)
+    return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim) + exchange
 
 
 def exchange_row_bytes(width: int, world: int, precision: str = "fp32") -> int:
     """Device bytes per row of a pass of a ``width``-column matrix's exchange in passes on ``world`` ranks
-    (:data:`EXCHANGE_COPIES` buffers of its padded columns); none on one rank, which exchanges nothing."""
+    (:data:`EXCHANGE_COPIES` buffers of its padded columns); on one rank a pass is a copy of the block, which the
+    segment holds already."""
     return EXCHANGE_COPIES * world * ceil_div(width, world) * element_bytes(precision) if world > 1 else 0
 
 

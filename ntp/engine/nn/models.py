@@ -8,7 +8,9 @@ rank the collectives are identities, so ``--mode single`` is the same code with 
 - Coupled (classic layers): every layer transforms rows, splits, aggregates the slice, gathers: the paper's
   "naive" tensor parallelism. Aggregation and the layer's first Linear commute, so it runs at the narrower of the
   two widths (:func:`propagated_linear`), as DGL's GraphConv does. Each layer's split-aggregate-gather is one
-  ``propagate_rows`` call, so the context may pipeline it like the decoupled propagation.
+  ``propagate_rows`` call, so the context may pipeline it like the decoupled propagation. Streamed
+  (``--nn-device stream``), the layers' row-wise parts are segments that split their output and gather their input
+  themselves, a block of rows at a time (``GraphContext.rows``), with the propagation between them.
 """
 
 from __future__ import annotations
@@ -369,17 +371,17 @@ class CoupledGNN(GraphModel):
         the head is a segment of its own. The same values as :meth:`compute`'s."""
         n = len(self.layers)
         params = lambda *modules: [p for m in modules if m is not None for p in m.parameters()]  # noqa: E731
-        a, z = ctx.rows(partial(_classic_first, self), x, params=params(self.project, self.layers[0]))
+        a, z = ctx.rows(partial(_classic_first, self), x, params=params(self.project, self.layers[0]), to_graph=True)
         outputs = []
         for i, layer in enumerate(self.layers):
-            p = ctx.propagate_rows(layer.operator, z, 1)
+            p = ctx.propagated(layer.operator, z)
             following = self.layers[i + 1] if i + 1 < n else None
             skip = self.skips[i] if self.skips is not None else None
             norm = self.norms[i] if i < len(self.norms) else None
             segment = partial(_classic_segment, self, i)
             if following is None and self.head is None:
                 return ctx.rows(_then(segment, tail), p, a, params=params(layer, skip, norm))
-            out = ctx.rows(segment, p, a, params=params(layer, skip, norm, following))
+            out = ctx.rows(segment, p, a, params=params(layer, skip, norm, following), to_graph=following is not None)
             if following is None:
                 break
             a, z = out
@@ -399,16 +401,16 @@ class CoupledGNN(GraphModel):
         The same values as :meth:`compute`'s in-memory form. A layer whose part after reads its input (GraphSAGE's
         root term) gets it from the segment that made it."""
         layers, drops = self.layers, self.dropouts
-        z = ctx.rows(partial(_first_segment, layers[0], drops[0]), x, params=layers[0].parameters())
+        z = ctx.rows(partial(_first_segment, layers[0], drops[0]), x, params=layers[0].parameters(), to_graph=True)
         for i, layer in enumerate(layers):
-            p = ctx.propagate_rows(layer.operator, z, 1)
+            p = ctx.propagated(layer.operator, z)
             inputs = (p, x) if layer.reads_input_after else (p,)
             following = layers[i + 1] if i + 1 < len(layers) else None
             params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
             segment = partial(_segment, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
             if following is None:
                 return ctx.rows(_then(segment, tail), *inputs, params=params)
-            out = ctx.rows(segment, *inputs, params=params)
+            out = ctx.rows(segment, *inputs, params=params, to_graph=True)
             x, z = out if following.reads_input_after else (None, out)
         return x
 

@@ -18,7 +18,7 @@ from ntp.engine.memory.chunks import ChunkPlan, default_device_budget, make_plan
 from ntp.engine.memory.parts import graph_resident_parts, offloaded_layout, slice_is_rows
 from ntp.engine.memory.placement import ways_out
 from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
-from ntp.engine.parallel.row_stream import stream_rows
+from ntp.engine.parallel.row_stream import Exchange, Graphed, stream_rows
 
 
 class GraphContext:
@@ -192,21 +192,35 @@ class GraphContext:
         """Whether row-wise segments stream through the device in row blocks (``--nn-device stream``)."""
         return self.row_block > 0
 
-    def rows(self, fn, *inputs: torch.Tensor, params=()) -> torch.Tensor:  # noqa: ANN001
+    def rows(self, fn, *inputs, params=(), to_graph: bool = False):  # noqa: ANN001
         """``fn(self, *inputs)`` for a row-wise segment ``fn`` (whole rows in, whole rows out; ``params``: the
         parameters it reads): where the rows are, or, when :attr:`streams_rows`, a block of rows at a time on the
-        rank's device, recomputed in the backward (ntp.engine.parallel.row_stream)."""
-        if not self.streams_rows:
-            return fn(self, *inputs)
-        return stream_rows(
-            fn,
-            self,
-            inputs,
-            [p for p in params if p.requires_grad],
-            device=self.device,
-            block_rows=self.row_block,
-            precision=self.precision,
-        )
+        rank's device, recomputed in the backward (ntp.engine.parallel.row_stream). A first input in the graph layout
+        (a :class:`Graphed`) reaches ``fn`` gathered into rows; ``to_graph``: ``fn``'s last output is returned in the
+        graph layout (split), a :class:`Graphed`. Where the exchanges run in passes (:attr:`exchanges_in_passes`)
+        they run in the segment's own passes, so those rows never cross to host memory."""
+        graphed = inputs[0] if inputs and isinstance(inputs[0], Graphed) else None
+        ps = [p for p in params if p.requires_grad]
+        if self.exchanges_in_passes:
+            exchange = Exchange(self.comm, self.home, graphed.width if graphed else 0, to_graph)
+            tensors = (graphed.cols, *inputs[1:]) if graphed else inputs
+            return stream_rows(fn, self, tensors, ps, **self._stream_options, exchange=exchange)
+        if graphed is not None:
+            inputs = (self.from_graph(*graphed), *inputs[1:])
+        out = stream_rows(fn, self, inputs, ps, **self._stream_options) if self.streams_rows else fn(self, *inputs)
+        if not to_graph:
+            return out
+        last = out[-1] if isinstance(out, tuple) else out
+        leaving = Graphed(self.to_graph(last), last.shape[1])
+        return (*out[:-1], leaving) if isinstance(out, tuple) else leaving
+
+    @property
+    def _stream_options(self) -> dict:
+        return dict(device=self.device, block_rows=self.row_block, precision=self.precision)
+
+    def propagated(self, name: str, h: Graphed) -> Graphed:
+        """``A_name @ h`` of a matrix in the graph layout, its width kept."""
+        return Graphed(self.propagate(name, h.cols), h.width)
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
@@ -222,9 +236,10 @@ class GraphContext:
     @property
     def exchanges_in_passes(self) -> bool:
         """Whether split and gather move the row layout a block of rows at a time, its rows kept where they are
-        (streamed, with ranks to exchange with; ntp.engine.distributed.collectives): the device then holds a pass's
-        buffers, not the matrix (papers100M on 16 ranks: 7 GB a matrix of 256 float32 columns)."""
-        return self.streams_rows and self.comm.world > 1
+        (streamed, with ranks to exchange with or a GPU's memory to keep them out of;
+        ntp.engine.distributed.collectives): the device then holds a pass's buffers, not the matrix (papers100M on
+        16 ranks: 7 GB a matrix of 256 float32 columns). On one CPU rank the rows are the graph layout already."""
+        return self.streams_rows and (self.comm.world > 1 or self.device.type == "cuda")
 
     def graph_cols(self, width: int) -> tuple[int, int]:
         return self.comm.part.cols(width)

@@ -9,20 +9,45 @@ so they are drawn again, not kept: ntp.engine.kernels.masks), streams the inputs
 gradients on the device. The device then holds one block's activations, however many rows there are: the block's
 size comes from the memory plan (ntp.engine.memory.parts.stream_block_rows).
 
+A segment next to propagation exchanges its rows with the graph layout in its own passes (:class:`Exchange`):
+its first input arrives gathered a block at a time, and its last output leaves split a block at a time, so those
+rows never make a round trip through host memory (a coupled layer's rows crossed the bus four times more each way).
+
 On a CPU rank the same loop runs over views of the rows (no copies): what the tests compare with the in-memory stage.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from ntp.engine.device.precision import autocast
 from ntp.engine.device.transfer import Downloads, host_empty, streamed
+from ntp.engine.distributed.collectives import Comm
 
 #: ``fn(position, *row_blocks)``: one tensor of the block's rows, or a tuple of them
 Segment = Callable[..., "torch.Tensor | tuple[torch.Tensor, ...]"]
+
+
+class Graphed(NamedTuple):
+    """A matrix in the graph layout (tensor parallel: all rows, this rank's column slice), with the width of its
+    rows, which gathering it back needs."""
+
+    cols: torch.Tensor
+    width: int
+
+
+class Exchange(NamedTuple):
+    """The graph side of a streamed segment whose passes run its split and gather
+    (ntp.engine.distributed.collectives.Comm.split_pass): ``home``, where the graph layout lives; ``gathered``,
+    the width of the first input, which arrives in the graph layout (0: none does); ``splits``, whether the last
+    output leaves in it."""
+
+    comm: Comm
+    home: torch.device
+    gathered: int
+    splits: bool
 
 
 class BlockPosition:
@@ -39,19 +64,24 @@ class BlockPosition:
 
 def stream_rows(
     fn: Segment,
-    ctx,
+    ctx,  # noqa: ANN001 (a GraphContext)
     inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
-    *,  # noqa: ANN001
+    *,
     device: torch.device,
     block_rows: int,
     precision: str = "fp32",
+    exchange: Exchange | None = None,
 ):
     """``fn(ctx, *inputs)`` computed a block of ``block_rows`` rows at a time on ``device``, the inputs and outputs in
     host memory; ``params``: the tensors ``fn`` reads besides its inputs that want gradients (on ``device``). Returns
-    what ``fn`` returns, differentiable with respect to ``inputs`` and ``params``."""
-    runner = _Runner(fn, ctx, device, block_rows, precision, len(inputs))
+    what ``fn`` returns, differentiable with respect to ``inputs`` and ``params``. With ``exchange``, the first input
+    is in the graph layout (``exchange.gathered``) and reaches ``fn`` in rows, and the last output is returned in it
+    as a :class:`Graphed` (``exchange.splits``), each a pass of rows at a time."""
+    runner = _Runner(fn, ctx, device, block_rows, precision, len(inputs), exchange)
     outs = _Streamed.apply(runner, *inputs, *params)
+    if runner.splits:
+        outs = (*outs[:-1], Graphed(outs[-1], runner.split_width))
     return outs if runner.returns_tuple else outs[0]
 
 
@@ -61,17 +91,27 @@ class _Runner:
     def __init__(
         self,
         fn: Segment,
-        ctx,
+        ctx,  # noqa: ANN001
         device: torch.device,
         block_rows: int,
-        precision: str,  # noqa: ANN001
+        precision: str,
         n_inputs: int,
+        exchange: Exchange | None,
     ) -> None:
         self.fn, self.ctx, self.device, self.precision, self.n_inputs = fn, ctx, device, precision, n_inputs
         self.block_rows = max(1, block_rows)
+        self.exchange = exchange
+        self.gathered = exchange.gathered if exchange else 0
+        self.splits = bool(exchange and exchange.splits)
         self.returns_tuple = False
+        self.split_width = 0  #: the columns of the rows that leave in the graph layout
+        self.kept: torch.Tensor | None = None  #: the gathered input's rows, for the backward (host memory)
 
-    def blocks(self, rows: int) -> list[tuple[int, int]]:
+    def spans(self, rows: int) -> list[tuple[int, int]]:
+        """The blocks: with an exchange, its passes (the same on every rank; the last may hold none of this rank's
+        rows); else blocks of this rank's ``rows``."""
+        if self.exchange:
+            return self.exchange.comm.passes(self.block_rows)
         return [(a, min(a + self.block_rows, rows)) for a in range(0, rows, self.block_rows)]
 
     def call(self, first: int, blocks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -80,58 +120,112 @@ class _Runner:
         self.returns_tuple = isinstance(out, tuple)
         return out if isinstance(out, tuple) else (out,)
 
+    def saved(self, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """The inputs the backward reads again: all but a gathered one, whose rows it keeps itself (:attr:`kept`)."""
+        return inputs[1:] if self.gathered else inputs
+
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        rows = inputs[0].shape[0]
-        outs: list[torch.Tensor] = []
+        ex = self.exchange
+        host_in = self.saved(inputs)
+        rows = ex.comm.part.num_rows() if ex else host_in[0].shape[0]
+        if self.gathered:
+            self.kept = host_empty(rows, self.gathered, dtype=inputs[0].dtype, pinned=self.device.type == "cuda")
+        outs: list[torch.Tensor] | None = None  # allocated at the first block, which gives their shapes
+        graph_out = None
         with Downloads(self.device) as downloads:
-            for (a, b), blocks in self.uploads(inputs, rows):
-                ys = self.call(a, blocks)
-                if not outs:
-                    outs = [self.host(rows, y) for y in ys]
-                for out, y in zip(outs, ys):
-                    downloads.copy(out[a:b], y)
-        return tuple(outs)
+            for (a, b), blocks in self.uploads(host_in, rows):
+                here = max(0, min(b, rows) - a)
+                if self.gathered:
+                    block = ex.comm.gather_pass(inputs[0], a, b, self.gathered)
+                    downloads.copy(self.kept[a : a + here], block)
+                    blocks = (block, *blocks)
+                ys = self.call(a, blocks) if here or outs is None else None  # a rank without rows: shapes still
+                if outs is None:
+                    outs = [self.host(rows, y) for y in (ys[:-1] if self.splits else ys)]
+                    if self.splits:
+                        self.split_width = ys[-1].shape[1]
+                        graph_out = ex.comm.slice_empty(self.split_width, ys[-1].dtype, ex.home)
+                if here:
+                    for out, y in zip(outs, ys):
+                        downloads.copy(out[a:b], y)
+                if self.splits:
+                    leaving = ys[-1] if ys is not None else graph_out.new_zeros(0, self.split_width, device=self.device)
+                    ex.comm.split_pass(leaving, a, b, graph_out)
+        return (*outs, graph_out) if self.splits else tuple(outs)
 
     def backward(
-        self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], grads: Sequence, wants: Sequence[bool]
+        self, saved: Sequence[torch.Tensor], params: Sequence[torch.Tensor], grads: Sequence, wants: Sequence[bool]
     ) -> tuple[list, list]:
-        rows = inputs[0].shape[0]
+        ex = self.exchange
+        inputs = [self.kept, *saved] if self.gathered else list(saved)
+        rows = ex.comm.part.num_rows() if ex else inputs[0].shape[0]
         wants_in, wants_param = wants[: len(inputs)], wants[len(inputs) :]
-        grad_in = [self.host(rows, x) if w else None for x, w in zip(inputs, wants_in)]
+        graph_grad_in = None
+        if self.gathered and wants_in[0]:  # the gathered input's gradient leaves in the graph layout, a pass at a time
+            graph_grad_in = ex.comm.slice_empty(self.gathered, self.kept.dtype, ex.home)
+        grad_in = [
+            self.host(rows, x) if w and not (i == 0 and self.gathered) else None
+            for i, (x, w) in enumerate(zip(inputs, wants_in))
+        ]
         grad_param = [torch.zeros_like(p) if w else None for p, w in zip(params, wants_param)]
-        given = [i for i, g in enumerate(grads) if g is not None]
+        graph_grad = grads[-1] if self.splits else None
+        host_grads = grads[:-1] if self.splits else grads
+        given = [i for i, g in enumerate(host_grads) if g is not None]
         with Downloads(self.device) as downloads:
-            for (a, b), blocks in self.uploads([*inputs, *(grads[i] for i in given)], rows):
-                xs = [x.detach().requires_grad_(w) for x, w in zip(blocks[: len(inputs)], wants_in)]
-                with torch.enable_grad():
-                    ys = self.call(a, xs)
-                outs = [(ys[i], g) for i, g in zip(given, blocks[len(inputs) :]) if ys[i].requires_grad]
-                wrt = [x for x, w in zip(xs, wants_in) if w] + [p for p, w in zip(params, wants_param) if w]
-                if not outs or not wrt:
-                    continue
-                found = iter(
-                    torch.autograd.grad([y for y, _ in outs], wrt, [g.to(y.dtype) for y, g in outs], allow_unused=True)
-                )
-                for out, x, w in zip(grad_in, xs, wants_in):
-                    if w:
-                        g = next(found)  # None: the segment ignores this input
-                        downloads.copy(out[a:b], torch.zeros_like(x) if g is None else g)
-                for acc, w in zip(grad_param, wants_param):
-                    g = next(found) if w else None
-                    if g is not None:
-                        acc.add_(g)
+            for (a, b), blocks in self.uploads([*inputs, *(host_grads[i] for i in given)], rows):
+                here = max(0, min(b, rows) - a)
+                arriving = ex.comm.gather_pass(graph_grad, a, b, self.split_width) if graph_grad is not None else None
+                found = self._block_grads(a, blocks, given, arriving, wants_in, params, wants_param) if here else None
+                leaving = None
+                for k, (out, w) in enumerate(zip(grad_in, wants_in)):
+                    if not w:
+                        continue
+                    g = found[k] if found is not None else None
+                    x = blocks[k]
+                    g = torch.zeros_like(x) if g is None else g  # None: the segment ignores this input
+                    if out is None:  # the gathered input's
+                        leaving = g
+                    elif here:
+                        downloads.copy(out[a:b], g)
+                if graph_grad_in is not None:
+                    ex.comm.split_pass(leaving, a, b, graph_grad_in)
+                if found is not None:
+                    for acc, g in zip(grad_param, found[len(inputs) :]):
+                        if acc is not None and g is not None:
+                            acc.add_(g)
+        if graph_grad_in is not None:
+            grad_in[0] = graph_grad_in
         return grad_in, grad_param
+
+    def _block_grads(self, a: int, blocks, given, arriving, wants_in, params, wants_param) -> list | None:  # noqa: ANN001
+        """The gradients of one block's inputs (one per input, None where not wanted or unused) then of the
+        parameters (None where not wanted), from its recompute; None where nothing flows."""
+        n = len(wants_in)
+        xs = [x.detach().requires_grad_(w) for x, w in zip(blocks[:n], wants_in)]
+        with torch.enable_grad():
+            ys = self.call(a, xs)
+        outs = [(ys[i], g) for i, g in zip(given, blocks[n:]) if ys[i].requires_grad]
+        if arriving is not None and ys[-1].requires_grad:
+            outs.append((ys[-1], arriving))
+        wrt = [x for x, w in zip(xs, wants_in) if w] + [p for p, w in zip(params, wants_param) if w]
+        if not outs or not wrt:
+            return None
+        found = iter(
+            torch.autograd.grad([y for y, _ in outs], wrt, [g.to(y.dtype) for y, g in outs], allow_unused=True)
+        )
+        return [next(found) if w else None for w in wants_in] + [next(found) if w else None for w in wants_param]
 
     def host(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         """A host tensor for ``rows`` rows of ``like``'s shape, pinned where a GPU writes it."""
         return host_empty(rows, *like.shape[1:], dtype=like.dtype, pinned=self.device.type == "cuda")
 
     def uploads(self, tensors: Sequence[torch.Tensor], rows: int):
-        """((first, end), the tensors' rows ``first:end`` on the device) for each block, in order: on a GPU copied on
-        a side stream one block ahead (ntp.engine.device.transfer.streamed); on a CPU the views themselves."""
-        spans = self.blocks(rows)
-        parts = [tuple(t[a:b] for t in tensors) for a, b in spans]
-        if self.device.type != "cuda":
+        """((first, end), the tensors' rows ``first:end`` on the device) for each of :meth:`spans`, in order (fewer
+        rows where the rank's rows end first): on a GPU copied on a side stream one block ahead
+        (ntp.engine.device.transfer.streamed); on a CPU the views themselves."""
+        spans = self.spans(rows)
+        parts = [tuple(t[a : min(b, rows)] for t in tensors) for a, b in spans]
+        if self.device.type != "cuda" or not tensors:
             yield from zip(spans, parts)
             return
         pinned = all(t.is_pinned() for t in tensors)
@@ -139,23 +233,25 @@ class _Runner:
 
 
 class _Streamed(torch.autograd.Function):
-    """Autograd's view of a streamed segment: inputs in host memory, parameters on the device; nothing kept but the
-    inputs (host memory), which the backward streams through the device again."""
+    """Autograd's view of a streamed segment: inputs in host memory (one in the graph layout, with an exchange),
+    parameters on the device; nothing kept but the inputs' rows (host memory), which the backward streams through
+    the device again."""
 
     @staticmethod
     def forward(ctx, runner: _Runner, *tensors: torch.Tensor):  # type: ignore[override]
         ctx.set_materialize_grads(False)  # an output that nothing used has no gradient to stream
         inputs, params = tensors[: runner.n_inputs], tensors[runner.n_inputs :]
         ctx.runner = runner
-        ctx.save_for_backward(*inputs, *params)
+        ctx.save_for_backward(*runner.saved(inputs), *params)
         return runner.forward(inputs)
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
         runner = ctx.runner
         saved = ctx.saved_tensors
-        inputs, params = saved[: runner.n_inputs], saved[runner.n_inputs :]
+        n_saved = len(saved) - (len(ctx.needs_input_grad) - 1 - runner.n_inputs)
+        inputs, params = saved[:n_saved], saved[n_saved:]
         if all(g is None for g in grads):
-            return (None,) * (1 + len(saved))
+            return (None,) * len(ctx.needs_input_grad)
         grad_in, grad_param = runner.backward(inputs, params, grads, ctx.needs_input_grad[1:])
         return (None, *grad_in, *grad_param)
