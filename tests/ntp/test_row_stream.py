@@ -92,6 +92,95 @@ def test_a_segment_sees_its_blocks_global_rows_and_returns_gradients_of_inputs_a
     torch.testing.assert_close(ignored.grad, torch.zeros(10, 2))
 
 
+def _exchanging_segment_worker(n: int, block: int) -> dict:
+    """A segment that gathers its first input from the graph layout and splits its last output into it, in its own
+    passes (ntp.engine.parallel.row_stream.Exchange), against gather, the segment on whole rows, and split."""
+    from ntp.engine.distributed.collectives import Comm, gather, split
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.distributed.partition import Partition
+    from ntp.engine.parallel.row_stream import Exchange
+
+    width, out_width = 5, 4
+    full = lambda seed, *shape: torch.randn(*shape, generator=torch.Generator().manual_seed(seed))  # noqa: E731
+    with distributed(30, "cpu") as env:
+        comm = Comm(Partition(n, env.world, env.rank), env.device)
+        (r0, r1), (c0, c1), (d0, d1) = comm.part.rows(), comm.part.cols(width), comm.part.cols(out_width)
+
+        class Position:
+            row_offset, seed, step = r0, 0, 0
+
+        def segment(pos, h: torch.Tensor, x: torch.Tensor):
+            return h * 2 + x[:, :1], h @ weight + x.sum(1, keepdim=True)
+
+        def loss(kept: torch.Tensor, z_cols: torch.Tensor) -> torch.Tensor:
+            return (kept * full(4, n, width)[r0:r1]).sum() + (z_cols * full(5, n, out_width)[:, d0:d1]).sum()
+
+        results = []
+        for streamed in (False, True):
+            weight = full(1, width, out_width).requires_grad_()
+            h_cols = full(2, n, width)[:, c0:c1].clone().requires_grad_()
+            x = full(3, n, 3)[r0:r1].clone().requires_grad_()
+            if streamed:
+                exchange = Exchange(comm, env.device, width, True)
+                kept, z = stream_rows(
+                    segment, Position(), [h_cols, x], [weight], device=env.device, block_rows=block, exchange=exchange
+                )
+                z_cols = z.cols
+            else:
+                kept, z_rows = segment(Position(), gather(h_cols, comm, width), x)
+                z_cols = split(z_rows, comm)
+            loss(kept, z_cols).backward()
+            results.append([kept.detach(), z_cols.detach(), h_cols.grad, x.grad, weight.grad])
+        return {"reference": results[0], "streamed": results[1], "calls": dict(comm.stats.calls)}
+
+
+@pytest.mark.parametrize("world, n, block", [(1, 10, 4), (2, 23, 4), (3, 22, 7), (3, 22, 100)])
+def test_a_segment_gathers_its_input_and_splits_its_output_in_its_own_passes(world: int, n: int, block: int) -> None:
+    """Values and gradients (of the gathered input in the graph layout, of a row input, of the parameter) equal
+    gather, the segment, then split: with rows that divide nothing, and a last pass in which two of three ranks
+    have no rows left (22 rows on 3 ranks, blocks of 7: 8, 7 and 7 rows)."""
+    for rank, out in enumerate(run_on_ranks(_exchanging_segment_worker, world, n, block)):
+        names = ("the kept output", "the split output", "the gathered input's gradient", "x's gradient", "W's")
+        for name, got, want in zip(names, out["streamed"], out["reference"]):
+            torch.testing.assert_close(got, want, msg=lambda m: f"{name}, rank {rank}, world {world}: {m}")
+
+
+def _exchanges_of_a_streamed_step(options: dict) -> dict:
+    """How often a streamed training step moved whole rows through ``to_graph`` / ``from_graph``, and its
+    all-to-alls."""
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.parallel.context import GraphContext
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
+    from tests.ntp.graphs import loader
+
+    whole = {"to_graph": 0, "from_graph": 0}
+    for name in whole:
+        method = getattr(GraphContext, name)
+
+        def counted(self, *args, _method=method, _name=name):
+            whole[_name] += 1
+            return _method(self, *args)
+
+        setattr(GraphContext, name, counted)
+    with distributed(60, "cpu") as env:
+        job = setup(TrainConfig(mode="tp", **options, **STREAMED), env, loader(GRAPH))
+        train_step(job, 0)
+        passes = len(job.comm.passes(job.ctx.row_block))
+        return {"whole": whole, "calls": dict(job.comm.stats.calls), "passes": passes}
+
+
+@pytest.mark.parametrize("options", [CONFIGS[5], CONFIGS[6], CONFIGS[10]], ids=["gcn", "sage", "classic"])
+def test_a_streamed_coupled_model_exchanges_its_rows_in_its_segments_passes(options: dict) -> None:
+    """Streamed on two ranks, a coupled model's rows never pass whole through the context's split and gather: its
+    segments exchange them pass by pass, each exchange of a layer (split and gather, forward and backward) in as
+    many all-to-alls as a rank's rows have blocks."""
+    for out in run_on_ranks(_exchanges_of_a_streamed_step, 2, options):
+        assert out["whole"] == {"to_graph": 0, "from_graph": 0}, out
+        layers = options["nn_layers"]
+        assert out["calls"]["split"] == out["calls"]["gather"] == 2 * layers * out["passes"], out
+
+
 def _tail_rows_seen(options: dict) -> tuple[list[int], torch.Tensor, dict]:
     """The rows each call of a model's tail sees, the tail's output, and the parameters' gradients of its sum."""
     from ntp.engine.distributed.dist import DistEnv
