@@ -205,15 +205,16 @@ GRAPH = GRAPHS["directed"]
 
 @pytest.mark.parametrize("options", [CONFIGS[5], CONFIGS[10], CONFIGS[0]], ids=["coupled", "classic", "decoupled"])
 def test_a_tail_runs_in_the_last_streamed_segment_block_by_block(options: dict) -> None:
-    """A model's tail (training's per-row loss: ntp.engine.tasks.node.task.TrainLosses) runs in a streamed coupled
-    model's last segment, on one block at a time (so the logits' rows never exist whole), seeing each block's first
-    row (in the forward, and again where the backward recomputes the block); its values and the gradients equal the in-memory model's, where it sees all rows at once. A decoupled
-    model's last step is a propagation: its tail sees the whole rows, streamed or not."""
+    """A model's tail (training's per-row loss: ntp.engine.tasks.node.task.TrainLosses) runs in a streamed model's
+    last segment, on one block at a time (so the logits' rows never exist whole), seeing each block's first row (in
+    the forward, and again where the backward recomputes the block); its values and the gradients equal the
+    in-memory model's, where it sees all rows at once. A decoupled model's last segment is its propagation's gather,
+    a block at a time."""
     whole, expected, expected_grads = _tail_rows_seen(options)
     seen, out, grads = _tail_rows_seen({**options, **STREAMED})
     assert whole == [100]
     blocks = [7] * 14 + [2]  # in the forward, then again in the backward's recompute
-    assert seen == ([100] if options["arch"] == "decoupled" else blocks + blocks), seen
+    assert seen == blocks + blocks, seen
     torch.testing.assert_close(out, expected)
     for name, g in expected_grads.items():
         assert_close_to_scale(grads[name], g, f"gradient of {name}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from ntp.engine.device.precision import element_bytes
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.parts import (
-    OUTPUT_COPIES,
     classic_width,
     inner_width,
     input_dropped_in_product,
@@ -32,7 +31,7 @@ def stream_host_bytes(
 ) -> int:
     """Host memory of a rank whose NN stage streams (``--nn-device stream``; ``cfg``: a TrainConfig) besides the
     topology: its rows (:func:`nn_stage_bytes`, the features among them; the input's dropout runs on a block on the
-    device, and a coupled model's last segment computes the loss block by block, ntp.engine.nn.models.GraphModel.forward,
+    device, and a model's last segment computes the loss block by block, ntp.engine.nn.models.GraphModel.forward,
     so neither a dropped copy nor a float32 copy of the output is in host memory), and, under ``--offload all``, the
     column slice's embeddings (:data:`STREAMED_SLICE_COPIES`; as where the device cannot hold them: the plan of the
     largest graphs, whose slices never fit). The parameters and their optimiser state stay on the device."""
@@ -50,7 +49,7 @@ def stream_host_bytes(
         inner_width(cfg),
         input_dropped_in_product(cfg),
         classic_width(cfg, out_dim),
-        0 if cfg.arch == "coupled" else OUTPUT_COPIES,
+        0,  # no float32 copies of the output: the loss is the last segment's
         working_copies(cfg),
     )
     slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)

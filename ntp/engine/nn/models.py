@@ -16,7 +16,6 @@ rank the collectives are identities, so ``--mode single`` is the same code with 
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +29,18 @@ from ntp.engine.kernels import packed
 from ntp.engine.kernels.dropout import RowDropout, layer_dropouts
 from ntp.engine.kernels.linear import Linear, linear
 from ntp.engine.nn.layers import MLP, jk_width, jumping_knowledge, make_norm, skip_connection
-from ntp.engine.parallel.context import GraphContext
+from ntp.engine.nn.segments import (
+    NO_DROPOUT,
+    Tail,
+    after_then_before,
+    as_gathered,
+    classic_first,
+    classic_segment,
+    first_before,
+    jk_head,
+    with_tail,
+)
+from ntp.engine.parallel.context import GraphContext, Graphed
 
 #: Decoupled propagation operator of each model (see ntp.engine.graph.operators).
 
@@ -69,11 +79,6 @@ def propagate_heads(
         a, b = max(c0, head * head_dim) - c0, min(c1, (head + 1) * head_dim) - c0
         parts.append(ctx.propagate_weighted(alpha[:, head].contiguous(), h_cols[:, a:b]))
     return torch.cat(parts, dim=1) if parts else h_cols
-
-
-#: ``tail(position, output_rows)``: a row-wise function of a model's float32 output rows (a loss per row), the rows
-#: from ``position.row_offset`` on
-Tail = Callable[..., torch.Tensor]
 
 
 class GraphModel(nn.Module):
@@ -119,6 +124,8 @@ class DecoupledGNN(GraphModel):
         self.attention = EdgeAttention(cfg.heads, out_dim) if spec.attention else None
 
     def compute(self, x: torch.Tensor, ctx: GraphContext) -> torch.Tensor:
+        if ctx.streams_rows:
+            return ctx.from_graph(*self._streamed(x, ctx))
         z = ctx.rows(self._mlp, x, params=self.mlp.parameters())
         if self.attention is None:  # split, K steps, gather: one call, so the context may pipeline it
             return ctx.propagate_rows(self.operator, z, self.steps, self.alpha)
@@ -126,8 +133,20 @@ class DecoupledGNN(GraphModel):
         h = self._attend(z, z_cols, ctx)
         return ctx.from_graph(h, self.out_dim)
 
+    def compute_tail(self, x: torch.Tensor, ctx: GraphContext, tail: Tail) -> torch.Tensor:
+        """Streamed, the tail runs on the propagated rows a block at a time as they are gathered."""
+        if not ctx.streams_rows:
+            return super().compute_tail(x, ctx, tail)
+        return ctx.rows(with_tail(as_gathered, tail), self._streamed(x, ctx))
+
     def first_layer(self) -> nn.Module:
         return self.mlp.linears[0]
+
+    def _streamed(self, x: torch.Tensor, ctx: GraphContext) -> Graphed:
+        """The MLP streamed in row blocks, its output split in its own passes, then the K steps in the graph layout
+        (not GAT's: the config refuses to stream it)."""
+        z = ctx.rows(self._mlp, x, params=self.mlp.parameters(), to_graph=True)
+        return ctx.propagated(self.operator, z, self.steps, self.alpha)
 
     def _mlp(self, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(x, ctx)
@@ -371,22 +390,22 @@ class CoupledGNN(GraphModel):
         the head is a segment of its own. The same values as :meth:`compute`'s."""
         n = len(self.layers)
         params = lambda *modules: [p for m in modules if m is not None for p in m.parameters()]  # noqa: E731
-        a, z = ctx.rows(partial(_classic_first, self), x, params=params(self.project, self.layers[0]), to_graph=True)
+        a, z = ctx.rows(partial(classic_first, self), x, params=params(self.project, self.layers[0]), to_graph=True)
         outputs = []
         for i, layer in enumerate(self.layers):
             p = ctx.propagated(layer.operator, z)
             following = self.layers[i + 1] if i + 1 < n else None
             skip = self.skips[i] if self.skips is not None else None
             norm = self.norms[i] if i < len(self.norms) else None
-            segment = partial(_classic_segment, self, i)
+            segment = partial(classic_segment, self, i)
             if following is None and self.head is None:
-                return ctx.rows(_then(segment, tail), p, a, params=params(layer, skip, norm))
+                return ctx.rows(with_tail(segment, tail), p, a, params=params(layer, skip, norm))
             out = ctx.rows(segment, p, a, params=params(layer, skip, norm, following), to_graph=following is not None)
             if following is None:
                 break
             a, z = out
             outputs.append(a)
-        return ctx.rows(_then(partial(_head, self), tail), *outputs, out, params=params(self.head))
+        return ctx.rows(with_tail(partial(jk_head, self), tail), *outputs, out, params=params(self.head))
 
     def _dropped(self, dropout: RowDropout, x: torch.Tensor, ctx: GraphContext, activate: bool) -> torch.Tensor:
         """``dropout(activation(x))`` (``activate``), as a tensor: GAT's ELU, the others' ReLU (in the mask)."""
@@ -401,82 +420,22 @@ class CoupledGNN(GraphModel):
         The same values as :meth:`compute`'s in-memory form. A layer whose part after reads its input (GraphSAGE's
         root term) gets it from the segment that made it."""
         layers, drops = self.layers, self.dropouts
-        z = ctx.rows(partial(_first_segment, layers[0], drops[0]), x, params=layers[0].parameters(), to_graph=True)
+        z = ctx.rows(partial(first_before, layers[0], drops[0]), x, params=layers[0].parameters(), to_graph=True)
         for i, layer in enumerate(layers):
             p = ctx.propagated(layer.operator, z)
             inputs = (p, x) if layer.reads_input_after else (p,)
             following = layers[i + 1] if i + 1 < len(layers) else None
             params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
-            segment = partial(_segment, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
+            segment = partial(after_then_before, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
             if following is None:
-                return ctx.rows(_then(segment, tail), *inputs, params=params)
+                return ctx.rows(with_tail(segment, tail), *inputs, params=params)
             out = ctx.rows(segment, *inputs, params=params, to_graph=True)
             x, z = out if following.reads_input_after else (None, out)
         return x
 
 
-def _then(segment, tail: Tail | None):  # noqa: ANN001, ANN202 (a row_stream Segment)
-    """``segment`` followed by ``tail`` on its float32 output, as one segment (``segment`` itself without a tail)."""
-    if tail is None:
-        return segment
-    return lambda position, *rows: tail(position, segment(position, *rows).float())
-
-
 def _identity(module: nn.Module) -> bool:
     return isinstance(module, nn.Identity)
-
-
-#: a layer's dropout where its input was dropped already (CoupledGNN's materialised inputs)
-NO_DROPOUT = RowDropout(0.0, -1)
-
-
-def _classic_first(model: CoupledGNN, ctx: GraphContext, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The input projection, the first layer's dropped input and its part before propagation."""
-    drops = model.dropouts
-    if model.project is not None:
-        x = drops[0].linear(x, ctx, model.project.weight, model.project.bias)
-    a = model._dropped(drops[model.project is not None], x, ctx, False)
-    return a, model.layers[0].before(ctx, a, NO_DROPOUT, False)
-
-
-def _classic_segment(model: CoupledGNN, i: int, ctx: GraphContext, p: torch.Tensor, a: torch.Tensor):
-    """Layer ``i``'s part after its propagation ``p`` (``a``: its dropped input) with its residual and norm; then the
-    next layer's dropped input and its part before propagation (the output itself after the last layer, dropped
-    where a head follows)."""
-    layer, last = model.layers[i], i == len(model.layers) - 1
-    h = layer.after(ctx, p, a, NO_DROPOUT, False)
-    h = model._normed(i, h + model.skips[i](a) if model.skips is not None else h, ctx)
-    if last and model.head is None:
-        return h
-    a = model._dropped(model.dropouts[i + 1 + (model.project is not None)], h, ctx, True)
-    return a if last else (a, model.layers[i + 1].before(ctx, a, NO_DROPOUT, False))
-
-
-def _head(model: CoupledGNN, ctx: GraphContext, *outputs: torch.Tensor) -> torch.Tensor:
-    return model.head(jumping_knowledge(model.jk, list(outputs)))
-
-
-def _first_segment(layer: nn.Module, dropout: RowDropout, ctx: GraphContext, x: torch.Tensor) -> torch.Tensor:
-    return layer.before(ctx, x, dropout, False)
-
-
-def _segment(
-    layer: nn.Module,
-    dropout: RowDropout,
-    relu: bool,
-    following: nn.Module | None,
-    following_dropout: RowDropout | None,
-    ctx: GraphContext,
-    p: torch.Tensor,
-    x: torch.Tensor | None = None,
-):
-    """``layer``'s part after its propagation ``p`` (its input ``x`` where it reads it), then ``following``'s part
-    before its own: its input as well where its part after reads it."""
-    h = layer.after(ctx, p, x, dropout, relu)
-    if following is None:
-        return h
-    z = following.before(ctx, h, following_dropout, True)
-    return (h, z) if following.reads_input_after else z
 
 
 #: A coupled layer of each homogeneous model: (config, in width, out width, last layer, with a bias) -> layer.

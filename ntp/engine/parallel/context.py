@@ -218,9 +218,13 @@ class GraphContext:
     def _stream_options(self) -> dict:
         return dict(device=self.device, block_rows=self.row_block, precision=self.precision)
 
-    def propagated(self, name: str, h: Graphed) -> Graphed:
-        """``A_name @ h`` of a matrix in the graph layout, its width kept."""
-        return Graphed(self.propagate(name, h.cols), h.width)
+    def propagated(self, name: str, z: Graphed, steps: int = 1, alpha: float | None = None) -> Graphed:
+        """``P^steps(z)`` of a matrix in the graph layout, its width kept: ``P(h) = A_name h`` or, given ``alpha``,
+        ``P(h) = (1 - alpha) A_name h + alpha z`` (APPNP)."""
+        h = z.cols
+        for _ in range(steps):
+            h = _mix(self.propagate(name, h), z.cols, alpha)
+        return Graphed(h, z.width)
 
     # -- the graph layout (tensor parallel: all rows, a column slice) ------------------------------------------
     def to_graph(self, z: torch.Tensor) -> torch.Tensor:
@@ -254,13 +258,8 @@ class GraphContext:
         fused with the split and the last with the gather, chunk by chunk (ntp.engine.parallel.overlap; one step: both, in one
         loop); same values."""
         width = z.shape[1]
-        if not (self.pipelined and steps > 0):
-            z_cols = self.to_graph(z)
-            h = z_cols
-            for _ in range(steps):
-                h = _mix(self.propagate(name, h), z_cols, alpha)
-            del z_cols  # propagated: not held through the gather (h still is, where no step ran)
-            return self.from_graph(h, width)
+        if not (self.pipelined and steps > 0):  # the split's output is not held through the gather (unless h is it)
+            return self.from_graph(*self.propagated(name, Graphed(self.to_graph(z), width), steps, alpha))
         pop = self.overlapped_operator(name)
         if steps == 1:
             last = moved(split_propagate_gather(moved(z, self.device), pop), self.nn_device)
