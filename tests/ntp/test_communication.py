@@ -98,47 +98,35 @@ def test_split_and_gather_in_passes_move_what_one_pass_moves(world: int) -> None
 REPEATS = 5
 
 
-def exchange_peaks_worker(n: int, width: int) -> dict:
+def exchange_peaks_worker(n: int, width: int, block: int = 0) -> dict:
+    """The least peak of live bytes over a few repeats of a split and of a gather, in one pass or in passes of
+    ``block`` rows, beside the size of a send buffer (the whole padded matrix, or a pass's) and of the result."""
     from tests.ntp.live_bytes import LiveBytes
 
     with distributed(30, "cpu") as env:
         comm = Comm(Partition(n, env.world, env.rank), env.device)
         c0, c1 = comm.part.cols(width)
         x, y = torch.randn(comm.part.num_rows(), width), torch.randn(n, c1 - c0)
+        if block:
+            split_, gather_ = (
+                lambda: comm.rows_to_cols_in_passes(x, block, env.device),
+                lambda: comm.cols_to_rows_in_passes(y, width, block, env.device),
+            )
+        else:
+            split_, gather_ = lambda: comm.rows_to_cols(x), lambda: comm.cols_to_rows(y, width)
         peaks = {}
-        for name, exchange in (
-            ("split", lambda: comm.rows_to_cols(x)),
-            ("gather", lambda: comm.cols_to_rows(y, width)),
-        ):
+        for name, exchange in (("split", split_), ("gather", gather_)):
             for _ in range(REPEATS):
                 live = LiveBytes()
                 with live:
                     exchange()
                 peaks[name] = min(peaks.get(name, live.peak), live.peak)
-        block = env.world * comm.part.padded_rows * comm.part.padded_cols(width) * 4  # the padded send buffer
-        return {"peaks": peaks, "block": block}
-
-
-def passes_peak_worker(n: int, width: int, block: int) -> dict:
-    from tests.ntp.live_bytes import LiveBytes
-
-    with distributed(30, "cpu") as env:
-        comm = Comm(Partition(n, env.world, env.rank), env.device)
-        c0, c1 = comm.part.cols(width)
-        x, y = torch.randn(comm.part.num_rows(), width), torch.randn(n, c1 - c0)
-        peaks = {}
-        for name, exchange in (
-            ("split", lambda: comm.rows_to_cols_in_passes(x, block, env.device)),
-            ("gather", lambda: comm.cols_to_rows_in_passes(y, width, block, env.device)),
-        ):
-            for _ in range(REPEATS):
-                live = LiveBytes()
-                with live:
-                    exchange()
-                peaks[name] = min(peaks.get(name, live.peak), live.peak)
-        result = 4 * max(n * (c1 - c0), comm.part.num_rows() * width)
-        one_pass = env.world * block * comm.part.padded_cols(width) * 4  # a pass's send buffer
-        return {"peaks": peaks, "result": result, "pass": one_pass}
+        rows = block or comm.part.padded_rows
+        return {
+            "peaks": peaks,
+            "block": env.world * rows * comm.part.padded_cols(width) * 4,  # a padded send buffer
+            "result": 4 * max(n * (c1 - c0), comm.part.num_rows() * width),
+        }
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -146,9 +134,9 @@ def test_an_exchange_in_passes_holds_its_result_and_a_pass(world: int) -> None:
     """In passes, an exchange holds its result and one pass's buffers (its send and receive buffers and the block
     laid out), not two whole matrices: what lets a streamed rank's device hold a pass, not the rows
     (ntp.engine.memory.parts.exchange_row_bytes counts three such buffers)."""
-    for out in run_on_ranks(passes_peak_worker, world, 1_001, 37, 50):
+    for out in run_on_ranks(exchange_peaks_worker, world, 1_001, 37, 50):
         for name, peak in out["peaks"].items():
-            assert peak <= out["result"] + 3 * out["pass"], f"{name}: {peak} bytes live, {out}"
+            assert peak <= out["result"] + 3 * out["block"], f"{name}: {peak} bytes live, {out}"
 
 
 @pytest.mark.parametrize("world", [2, 3])
