@@ -79,6 +79,7 @@ def stream_rows(
     is in the graph layout (``exchange.gathered``) and reaches ``fn`` in rows, and the last output is returned in it
     as a :class:`Graphed` (``exchange.splits``), each a pass of rows at a time."""
     runner = _Runner(fn, ctx, device, block_rows, precision, len(inputs), exchange)
+    runner.keeps = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *params))
     outs = _Streamed.apply(runner, *inputs, *params)
     if runner.splits:
         outs = (*outs[:-1], Graphed(outs[-1], runner.split_width))
@@ -106,6 +107,7 @@ class _Runner:
         self.returns_tuple = False
         self.split_width = 0  #: the columns of the rows that leave in the graph layout
         self.kept: torch.Tensor | None = None  #: the gathered input's rows, for the backward (host memory)
+        self.keeps = True  #: whether a backward follows (not in evaluation), so the gathered rows are kept
 
     def spans(self, rows: int) -> list[tuple[int, int]]:
         """The blocks: with an exchange, its passes (the same on every rank; the last may hold none of this rank's
@@ -128,7 +130,7 @@ class _Runner:
         ex = self.exchange
         host_in = self.saved(inputs)
         rows = ex.comm.part.num_rows() if ex else host_in[0].shape[0]
-        if self.gathered:
+        if self.gathered and self.keeps:
             self.kept = host_empty(rows, self.gathered, dtype=inputs[0].dtype, pinned=self.device.type == "cuda")
         outs: list[torch.Tensor] | None = None  # allocated at the first block, which gives their shapes
         graph_out = None
@@ -137,7 +139,8 @@ class _Runner:
                 here = max(0, min(b, rows) - a)
                 if self.gathered:
                     block = ex.comm.gather_pass(inputs[0], a, b, self.gathered)
-                    downloads.copy(self.kept[a : a + here], block)
+                    if self.kept is not None:
+                        downloads.copy(self.kept[a : a + here], block)
                     blocks = (block, *blocks)
                 ys = self.call(a, blocks) if here or outs is None else None  # a rank without rows: shapes still
                 if outs is None:
