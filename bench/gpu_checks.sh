@@ -28,9 +28,9 @@ step() {  # step NAME SECONDS COMMAND...
   tail -n 40 "${OUT:-/tmp}/$name.log"
   echo "== $name: exit $status"
 }
-step memory-plan 60 bash -c 'python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/ntp/test_cuda.py \
+step memory-plan 50 bash -c 'python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/ntp/test_cuda.py \
   -k "memory_plan" 2>&1 | grep -E "memory plan|passed|failed|Error" | tail -15'
-step cuda-tests 150 bash -c 'python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/ntp/test_cuda_ranks.py \
+step cuda-tests 140 bash -c 'python3 -m pytest -q -m gpu -p no:cacheprovider -s tests/ntp/test_cuda_ranks.py \
   tests/ntp/test_cuda_stream.py tests/ntp/test_cuda.py 2>&1 | grep -E "streamed step|passed|failed|Error" | tail -25'
 step stream 270 python3 bench/gpu.py --size products --epochs 4 --no-pyg --budget 2GB 1GB 3.5GB --variants \
   "gcn coupled" "gcn --offload all --nn-device stream" "gcn --offload all --nn-device stream --precision bf16" \
