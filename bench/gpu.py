@@ -118,7 +118,7 @@ def baseline_pss() -> int:
     import sys
 
     code = (
-        "import torch, ntp.engine.train.loop, ntp.engine.train.setup; from ntp.engine.distributed.traffic import host_pss_bytes; "
+        "import torch, ntp.engine.train.loop, ntp.engine.train.setup; from ntp.engine.device.measure import host_pss_bytes; "
         "print(host_pss_bytes())"
     )
     return int(
