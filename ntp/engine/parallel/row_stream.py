@@ -11,7 +11,8 @@ size comes from the memory plan (ntp.engine.memory.parts.stream_block_rows).
 
 A segment next to propagation exchanges its rows with the graph layout in its own passes (:class:`Exchange`):
 its first input arrives gathered a block at a time, and its last output leaves split a block at a time, so those
-rows never make a round trip through host memory (a coupled layer's rows crossed the bus four times more each way).
+rows, and their gradients in the backward, no longer go down to host memory and up again on either side of a
+propagation (a copy of the gathered rows goes down once, for the backward's recompute).
 
 On a CPU rank the same loop runs over views of the rows (no copies): what the tests compare with the in-memory stage.
 """
