@@ -131,12 +131,13 @@ def exchange_peaks_worker(n: int, width: int, block: int = 0) -> dict:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_an_exchange_in_passes_holds_its_result_and_a_pass(world: int) -> None:
-    """In passes, an exchange holds its result and one pass's buffers (its send and receive buffers and the block
-    laid out), not two whole matrices: what lets a streamed rank's device hold a pass, not the rows
-    (ntp.engine.memory.parts.exchange_row_bytes counts three such buffers)."""
+    """In passes, an exchange holds its result and a pass's send and receive buffers, and at times the previous
+    pass's, which gloo's worker thread may hold a moment after the collective returns (seen under load in CI:
+    four buffers), not two whole matrices (a one-pass exchange here: twice the result): what lets a streamed rank's device hold a pass, not the rows
+    (ntp.engine.memory.parts.EXCHANGE_COPIES counts four such buffers)."""
     for out in run_on_ranks(exchange_peaks_worker, world, 1_001, 37, 50):
         for name, peak in out["peaks"].items():
-            assert peak <= out["result"] + 3 * out["block"], f"{name}: {peak} bytes live, {out}"
+            assert peak <= out["result"] + 4 * out["block"], f"{name}: {peak} bytes live, {out}"
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -68,9 +68,9 @@ STREAM_BLOCK_BYTES = 1 << 30
 STREAM_BLOCK_SHARE = 0.5
 
 #: buffers of a pass of an exchange in passes as wide as the exchanged matrix's padded columns
-#: (ntp.engine.distributed.collectives.Comm.split_pass): its send and receive buffers and the block of rows laid out
-#: (tests/ntp/test_communication.py holds a pass to them)
-EXCHANGE_COPIES = 3
+#: (ntp.engine.distributed.collectives.Comm.split_pass): its send and receive buffers, and the previous pass's, which
+#: the collective's thread may still hold for a moment (tests/ntp/test_communication.py holds an exchange to them)
+EXCHANGE_COPIES = 4
 
 #: the fewest rows of a streamed NN block: fewer, and each block's fixed costs (copies, kernel launches) dominate
 MIN_STREAM_ROWS = 1024
