@@ -70,22 +70,16 @@ def _streamed_step_peak() -> dict:
 
     from ntp.config import TrainConfig
     from ntp.engine.distributed.dist import SHARED_GPU_ENV, distributed
-    from ntp.engine.train.loop import train_step
     from ntp.engine.train.setup import setup
     from tests.ntp.graphs import loader
+    from tests.ntp.test_cuda_stream import step_device_peak
 
     os.environ[SHARED_GPU_ENV] = "1"
     graph = random_graph(n=100_000, d=128, classes=8, avg_degree=10, seed=5)
     with distributed(120, "cuda") as env:
         job = setup(TrainConfig(**STREAMED_WIDE), env, loader(graph))
-        train_step(job, 0)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        train_step(job, 1)
-        torch.cuda.synchronize()
         return {
-            "peak": torch.cuda.max_memory_allocated() - before,
+            "peak": step_device_peak(job),
             "rows": job.comm.part.num_rows() * WIDE["hidden"] * 4,
             "column_block": job.ctx.column_block,
             "budget": job.cfg.memory_budget_bytes,

@@ -22,6 +22,17 @@ GRAPH = random_graph(n=300, d=17, classes=5, seed=4)
 GPU = torch.device("cuda:0")
 
 
+def step_device_peak(job) -> int:  # noqa: ANN001 (a ntp.engine.train.setup.Job)
+    """The GPU's allocation peak over a second training step, above what lived before it (the first warms up)."""
+    train_step(job, 0)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    train_step(job, 1)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def _config(**options) -> TrainConfig:
     return TrainConfig(**{"model": "gcn", "epochs": 5, "hidden": 16, "seed": 1, "dropout": 0.5, **options})
 
@@ -74,13 +85,7 @@ def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None
     for where in ("device", "stream"):
         cfg = _config(hidden=64, nn_device=where, nn_block_rows=10_000 if where == "stream" else 0, **options)
         job = setup(cfg, DistEnv(0, 1, 0, 1, GPU, None), loader(graph))
-        train_step(job, 0)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        train_step(job, 1)
-        torch.cuda.synchronize()
-        measured[where] = torch.cuda.max_memory_allocated() - before
+        measured[where] = step_device_peak(job)
     topo = job.ctx.topology
     parts = rank_resident_parts(
         cfg,

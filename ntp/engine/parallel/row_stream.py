@@ -79,8 +79,8 @@ def stream_rows(
     what ``fn`` returns, differentiable with respect to ``inputs`` and ``params``. With ``exchange``, the first input
     is in the graph layout (``exchange.gathered``) and reaches ``fn`` in rows, and the last output is returned in it
     as a :class:`Graphed` (``exchange.splits``), each a pass of rows at a time."""
-    runner = _Runner(fn, ctx, device, block_rows, precision, len(inputs), exchange)
-    runner.keeps = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *params))
+    keeps = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *params))  # a backward follows
+    runner = _Runner(fn, ctx, device, block_rows, precision, len(inputs), exchange, keeps)
     outs = _Streamed.apply(runner, *inputs, *params)
     if runner.splits:
         outs = (*outs[:-1], Graphed(outs[-1], runner.split_width))
@@ -99,6 +99,7 @@ class _Runner:
         precision: str,
         n_inputs: int,
         exchange: Exchange | None,
+        keeps: bool,
     ) -> None:
         self.fn, self.ctx, self.device, self.precision, self.n_inputs = fn, ctx, device, precision, n_inputs
         self.block_rows = max(1, block_rows)
@@ -108,7 +109,7 @@ class _Runner:
         self.returns_tuple = False
         self.split_width = 0  #: the columns of the rows that leave in the graph layout
         self.kept: torch.Tensor | None = None  #: the gathered input's rows, for the backward (host memory)
-        self.keeps = True  #: whether a backward follows (not in evaluation), so the gathered rows are kept
+        self.keeps = keeps  #: whether a backward follows (not in evaluation), so the gathered rows are kept
 
     def spans(self, rows: int) -> list[tuple[int, int]]:
         """The blocks: with an exchange, its passes (the same on every rank; the last may hold none of this rank's
