@@ -64,6 +64,12 @@ ATTENTION_VERTEX_BYTES = 2 * 4 + 8
 #: products being long already, and leaves less to aggregation's chunks
 STREAM_BLOCK_BYTES = 1 << 30
 
+#: the most rows of a streamed NN block. A block of them moves hundreds of MB over the bus in each segment (tens of ms),
+#: so its fixed costs (kernel launches, a pass's collective) are a few percent of it; more rows only take room that
+#: ``--offload all`` would keep the topology in: at products scale under 2GB, blocks of 298k rows sent the topology
+#: over the bus twice a product, blocks of 131k let it stay (tests/ntp/test_stream_plan.py). Chosen, not measured.
+STREAM_BLOCK_ROWS = 1 << 17
+
 #: the share of what the budget leaves besides aggregation's resident parts that a streamed NN block may take
 STREAM_BLOCK_SHARE = 0.5
 
@@ -448,10 +454,12 @@ def stream_block_bytes(row_bytes: int, row_block: int, params: int) -> int:
 
 def stream_block_rows(row_bytes: int, rows: int, room: int) -> int:
     """Rows of a streamed NN block: as many as :data:`STREAM_BLOCK_SHARE` of ``room`` (what the budget leaves
-    besides aggregation's resident parts; 0: unknown, as on a CPU rank) holds, up to :data:`STREAM_BLOCK_BYTES`, and
-    at least :data:`MIN_STREAM_ROWS` (a budget that cannot hold them fails in the plan, naming one that can)."""
+    besides aggregation's resident parts; 0: unknown, as on a CPU rank) holds, up to :data:`STREAM_BLOCK_BYTES` and
+    :data:`STREAM_BLOCK_ROWS`, and at least :data:`MIN_STREAM_ROWS` (a budget that cannot hold them fails in the
+    plan, naming one that can)."""
     target = min(STREAM_BLOCK_BYTES, int(room * STREAM_BLOCK_SHARE)) if room > 0 else STREAM_BLOCK_BYTES
-    return max(1, min(rows, max(MIN_STREAM_ROWS, target // max(1, row_bytes))))
+    fitting = min(STREAM_BLOCK_ROWS, target // max(1, row_bytes))
+    return max(1, min(rows, max(MIN_STREAM_ROWS, fitting)))
 
 
 def stream_parts(
