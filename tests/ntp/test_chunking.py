@@ -507,6 +507,33 @@ def test_offloaded_column_blocks_come_and_go_in_contiguous_slabs(monkeypatch) ->
     assert transfer.is_column_major(y) and not y.is_contiguous(), "the output lies as the input did"
 
 
+def test_rows_put_into_a_column_major_host_slice_spread_there_once_their_copy_has_arrived(monkeypatch) -> None:
+    """A streamed segment's output rows split into the column slice in host memory (``--offload all``): each block
+    is transposed and copied down on the download stream into pinned memory, and spread into the slice's columns on
+    the host only later, so the compute stream never waits for it: the oldest block once
+    :data:`PENDING_PUTS` more are on their way, the rest on leaving. CPU tensors stand in for a GPU's, on no-op
+    streams (their semantics need a GPU: tests/ntp/test_cuda_stream.py)."""
+    import ntp.engine.device.transfer as transfer
+
+    log = _no_op_streams(monkeypatch)
+    monkeypatch.setattr(  # the rows are a GPU's: they cross to a column-major host matrix
+        transfer, "_across_columns", lambda t, device: not t.is_contiguous() and transfer.is_column_major(t)
+    )
+    rows = torch.randn(10, 3)
+    out = transfer.host_empty(3, 10, dtype=rows.dtype, pinned=False).t().fill_(float("nan"))
+    with transfer.Downloads(torch.device("cuda")) as downloads:
+        for a in range(0, 10, 3):  # blocks of 3, 3, 3 and 1 rows
+            downloads.put_rows(out, a, rows[a : a + 3])
+        assert len(downloads.pending) == transfer.PENDING_PUTS == 2
+        assert torch.equal(out[:6], rows[:6]) and out[6:].isnan().all(), "the first two blocks are spread"
+    assert torch.equal(out, rows) and not downloads.pending
+    assert log == ["wait_stream", "record_stream"] * 4 + ["synchronize"]
+    again = torch.full_like(out, float("nan"))
+    assert transfer.is_column_major(again) and not again.is_contiguous()
+    transfer.put_rows(again, 3, rows[3:7])  # the same, waiting for its copy
+    assert torch.equal(again[3:7], rows[3:7]) and again[:3].isnan().all() and again[7:].isnan().all()
+
+
 def test_column_blocks_are_even_and_as_few_as_their_width_allows() -> None:
     from ntp.engine.device.transfer import even_blocks
 

@@ -114,3 +114,21 @@ def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None
     )
     assert measured["stream"] <= planned, (measured, parts, chunk)
     assert measured["stream"] < 0.8 * measured["device"], measured
+
+
+def test_rows_cross_between_a_column_major_host_slice_and_the_gpu_unchanged() -> None:
+    """``--offload all``'s column slice lies column by column in pinned host memory: rows taken from it reach the GPU
+    through a pinned staging copy, and rows put into it arrive there, waiting for their copy (``put_rows``) or not
+    (``Downloads.put_rows``, spread on leaving)."""
+    from ntp.engine.device import transfer
+
+    rows = torch.randn(1000, 7, device=GPU)
+    host = transfer.layout_empty(1000, 7, rows.dtype, torch.device("cpu"), GPU)
+    assert host.is_pinned() and transfer.is_column_major(host) and not host.is_contiguous()
+    transfer.put_rows(host, 0, rows[:300])
+    with transfer.Downloads(GPU) as downloads:
+        for a in range(300, 1000, 128):
+            downloads.put_rows(host, a, rows[a : min(a + 128, 1000)])
+    assert torch.equal(host, rows.cpu())
+    taken = transfer.rows_on(host, 250, 777, GPU)
+    assert taken.is_cuda and taken.is_contiguous() and torch.equal(taken, rows[250:777])

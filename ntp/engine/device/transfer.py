@@ -4,6 +4,7 @@ every helper reduces to an ordinary copy (host and device are the same memory)."
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from typing import Callable
 
@@ -132,17 +133,22 @@ def _across_columns(t: torch.Tensor, device: torch.device) -> bool:
 
 
 def rows_on(t: torch.Tensor, a: int, b: int, device: torch.device) -> torch.Tensor:
-    """Rows ``a:b`` of ``t`` on ``device`` (a view where ``t`` is there already)."""
+    """Rows ``a:b`` of ``t`` on ``device`` (a view where ``t`` is there already). From a column-major host ``t``, each
+    column's run of rows is gathered on the host into pinned memory, copied up asynchronously and laid out as rows
+    there: torch's own copy of such a strided view stages it in pageable memory and waits for it."""
     if _across_columns(t, device):
-        return t.t()[:, a:b].to(device).t().contiguous()  # each column's run of rows in one piece, laid out there
+        staged = host_empty(t.shape[1], b - a, dtype=t.dtype, pinned=True).copy_(t.t()[:, a:b])
+        return staged.to(device, non_blocking=True).t().contiguous()  # torch keeps staged until the copy has read it
     return t[a:b].to(device)
 
 
 def put_rows(dst: torch.Tensor, a: int, src: torch.Tensor) -> None:
-    """``dst[a:a + len(src)] = src``, from any device; into a column-major host ``dst`` a column's run at a time,
-    transposed on ``src``'s device first."""
+    """``dst[a:a + len(src)] = src``, from any device; into a column-major host ``dst`` transposed on ``src``'s device,
+    copied down into pinned memory and spread into its columns' runs on the host (:meth:`Downloads.put_rows` does it
+    without waiting for the copy)."""
     if _across_columns(dst, src.device):
-        dst.t()[:, a : a + src.shape[0]].copy_(src.t().contiguous())
+        staged = host_empty(src.shape[1], src.shape[0], dtype=src.dtype, pinned=src.is_cuda).copy_(src.t())
+        dst.t()[:, a : a + src.shape[0]].copy_(staged)
     else:
         dst[a : a + src.shape[0]].copy_(src)
 
@@ -245,6 +251,10 @@ def _wait(stream, event) -> None:
         stream.wait_event(event)
 
 
+#: :meth:`Downloads.put_rows` copies on their way before the host waits for the oldest (each a block's pinned buffer)
+PENDING_PUTS = 2
+
+
 class Downloads:
     """Device-to-host copies on a side stream, each issued after everything the compute stream has queued, so a
     chunk's output travels while the next chunk computes; leaving the ``with`` block waits for all of them. On the
@@ -252,6 +262,7 @@ class Downloads:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.pending: collections.deque = collections.deque()  #: :meth:`put_rows` copies not yet spread on the host
         if self.cuda:
             self.stream, self.compute = torch.cuda.Stream(device), torch.cuda.current_stream(device)
 
@@ -279,9 +290,34 @@ class Downloads:
             _columns_from_rows(dst, src)
         src.record_stream(self.stream)
 
+    def put_rows(self, dst: torch.Tensor, a: int, src: torch.Tensor) -> None:
+        """:func:`put_rows` without waiting: into a column-major host ``dst``, ``src`` is transposed and copied into
+        pinned memory on the side stream, and spread into ``dst``'s columns on the host once it has arrived (after
+        :data:`PENDING_PUTS` more, or on leaving the ``with`` block), so the compute stream never waits for it."""
+        if not (self.cuda and _across_columns(dst, src.device)):
+            put_rows(dst, a, src)
+            return
+        self.stream.wait_stream(self.compute)
+        with torch.cuda.stream(self.stream):
+            staged = host_empty(src.shape[1], src.shape[0], dtype=src.dtype, pinned=True)
+            staged.copy_(src.t(), non_blocking=True)  # transposed on the side stream, then one copy
+            arrived = _mark(self.stream)
+        src.record_stream(self.stream)
+        self.pending.append((arrived, staged, dst, a))
+        while len(self.pending) > PENDING_PUTS:
+            self._spread(*self.pending.popleft())
+
+    @staticmethod
+    def _spread(arrived, staged: torch.Tensor, dst: torch.Tensor, a: int) -> None:  # noqa: ANN001 (an event)
+        if arrived is not None:
+            arrived.synchronize()
+        dst.t()[:, a : a + staged.shape[1]].copy_(staged)
+
     def __exit__(self, *exc) -> None:
         if self.cuda:
             self.stream.synchronize()  # the host reads the output next
+        while self.pending:
+            self._spread(*self.pending.popleft())
 
 
 class Staging:

@@ -14,12 +14,17 @@ not the matrix.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 
-from ntp.engine.device.transfer import layout_empty, put_rows, rows_on
+from ntp.engine.device.transfer import Downloads, layout_empty, put_rows, rows_on
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.distributed.traffic import ALLREDUCE, GATHER, SPLIT, CommStats
+
+#: ``put(dst, first_row, rows)``: writes rows into a matrix wherever it lies (ntp.engine.device.transfer.put_rows)
+Put = Callable[[torch.Tensor, int, torch.Tensor], None]
 
 # torch 2.13 renamed these two (the old names warn); older torch (2.11 on the lent GPU machines) has only the old.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -124,8 +129,9 @@ class Comm:
         values and bytes as one pass; on one rank, a copy a block at a time."""
         self._check_rows(x)
         out = self.slice_empty(x.shape[1], x.dtype, to)
-        for a, b in self.passes(block_rows):
-            self.split_pass(rows_on(x, a, min(b, x.shape[0]), self.device), a, b, out, kind)
+        with Downloads(self.device) as downloads:
+            for a, b in self.passes(block_rows):
+                self.split_pass(rows_on(x, a, min(b, x.shape[0]), self.device), a, b, out, kind, downloads.put_rows)
         return out
 
     def cols_to_rows_in_passes(
@@ -144,13 +150,16 @@ class Comm:
         c0, c1 = self.part.cols(width)
         return layout_empty(self.part.num_nodes, c1 - c0, dtype, to, self.device)
 
-    def split_pass(self, block: torch.Tensor, a: int, b: int, out: torch.Tensor, kind: str = SPLIT) -> None:
+    def split_pass(
+        self, block: torch.Tensor, a: int, b: int, out: torch.Tensor, kind: str = SPLIT, put: Put = put_rows
+    ) -> None:
         """One pass of :meth:`rows_to_cols_in_passes` (``(a, b)`` one of :meth:`passes`): ``block`` holds this rank's
         rows ``a:a + len(block)`` (on the communication device; fewer than ``b - a`` at the end of its rows), and the
-        column slice ``out`` receives every rank's rows of the pass."""
+        column slice ``out`` receives every rank's rows of the pass, each written by ``put`` (a
+        ntp.engine.device.transfer.Downloads's, so that none waits for its copy to host memory)."""
         lay, m = self.part, self.world
         if m == 1:
-            put_rows(out, a, block)
+            put(out, a, block)
             return
         width = block.shape[1]
         col_b, (c0, c1) = lay.col_bounds(width), lay.cols(width)
@@ -163,7 +172,7 @@ class Comm:
             r0, r1 = lay.rows(r)
             rows = min(b, r1 - r0) - a
             if rows > 0:
-                put_rows(out, r0 + a, recv[r, :rows, : c1 - c0])
+                put(out, r0 + a, recv[r, :rows, : c1 - c0])
 
     def gather_pass(self, y: torch.Tensor, a: int, b: int, width: int, kind: str = GATHER) -> torch.Tensor:
         """One pass of :meth:`cols_to_rows_in_passes`: this rank's rows ``a:b`` (fewer at the end of its rows) with

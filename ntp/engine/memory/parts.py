@@ -64,10 +64,9 @@ ATTENTION_VERTEX_BYTES = 2 * 4 + 8
 #: products being long already, and leaves less to aggregation's chunks
 STREAM_BLOCK_BYTES = 1 << 30
 
-#: the most rows of a streamed NN block. A block of them moves hundreds of MB over the bus in each segment (tens of ms),
-#: so its fixed costs (kernel launches, a pass's collective) are a few percent of it; more rows only take room that
-#: ``--offload all`` would keep the topology in: at products scale under 2GB, blocks of 298k rows sent the topology
-#: over the bus twice a product, blocks of 131k let it stay (tests/ntp/test_stream_plan.py). Chosen, not measured.
+#: the most rows of a streamed NN block: its fixed costs (launches, a pass's collective) are then a few percent of the
+#: hundreds of MB it moves, and more rows take room that ``--offload all`` keeps the topology in (at products scale
+#: under 2GB, blocks of 298k rows sent it over the bus twice a product; tests/ntp/test_chunking.py). Not measured.
 STREAM_BLOCK_ROWS = 1 << 17
 
 #: the share of what the budget leaves besides aggregation's resident parts that a streamed NN block may take

@@ -155,7 +155,7 @@ class _Runner:
                         downloads.copy(out[a:b], y)
                 if self.splits:
                     leaving = ys[-1] if ys is not None else graph_out.new_zeros(0, self.split_width, device=self.device)
-                    ex.comm.split_pass(leaving, a, b, graph_out)
+                    ex.comm.split_pass(leaving, a, b, graph_out, put=downloads.put_rows)
         return (*outs, graph_out) if self.splits else tuple(outs)
 
     def backward(
@@ -193,7 +193,7 @@ class _Runner:
                     elif here:
                         downloads.copy(out[a:b], g)
                 if graph_grad_in is not None:
-                    ex.comm.split_pass(leaving, a, b, graph_grad_in)
+                    ex.comm.split_pass(leaving, a, b, graph_grad_in, put=downloads.put_rows)
                 if found is not None:
                     for acc, g in zip(grad_param, found[len(inputs) :]):
                         if acc is not None and g is not None:
