@@ -1011,34 +1011,3 @@ def test_cpu_products_scale_the_rows_once_only_on_dense_graphs() -> None:
     assert prescaled(h.bfloat16(), gcn, num_edges=20).dtype == torch.float32
     dense, sparse = (graph_resident_parts(10, e, 8, "none", "fp32", "cpu") for e in (20, 19))
     assert dense["float32 product input"] == 4 * 10 * 8 and "float32 product input" not in sparse, "the plan counts it"
-
-
-def test_a_streamed_nn_block_leaves_offload_all_the_room_to_keep_the_topology() -> None:
-    """ogbn-products' shape under ``--offload all --nn-device stream --memory-budget 2GB`` on one GPU (planned
-    only): the NN block holds at most :data:`STREAM_BLOCK_ROWS` rows, so the room it leaves keeps the topology on
-    the device, where blocks of half the room (298k rows) sent it over the bus twice a product."""
-    from ntp.engine.memory.parts import (
-        STREAM_BLOCK_ROWS,
-        STREAM_BLOCK_SHARE,
-        offloaded_layout,
-        stream_block_rows,
-        stream_parts,
-    )
-
-    n, e, features, classes = 2_449_029, 123_718_280, 100, 47
-    params = features * 64 + 64 + 64 * classes + classes
-    for precision in ("fp32", "bf16"):
-        cfg = TrainConfig(
-            model="gcn", hidden=64, nn_device="stream", offload="all", memory_budget="2GB", precision=precision
-        )
-        shape = dict(num_nodes=n, num_edges=e, feature_dim=features, out_dim=classes, world=1, params=params)
-        block, resident = stream_parts(cfg, **shape, device_type="cuda", symmetric=True, room=cfg.memory_budget_bytes)
-        assert block == STREAM_BLOCK_ROWS
-        room = cfg.memory_budget_bytes - resident["NN block"]
-        columns, kept = offloaded_layout(n, e, 64, room, precision, symmetric=True)
-        assert kept and columns >= 8, (precision, columns)
-        # a block of as many rows as its share of the room holds (298k in float32) leaves too little beside it
-        beside = cfg.memory_budget_bytes - int(cfg.memory_budget_bytes * STREAM_BLOCK_SHARE)
-        assert not offloaded_layout(n, e, 64, beside, precision, symmetric=True)[1], precision
-    assert stream_block_rows(100, 10 * STREAM_BLOCK_ROWS, 0) == STREAM_BLOCK_ROWS, "a CPU rank's blocks too"
-    assert stream_block_rows(100, 5000, 0) == 5000 and stream_block_rows(10**6, 10**6, 10**6) == 1024

@@ -22,10 +22,10 @@ import torch
 
 from ntp.engine.device.measure import format_bytes, free_device_bytes
 from ntp.engine.device.precision import element_bytes
-from ntp.engine.device.transfer import streams_topology
+from ntp.engine.device.transfer import even_blocks, streams_topology
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, ChunkPlan, make_plan
-from ntp.engine.memory.parts import propagated_width
+from ntp.engine.memory.parts import INDEX_BYTES, ROW_POINTER_BYTES, offloaded_layout, propagated_width
 
 
 def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
@@ -89,11 +89,51 @@ def nn_placement(
 class NNPlacement:
     """Where a rank's NN stage runs: ``home``, where its rows live; ``row_block``, rows of a block streamed through
     the rank's device (0: it computes at ``home``); ``reserved``: what the model keeps on the rank's device besides
-    aggregation, by part (GraphContext's ``reserved``)."""
+    aggregation, by part (GraphContext's ``reserved``); ``features``: where its input features live (``home``, or,
+    streamed, the rank's device where they fit at no cost to aggregation: :func:`features_stay`)."""
 
     home: torch.device
     row_block: int
     reserved: dict[str, int]
+    features: torch.device
+
+
+def offload_layout(topology, slice_width: int, precision: str, room: int) -> tuple[int, bool]:  # noqa: ANN001
+    """``--offload all``'s layout on a GPU for ``topology`` (a ntp.engine.graph.topology.Topology) in ``room``:
+    the columns of a block of the slice and whether the topology stays on the device
+    (ntp.engine.memory.parts.offloaded_layout, the rows of its largest degree a chunk at least)."""
+    degrees = (topology.in_degrees(), topology.out_degrees())
+    max_degree = max((int(d.max()) for d in degrees if d.numel()), default=0)
+    n, e = topology.num_nodes, topology.num_edges
+    return offloaded_layout(n, e, slice_width, room, precision, max_degree, topology.symmetric)
+
+
+def offload_bus_bytes(topology, slice_width: int, precision: str, room: int) -> int:  # noqa: ANN001
+    """Bytes a product moves over the bus under ``--offload all`` in ``room`` (:func:`offload_layout`): where the
+    slice stays, the topology once; else the slice there and back, and the topology once a column block unless it
+    stays."""
+    columns, kept = offload_layout(topology, slice_width, precision, room)
+    one_direction = topology.num_edges * INDEX_BYTES + topology.num_nodes * ROW_POINTER_BYTES
+    if not columns:
+        return one_direction
+    passes = 0 if kept else len(even_blocks(slice_width, columns))
+    return passes * one_direction + 2 * topology.num_nodes * slice_width * element_bytes(precision)
+
+
+def feature_bytes(num_nodes: int, feature_dim: int, world: int, precision: str) -> int:
+    """Bytes of a rank's rows of the input features (the largest row block) in ``precision``."""
+    return ceil_div(num_nodes, world) * feature_dim * element_bytes(precision)
+
+
+def features_stay(cfg, device: torch.device, feature_bytes: int, room: int, bus: Callable[[int], int] | None) -> bool:
+    """Whether a streamed NN stage's input features stay on the rank's GPU (``cfg``: a TrainConfig) in ``room``
+    (what the budget leaves beside the NN block): under ``--offload all``, where aggregation's products in the room
+    left move no more bytes over the bus (``bus(room)``: :func:`offload_bus_bytes`) than in the whole room. Their
+    blocks then cross the bus neither in the forward nor in the backward's recompute (products scale, float32:
+    2 GB an epoch). Elsewhere the room beside the resident slice is the chunks', which the plan sizes later."""
+    if bus is None or cfg.offload != "all" or device.type != "cuda" or not 0 < feature_bytes < room:
+        return False
+    return bus(room - feature_bytes) <= bus(room)
 
 
 def place_nn_stage(
@@ -103,13 +143,16 @@ def place_nn_stage(
     reserved: dict[str, int],
     report: bool = False,
     streamed: Callable[..., tuple[int, dict[str, int]]] | None = None,
+    feature_bytes: int = 0,
+    bus: Callable[[int], int] | None = None,
 ) -> NNPlacement:
     """Where the NN stage of a rank on ``device`` runs (:func:`nn_placement`; ``cfg``: a TrainConfig), from its
     ``resident`` parts planned with the NN stage on the device (the part "NN stage"; the others stay there), and
     ``reserved`` (what the model keeps on the device besides aggregation) with the NN stage's bytes left out where it
     runs on the host, or a block's where it streams: ``streamed`` gives its rows and the parts then from the room
     (:func:`stream_parts`; None: the task does not stream, and ntp.config's checks refuse ``--nn-device stream``).
-    ``report``: print where and why."""
+    Streamed, its input features (``feature_bytes``) stay on the device where :func:`features_stay` says so (``bus``:
+    aggregation's bus bytes by room, :func:`offload_bus_bytes`; None: never). ``report``: print where and why."""
     nn_bytes = resident["NN stage"]
     graph_bytes = sum(resident.values()) - nn_bytes
     free = free_device_bytes(device)
@@ -118,22 +161,34 @@ def place_nn_stage(
     where = nn_placement(cfg.nn_device, device, nn_bytes, graph_bytes, free, streamed is not None)
     home = device if where == "device" else torch.device("cpu")
     block, nn_part = 0, {"NN stage": nn_bytes if home == device else 0}  # a CPU rank's host is its device
+    features = home
     if where == "stream":
-        block, parts = streamed(room=cfg.memory_budget_bytes or int(free * DEVICE_MARGIN))
+        room = cfg.memory_budget_bytes or int(free * DEVICE_MARGIN)
+        block, parts = streamed(room=room)
         nn_part = {"NN stage": 0, "NN block": parts["NN block"]}
+        beside = room - sum({**reserved, **nn_part}.values())  # what aggregation gets (GraphContext's room)
+        if features_stay(cfg, device, feature_bytes, beside, bus):
+            nn_part["features"], features = feature_bytes, device
     if report and (free or block):
-        print(f"[ntp] {describe(where, device, nn_bytes, graph_bytes, free, block)}", flush=True)
-    return NNPlacement(home, block, {**reserved, **nn_part})
+        print(f"[ntp] {describe(where, device, nn_bytes, graph_bytes, free, block, features)}", flush=True)
+    return NNPlacement(home, block, {**reserved, **nn_part}, features)
 
 
 def describe(
-    where: str, device: torch.device, nn_bytes: int, graph_bytes: int, free_bytes: int, row_block: int = 0
+    where: str,
+    device: torch.device,
+    nn_bytes: int,
+    graph_bytes: int,
+    free_bytes: int,
+    row_block: int = 0,
+    features: torch.device | None = None,
 ) -> str:
-    """One line for the worker log: where the NN stage runs and why."""
+    """One line for the worker log: where the NN stage runs and why (``features``: where its input features live)."""
+    stays = " (its input features stay on the device)" if where == "stream" and features == device else ""
     what = {
         "device": f"NN stage on {device}",
         "cpu": "NN stage on cpu",
-        "stream": f"NN stage streamed through {device} in blocks of {row_block} rows, its rows in host memory",
+        "stream": f"NN stage streamed through {device} in blocks of {row_block} rows, its rows in host memory{stays}",
     }[where]
     if not free_bytes:
         return what

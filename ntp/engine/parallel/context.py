@@ -15,8 +15,8 @@ from ntp.engine.graph.aggregate import EdgeWeightedTopology, RowBlocks, SparseOp
 from ntp.engine.graph.operators import CSR, scaling, with_self_loops
 from ntp.engine.graph.topology import Topology
 from ntp.engine.memory.chunks import ChunkPlan, default_device_budget, make_plan
-from ntp.engine.memory.parts import graph_resident_parts, offloaded_layout, slice_is_rows
-from ntp.engine.memory.placement import ways_out
+from ntp.engine.memory.parts import graph_resident_parts, slice_is_rows
+from ntp.engine.memory.placement import offload_layout, ways_out
 from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.parallel.row_stream import Exchange, Graphed, stream_rows
 
@@ -144,18 +144,14 @@ class GraphContext:
     @cached_property
     def _offloaded(self) -> tuple[int, bool]:
         """``--offload all`` on a GPU: the column block and whether the topology stays on the device, from the room
-        the model leaves (ntp.engine.memory.parts.offloaded_layout)."""
+        the model leaves (ntp.engine.memory.placement.offload_layout)."""
         if self.offload != "all" or self.device.type != "cuda" or self.slice_is_rows:
             return 0, False
         reserved = sum(self.reserved.values())
         room = (
             self.memory_budget - reserved if self.memory_budget else default_device_budget(self.device, reserved)
         )  # what the model leaves
-        topo = self.topology
-        max_degree = max((int(d.max()) for d in (topo.in_degrees(), topo.out_degrees()) if d.numel()), default=0)
-        block, kept = offloaded_layout(
-            topo.num_nodes, topo.num_edges, self.slice_width, room, self.precision, max_degree, topo.symmetric
-        )
+        block, kept = offload_layout(self.topology, self.slice_width, self.precision, room)
         return (self.slice_width if block and self.pipelined else block), kept
 
     @property

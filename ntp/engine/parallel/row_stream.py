@@ -14,6 +14,9 @@ its first input arrives gathered a block at a time, and its last output leaves s
 rows, and their gradients in the backward, no longer go down to host memory and up again on either side of a
 propagation (a copy of the gathered rows goes down once, for the backward's recompute).
 
+Input features that fit beside the rest stay on the device (ntp.engine.memory.placement.features_stay): their blocks
+are views there, and neither the forward nor the backward's recompute copies them up.
+
 On a CPU rank the same loop runs over views of the rows (no copies): what the tests compare with the in-memory stage.
 """
 
@@ -226,15 +229,22 @@ class _Runner:
 
     def uploads(self, tensors: Sequence[torch.Tensor], rows: int):
         """((first, end), the tensors' rows ``first:end`` on the device) for each of :meth:`spans`, in order (fewer
-        rows where the rank's rows end first): on a GPU copied on a side stream one block ahead
-        (ntp.engine.device.transfer.streamed); on a CPU the views themselves."""
+        rows where the rank's rows end first): on a GPU, those in host memory copied on a side stream one block
+        ahead (ntp.engine.device.transfer.streamed), views of those on the device already (input features that stay
+        there: ntp.engine.memory.placement.features_stay); on a CPU the views themselves."""
         spans = self.spans(rows)
         parts = [tuple(t[a : min(b, rows)] for t in tensors) for a, b in spans]
-        if self.device.type != "cuda" or not tensors:
+        hosted = [i for i, t in enumerate(tensors) if t.device != self.device]
+        if self.device.type != "cuda" or not hosted:
             yield from zip(spans, parts)
             return
-        pinned = all(t.is_pinned() for t in tensors)
-        yield from zip(spans, streamed(parts, self.device, pinned=pinned))
+        pinned = all(tensors[i].is_pinned() for i in hosted)
+        arriving = streamed([tuple(p[i] for i in hosted) for p in parts], self.device, pinned=pinned)
+        for span, part, arrived in zip(spans, parts, arriving):
+            blocks = list(part)
+            for i, block in zip(hosted, arrived):
+                blocks[i] = block
+            yield span, tuple(blocks)
 
 
 class _Streamed(torch.autograd.Function):

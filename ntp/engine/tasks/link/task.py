@@ -24,7 +24,7 @@ from ntp.config import TrainConfig
 from ntp.engine.device import precision
 from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.distributed.partition import Partition
+from ntp.engine.distributed.partition import Partition, ceil_div
 from ntp.engine.graph.data import GraphData, load_shared
 from ntp.engine.kernels import streams
 from ntp.engine.memory import parts, placement
@@ -172,6 +172,8 @@ class LinkTask:
             link_memory.reserved_parts(cfg, **shape),
             report=env.is_main,
             streamed=streamed,
+            feature_bytes=placement.feature_bytes(n, data.feature_dim, env.world, cfg.precision),
+            bus=partial(placement.offload_bus_bytes, _topology(data), ceil_div(cfg.hidden, env.world), cfg.precision),
         )
         # the decoder and the embeddings' slice: the graph layout's device; the encoder where its rows are, or
         # there too where its rows stream through it
@@ -194,8 +196,8 @@ class LinkTask:
         if model.embedding is not None:  # checkpoints hold its whole matrices: any world size resumes them
             model.embedding.track_optimizer(optimizer)
         self._prepare(splits, data.metric, data.ogb_name, n, _graph_keys(data), cfg.seed)
-        x = torch.from_numpy(data.features).to(placed.home, precision.dtype(cfg.precision))
-        if placed.row_block and env.device.type == "cuda":
+        x = torch.from_numpy(data.features).to(placed.features, precision.dtype(cfg.precision))
+        if placed.row_block and env.device.type == "cuda" and not x.is_cuda:
             x = x.pin_memory()  # its blocks reach the device at the bus's speed
         return Job(
             cfg,

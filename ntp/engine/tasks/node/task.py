@@ -14,7 +14,7 @@ from ntp.config import TrainConfig
 from ntp.engine.device import precision
 from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.distributed.partition import Partition
+from ntp.engine.distributed.partition import Partition, ceil_div
 from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.graph.data import GraphData, load_shared
 from ntp.engine.memory import parts, placement
@@ -96,8 +96,8 @@ class NodeTask:
         model = model.to(env.device if placed.row_block else nn_device)  # streamed: the parameters stay on the device
         r0, r1 = part.rows()
         local_split = {name: _local_labeled(data.splits[name], y_all, r0, r1).to(nn_device) for name in SPLITS}
-        x = torch.from_numpy(data.features).to(nn_device, precision.dtype(cfg.precision))
-        if placed.row_block and env.device.type == "cuda":
+        x = torch.from_numpy(data.features).to(placed.features, precision.dtype(cfg.precision))
+        if placed.row_block and env.device.type == "cuda" and not x.is_cuda:
             x = x.pin_memory()  # its blocks reach the device at the bus's speed, no staging copy
         return Job(
             cfg,
@@ -208,6 +208,7 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
     )
     resident = parts.rank_resident_parts(cfg, nn_on_device=True, **shape)
     reserved = {"NN stage": resident["NN stage"], **parts.attention_parts(cfg, data.num_nodes, data.num_edges)}
+    slice_width = ceil_div(parts.propagated_width(cfg.arch, cfg.hidden, data.out_dim), env.world)
     return placement.place_nn_stage(
         cfg,
         env.device,
@@ -215,6 +216,8 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
         reserved,
         report=env.is_main,
         streamed=partial(parts.stream_parts, cfg, **shape) if cfg.nn_streams else None,
+        feature_bytes=placement.feature_bytes(data.num_nodes, data.feature_dim, env.world, cfg.precision),
+        bus=partial(placement.offload_bus_bytes, data.topology, slice_width, cfg.precision),
     )
 
 
