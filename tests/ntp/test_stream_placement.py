@@ -6,6 +6,7 @@ runs are tests/ntp/test_cuda_stream.py's)."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from types import SimpleNamespace
 
@@ -122,3 +123,5 @@ def test_streamed_features_stay_in_host_memory_unless_offload_all_plans_the_room
     assert not placement.features_stay(cfg, GPU, 10, 10**9, None)
     assert not placement.features_stay(cfg, GPU, 10**9, 10**9, lambda room: 0), "they must fit"
     assert placement.features_stay(cfg, GPU, 10, 10**9, lambda room: 0)
+    assert placement.offload_bus_bytes(TOPOLOGY, 64, "fp32", 10**8) == math.inf, "not even a column's blocks fit"
+    assert not placement.features_stay(cfg, GPU, 10, 10**9, lambda room: math.inf), "nor beside them"

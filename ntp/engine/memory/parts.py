@@ -64,9 +64,9 @@ ATTENTION_VERTEX_BYTES = 2 * 4 + 8
 #: products being long already, and leaves less to aggregation's chunks
 STREAM_BLOCK_BYTES = 1 << 30
 
-#: the most rows of a streamed NN block: its fixed costs (launches, a pass's collective) are then a few percent of the
-#: hundreds of MB it moves, and more rows take room that ``--offload all`` keeps the topology in (at products scale
-#: under 2GB, blocks of 298k rows sent it over the bus twice a product; tests/ntp/test_chunking.py). Not measured.
+#: the most rows of a streamed NN block (not measured): launches and a pass's collective are then a few percent of the
+#: hundreds of MB it moves; more rows take room that ``--offload all`` keeps the topology in (products under 2GB:
+#: blocks of 298k rows sent it over the bus twice a product; tests/ntp/test_stream_placement.py)
 STREAM_BLOCK_ROWS = 1 << 17
 
 #: the share of what the budget leaves besides aggregation's resident parts that a streamed NN block may take

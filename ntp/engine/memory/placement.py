@@ -15,6 +15,7 @@ but these copies (which are no-ops).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,7 +26,13 @@ from ntp.engine.device.precision import element_bytes
 from ntp.engine.device.transfer import even_blocks, streams_topology
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, ChunkPlan, make_plan
-from ntp.engine.memory.parts import INDEX_BYTES, ROW_POINTER_BYTES, offloaded_layout, propagated_width
+from ntp.engine.memory.parts import (
+    INDEX_BYTES,
+    ROW_POINTER_BYTES,
+    offload_room,
+    offloaded_layout,
+    propagated_width,
+)
 
 
 def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
@@ -108,16 +115,19 @@ def offload_layout(topology, slice_width: int, precision: str, room: int) -> tup
     return offloaded_layout(n, e, slice_width, room, precision, max_degree, topology.symmetric)
 
 
-def offload_bus_bytes(topology, slice_width: int, precision: str, room: int) -> int:  # noqa: ANN001
+def offload_bus_bytes(topology, slice_width: int, precision: str, room: int) -> float:  # noqa: ANN001
     """Bytes a product moves over the bus under ``--offload all`` in ``room`` (:func:`offload_layout`): where the
     slice stays, the topology once; else the slice there and back, and the topology once a column block unless it
-    stays."""
+    stays; infinite where even one column's blocks do not fit (the chunks' plan may still find a way)."""
     columns, kept = offload_layout(topology, slice_width, precision, room)
-    one_direction = topology.num_edges * INDEX_BYTES + topology.num_nodes * ROW_POINTER_BYTES
+    n, e = topology.num_nodes, topology.num_edges
+    one_direction = e * INDEX_BYTES + n * ROW_POINTER_BYTES
     if not columns:
         return one_direction
+    if offload_room(n, e, columns, precision, kept, symmetric=topology.symmetric) > room:
+        return math.inf
     passes = 0 if kept else len(even_blocks(slice_width, columns))
-    return passes * one_direction + 2 * topology.num_nodes * slice_width * element_bytes(precision)
+    return passes * one_direction + 2 * n * slice_width * element_bytes(precision)
 
 
 def feature_bytes(num_nodes: int, feature_dim: int, world: int, precision: str) -> int:
@@ -125,7 +135,7 @@ def feature_bytes(num_nodes: int, feature_dim: int, world: int, precision: str) 
     return ceil_div(num_nodes, world) * feature_dim * element_bytes(precision)
 
 
-def features_stay(cfg, device: torch.device, feature_bytes: int, room: int, bus: Callable[[int], int] | None) -> bool:
+def features_stay(cfg, device: torch.device, feature_bytes: int, room: int, bus: Callable[[int], float] | None) -> bool:
     """Whether a streamed NN stage's input features stay on the rank's GPU (``cfg``: a TrainConfig) in ``room``
     (what the budget leaves beside the NN block): under ``--offload all``, where aggregation's products in the room
     left move no more bytes over the bus (``bus(room)``: :func:`offload_bus_bytes`) than in the whole room. Their
@@ -133,7 +143,7 @@ def features_stay(cfg, device: torch.device, feature_bytes: int, room: int, bus:
     2 GB an epoch). Elsewhere the room beside the resident slice is the chunks', which the plan sizes later."""
     if bus is None or cfg.offload != "all" or device.type != "cuda" or not 0 < feature_bytes < room:
         return False
-    return bus(room - feature_bytes) <= bus(room)
+    return bus(room - feature_bytes) <= bus(room) < math.inf
 
 
 def place_nn_stage(
@@ -144,7 +154,7 @@ def place_nn_stage(
     report: bool = False,
     streamed: Callable[..., tuple[int, dict[str, int]]] | None = None,
     feature_bytes: int = 0,
-    bus: Callable[[int], int] | None = None,
+    bus: Callable[[int], float] | None = None,
 ) -> NNPlacement:
     """Where the NN stage of a rank on ``device`` runs (:func:`nn_placement`; ``cfg``: a TrainConfig), from its
     ``resident`` parts planned with the NN stage on the device (the part "NN stage"; the others stay there), and
