@@ -231,17 +231,26 @@ class TrainLosses:
         self.first = job.ctx.row_offset
         self.train = job.local_split["train"]  # sorted (_local_labeled): a block's are a contiguous run
         self.y, self.multiclass = job.y, job.data.task_type == "multiclass"
+        self._copies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, position: Any, logits: torch.Tensor) -> torch.Tensor:
         a = position.row_offset - self.first
         bounds = torch.tensor([a, a + logits.shape[0]], device=self.train.device)
-        lo, hi = torch.searchsorted(self.train, bounds).tolist()
-        rows = self.train[lo:hi]
-        at = (rows - a).to(logits.device)
+        lo, hi = torch.searchsorted(self.train, bounds).tolist()  # where the rows live: no GPU waited for, streamed
+        train, y = self._on(logits.device)
+        rows = train[lo:hi]
+        at = rows - a
         # picked with index_select: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on
         # two CPU threads
-        losses = row_losses(logits.index_select(0, at), self.y[rows].to(logits.device), self.multiclass)
+        losses = row_losses(logits.index_select(0, at), y[rows], self.multiclass)
         return logits.new_zeros(logits.shape[0]).index_put((at,), losses)[:, None]
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training rows and the labels on ``device``, copied there once: a streamed block's copy up would wait
+        for the GPU to finish all its queued work (torch's blocking copy synchronises), twice a block."""
+        if device not in self._copies:
+            self._copies[device] = (self.train.to(device), self.y.to(device))
+        return self._copies[device]
 
 
 def row_losses(logits: torch.Tensor, y: torch.Tensor, multiclass: bool) -> torch.Tensor:
