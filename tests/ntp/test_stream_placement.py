@@ -69,6 +69,7 @@ def _placed(cfg: TrainConfig, monkeypatch) -> placement.NNPlacement:
         GPU,
         resident,
         {"NN stage": resident["NN stage"]},
+        report=True,
         streamed=partial(stream_parts, cfg, device_type="cuda", symmetric=True, **SHAPE),
         feature_bytes=placement.feature_bytes(N, FEATURES, 1, cfg.precision),
         bus=partial(placement.offload_bus_bytes, TOPOLOGY, 64, cfg.precision),
@@ -86,14 +87,16 @@ def _placed(cfg: TrainConfig, monkeypatch) -> placement.NNPlacement:
     ],
 )
 def test_streamed_features_stay_on_the_gpu_only_where_aggregation_moves_no_more_bytes(
-    precision: str, budget: str, stay: bool, monkeypatch
+    precision: str, budget: str, stay: bool, monkeypatch, capsys
 ) -> None:
     """The features stay where aggregation's products, in the room they leave, move no more bytes over the bus than
-    in the whole room; then the plan counts them, and the rank's layout is the one the decision assumed."""
+    in the whole room; then the plan counts them, the log says so, and the rank's layout is the one the decision
+    assumed."""
     cfg = _config(offload="all", memory_budget=budget, precision=precision)
     placed = _placed(cfg, monkeypatch)
     features = placement.feature_bytes(N, FEATURES, 1, precision)
     assert (placed.features == GPU) is stay and (placed.reserved.get("features") == features) is stay
+    assert ("its input features stay on the device" in capsys.readouterr().out) is stay
     assert placed.home.type == "cpu" and placed.row_block == STREAM_BLOCK_ROWS
     ctx = GraphContext(
         TOPOLOGY,
@@ -113,11 +116,18 @@ def test_streamed_features_stay_on_the_gpu_only_where_aggregation_moves_no_more_
     )
 
 
-def test_streamed_features_stay_in_host_memory_unless_offload_all_plans_the_room(monkeypatch) -> None:
+def test_streamed_features_stay_in_host_memory_unless_offload_all_plans_the_room(monkeypatch, capsys) -> None:
     """Beside a resident slice (``--offload topology``) the room left is the chunks', which the plan sizes later:
-    the features stay in host memory, as on a CPU rank and without a bus to compare."""
+    the features stay in host memory, as on a CPU rank (whose log says nothing of them) and without a bus to
+    compare."""
     placed = _placed(_config(offload="topology", memory_budget="6GB"), monkeypatch)
     assert placed.features.type == "cpu" and "features" not in placed.reserved
+    cpu = torch.device("cpu")
+    on_cpu = placement.place_nn_stage(
+        _config(offload="all"), cpu, {"NN stage": 10**6}, {}, report=True, streamed=lambda room: (64, {"NN block": 1})
+    )
+    assert on_cpu.features == cpu and "features" not in on_cpu.reserved
+    assert "features" not in capsys.readouterr().out
     cfg = _config(offload="all", memory_budget="3.5GB")
     assert not placement.features_stay(cfg, torch.device("cpu"), 10, 10**9, lambda room: 0)
     assert not placement.features_stay(cfg, GPU, 10, 10**9, None)

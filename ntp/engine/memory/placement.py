@@ -180,7 +180,8 @@ def place_nn_stage(
         if features_stay(cfg, device, feature_bytes, beside, bus):
             nn_part["features"], features = feature_bytes, device
     if report and (free or block):
-        print(f"[ntp] {describe(where, device, nn_bytes, graph_bytes, free, block, features)}", flush=True)
+        stay = "features" in nn_part
+        print(f"[ntp] {describe(where, device, nn_bytes, graph_bytes, free, block, stay)}", flush=True)
     return NNPlacement(home, block, {**reserved, **nn_part}, features)
 
 
@@ -191,10 +192,11 @@ def describe(
     graph_bytes: int,
     free_bytes: int,
     row_block: int = 0,
-    features: torch.device | None = None,
+    features_stay: bool = False,
 ) -> str:
-    """One line for the worker log: where the NN stage runs and why (``features``: where its input features live)."""
-    stays = " (its input features stay on the device)" if where == "stream" and features == device else ""
+    """One line for the worker log: where the NN stage runs and why (``features_stay``: its input features stay on
+    the device, :func:`features_stay`)."""
+    stays = " (its input features stay on the device)" if features_stay else ""
     what = {
         "device": f"NN stage on {device}",
         "cpu": "NN stage on cpu",
