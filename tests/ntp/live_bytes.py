@@ -55,6 +55,20 @@ def _storage_address(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def gpu_step_peak(job, epoch: int = 1) -> int:  # noqa: ANN001 (a ntp.engine.train.setup.Job)
+    """The GPU's allocation peak over a training step, above what lived before it. A step's phases
+    (ntp.engine.device.measure.PhaseMemory: "nn", "propagate") reset the device's peak counter as they switch, so the
+    allocator's peak read after the step is its last phase's alone: the step's is the largest of its phases'."""
+    from ntp.engine.train.loop import train_step
+
+    torch.cuda.synchronize()
+    job.ctx.reset_stats()  # the phases' peaks, and the device's counter
+    before = torch.cuda.memory_allocated()
+    train_step(job, epoch)
+    torch.cuda.synchronize()
+    return max(job.ctx.memory.snapshot().values()) - before
+
+
 def held_bytes(job) -> int:  # noqa: ANN001 (a ntp.engine.train.setup.Job)
     """Bytes a job holds between steps that the memory plan counts besides the topology: its features, its
     parameters and the optimiser's state (Adam's moments; a step's gradients are made in the step, where they are

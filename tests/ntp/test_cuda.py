@@ -15,7 +15,7 @@ from ntp.engine.memory.parts import offload_room
 from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
-from tests.ntp.live_bytes import LINK_SLACK, PLAN_SLACK, chunk_bytes, held_bytes
+from tests.ntp.live_bytes import LINK_SLACK, PLAN_SLACK, chunk_bytes, gpu_step_peak, held_bytes
 
 pytestmark = [
     pytest.mark.gpu,
@@ -158,17 +158,10 @@ def test_a_training_step_on_one_gpu_stays_within_the_memory_plan(options: dict) 
 
 
 def _step_bytes(job) -> int:
-    """What a training step allocates on the GPU: the caching allocator's peak above what lived before it, plus what
-    the plan counts that lived before it besides the topology: the features, the parameters and the optimiser's state
-    (as tests/ntp/test_memory_estimate.py counts on a CPU)."""
-    from ntp.engine.train.loop import train_step
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    train_step(job, 1)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before + held_bytes(job)
+    """What a training step allocates on the GPU: the caching allocator's peak above what lived before it
+    (tests/ntp/live_bytes.gpu_step_peak), plus what the plan counts that lived before it besides the topology: the
+    features, the parameters and the optimiser's state (as tests/ntp/test_memory_estimate.py counts on a CPU)."""
+    return gpu_step_peak(job) + held_bytes(job)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.train.loop import fit, train_step
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
+from tests.ntp.live_bytes import gpu_step_peak
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,12 +26,7 @@ GPU = torch.device("cuda:0")
 def step_device_peak(job) -> int:  # noqa: ANN001 (a ntp.engine.train.setup.Job)
     """The GPU's allocation peak over a second training step, above what lived before it (the first warms up)."""
     train_step(job, 0)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    train_step(job, 1)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
+    return gpu_step_peak(job)
 
 
 def _config(**options) -> TrainConfig:
