@@ -83,6 +83,8 @@ def ntp_row(store: Path, name: str, fields: dict, args) -> dict:
         "variant": f"ntp {name}",
         "epoch_s": res["epoch_s"],
         "peak_GB_per_rank": res["peak_mem_max"] / 1e9,
+        "peak_nn_GB": res["peak_mem_by_phase"].get("nn", 0) / 1e9,  # where the peak is: rows or propagation
+        "peak_propagate_GB": res["peak_mem_by_phase"].get("propagate", 0) / 1e9,
         "host_B_per_edge": res["host_pss_node"] / edges,
         "host_net_B_per_edge": beyond / edges,
         "topology_B_per_edge": res["topology_bytes"] / edges,

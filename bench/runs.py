@@ -56,14 +56,19 @@ def run_job(store: Path, nproc: int, epochs: int, **cfg_fields) -> dict:
 
 
 def _memory(epoch_recs: list[dict], recs: list[dict]) -> dict:
-    """Memory of the last epoch: peak per rank (max), the node's host PSS (sum over ranks: one node here), the
-    topology's bytes (one copy per node) and what it keeps on a device (max over ranks), and the edge count."""
+    """Memory of the last epoch: peak per rank (max), and by phase ("nn", "propagate": where the peak is), the node's
+    host PSS (sum over ranks: one node here), the topology's bytes (one copy per node) and what it keeps on a device
+    (max over ranks), and the edge count."""
     from storage import open_store
 
     last = epoch_recs[-1]["workers"]
     final = recs[-1]
     return {
         "peak_mem_max": max(w.get("peak_mem_bytes", 0) for w in last),
+        "peak_mem_by_phase": {
+            phase: max(w.get("peak_mem_by_phase", {}).get(phase, 0) for w in last)
+            for phase in sorted({p for w in last for p in w.get("peak_mem_by_phase", {})})
+        },
         "host_pss_node": sum(w.get("host_pss_bytes", 0) for w in last),
         "topology_bytes": last[0].get("topology_bytes", 0),
         "device_topology_bytes": max(w.get("device_topology_bytes", 0) for w in last),
