@@ -47,6 +47,39 @@ class LiveBytes(TorchDispatchMode):
         self.live -= size
 
 
+class DeviceBytes(LiveBytes):
+    """:class:`LiveBytes` of what a GPU rank would hold on its device: every storage but those made for host memory
+    (ntp.engine.device.transfer.host_empty: a streamed stage's rows and what its backward keeps), which a CPU rank
+    makes in the same memory. A GPU's copies of a block on its way up are views on a CPU, not counted."""
+
+    def __enter__(self) -> "DeviceBytes":
+        import ntp.engine.device.transfer as transfer
+        import ntp.engine.parallel.row_stream as row_stream
+
+        original, self._hosting = transfer.host_empty, False
+
+        def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+            self._hosting = True
+            try:
+                return original(*size, dtype=dtype, pinned=pinned)
+            finally:
+                self._hosting = False
+
+        self._restore = [(module, original) for module in (transfer, row_stream)]
+        for module, _ in self._restore:
+            module.host_empty = host_empty
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        for module, original in self._restore:
+            module.host_empty = original
+        return super().__exit__(*exc)
+
+    def _count(self, storage: torch.UntypedStorage) -> None:
+        if not self._hosting:
+            super()._count(storage)
+
+
 def _dense(t) -> bool:
     return isinstance(t, torch.Tensor) and t.layout == torch.strided
 
