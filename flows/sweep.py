@@ -96,9 +96,7 @@ def sweep(
     try:
         remote.publish_job(started)
         run_trial_flows(started, trial_deployment, trial_timeout_s, queue_timeout_s, poll_s)
-        closed = remote.close_trial_runs(started)
-        if closed:
-            logger.warning("ended KILLED the MLflow runs %s that their trials left RUNNING", closed)
+        started.close_trial_runs()  # says which, through the sweep's logger
     except BaseException as exc:
         started.fail(exc)
         raise

@@ -177,7 +177,39 @@ def test_a_handed_trial_below_the_median_prunes_itself_through_the_storage(cora_
     assert not remote.fail_unfinished(sweep, number, "again")  # a trial its runner ended is left as it is
     failed = remote.trial_state(sweep, number)
     assert failed.state.name == "FAIL" and failed.user_attrs["error"] == "its flow run ended CRASHED"
-    assert remote.close_trial_runs(sweep) == [left] and client.get_run(left).info.status == "KILLED"
+    assert sweep.close_trial_runs() == [left] and client.get_run(left).info.status == "KILLED"
+    client.set_terminated(sweep.parent_run_id)
+
+
+def test_a_sweep_ends_the_runs_its_trials_left_running(cora_store, tmp_path):
+    """A trial's job killed before it could end its MLflow run (SIGKILL after its grace, on a loaded machine) leaves
+    the run RUNNING: `ntp sweep` ends such runs KILLED, tagged FAIL, once its trials have ended, and says so; here
+    when it resumes a study with no trial left to run."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from ntp.run.sweep.study import SweepSettings, optimize, start_sweep
+    from ntp.run.sweep.trial import TAG_STATE
+
+    settings = SweepSettings(
+        space=parse_space({"fixed": {"epochs": 1, "mode": "single"}, "space": {"hidden": [16]}}),
+        store=cora_store,
+        study_name=f"left-{tmp_path.name}",
+        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        n_trials=1,
+        experiment="left-test",
+        device="cpu",
+    )
+    first = start_sweep(settings, on_line=lambda line: None)
+    first.study.add_trial(optuna.trial.create_trial(value=0.5))  # the trial ran; its job was killed at the end
+    client = MlflowClient()
+    experiment = client.get_run(first.parent_run_id).info.experiment_id
+    left = client.create_run(experiment, tags={"mlflow.parentRunId": first.parent_run_id}).info.run_id
+    lines: list[str] = []
+    sweep = optimize(settings, on_line=lines.append)
+    run = client.get_run(left)
+    assert run.info.status == "KILLED" and run.data.tags[TAG_STATE] == "FAIL", run.info.status
+    assert any(left in line and "left RUNNING" in line for line in lines), lines
     client.set_terminated(sweep.parent_run_id)
 
 

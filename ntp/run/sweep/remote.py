@@ -13,8 +13,8 @@ from typing import Any
 
 from ntp.errors import ConfigError, WorkerFailed
 from ntp.run.sweep.study import PARENT_ATTR, Sweep, default_storage, make_pruner, prepare_database, trial_epochs
-from ntp.run.sweep.trial import ERROR_ATTR, TAG_STATE, TrialJob, run_trial
-from ntp.run.tracking.mlflow_store import TAG_ERROR, client, data_dir
+from ntp.run.sweep.trial import ERROR_ATTR, TrialJob, run_trial
+from ntp.run.tracking.mlflow_store import client, data_dir
 
 #: The study's user attribute: what every trial's runner needs (store, experiment, fixed options, launch, pruner).
 TRIAL_JOB_ATTR = "trial_job"
@@ -100,23 +100,6 @@ def fail_unfinished(sweep: Sweep, number: int, why: str) -> bool:
     storage.set_trial_user_attr(trial_id, ERROR_ATTR, why)
     sweep.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
     return True
-
-
-def close_trial_runs(sweep: Sweep) -> list[str]:
-    """End KILLED the trials' MLflow runs still RUNNING once every trial has ended (a runner killed outright could
-    not end its run); returns their ids."""
-    from ntp.run.tracking.mlflow_store import experiment_id
-
-    c = sweep.client
-    runs = c.search_runs(
-        [experiment_id(sweep.experiment, c)],
-        f"tags.mlflow.parentRunId = '{sweep.parent_run_id}' and attributes.status = 'RUNNING'",
-    )
-    for run in runs:
-        c.set_tag(run.info.run_id, TAG_ERROR, "its trial ended without ending this run (its runner was killed)")
-        c.set_tag(run.info.run_id, TAG_STATE, "FAIL")
-        c.set_terminated(run.info.run_id, "KILLED")
-    return [run.info.run_id for run in runs]
 
 
 def run_handed_trial(

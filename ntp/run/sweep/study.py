@@ -19,13 +19,14 @@ from ntp.run.sweep.space import SearchSpace
 from ntp.run.sweep.trial import (
     ERROR_ATTR,
     INTERRUPTED_ATTR,
+    TAG_STATE,
     TAG_SWEEP,
     TrialJob,
     gpu_groups,
     run_trial,
     slot_queue,
 )
-from ntp.run.tracking.mlflow_store import client, data_dir, experiment_id, tracking_uri
+from ntp.run.tracking.mlflow_store import TAG_ERROR, client, data_dir, experiment_id, tracking_uri
 from ntp.run.tracking.nested import create_parent, reopen_parent
 from ntp.run.tracking.orphans import end_status
 
@@ -280,6 +281,24 @@ class Sweep:
         self.client.set_tag(self.parent_run_id, "ntp.error", f"{type(exc).__name__}: {exc}"[-4900:])
         self.client.set_terminated(self.parent_run_id, end_status(exc))
 
+    def close_trial_runs(self) -> list[str]:
+        """End KILLED the trials' MLflow runs still RUNNING once every trial has ended (a job killed before it
+        could end its run: SIGKILL after its grace, or a runner killed outright); returns their ids."""
+        c = self.client
+        runs = c.search_runs(
+            [experiment_id(self.experiment, c)],
+            f"tags.mlflow.parentRunId = '{self.parent_run_id}' and attributes.status = 'RUNNING'",
+        )
+        for run in runs:
+            c.set_tag(run.info.run_id, TAG_ERROR, "its trial ended without ending this run (its job was killed)")
+            c.set_tag(run.info.run_id, TAG_STATE, "FAIL")
+            c.set_terminated(run.info.run_id, "KILLED")
+        if runs:
+            self.on_line(
+                f"[sweep] ended KILLED the MLflow run(s) {[r.info.run_id for r in runs]} their trials left RUNNING"
+            )
+        return [run.info.run_id for run in runs]
+
 
 def start_sweep(settings: SweepSettings, on_line: Callable[[str], None] = print) -> Sweep:
     """Open (or resume) the study and its parent run; interrupted trials are queued to run again first."""
@@ -329,4 +348,6 @@ def optimize(settings: SweepSettings, on_line: Callable[[str], None] = print) ->
     except BaseException as exc:
         sweep.fail(exc)
         raise
+    finally:  # every trial has ended here (Optuna waits for its threads, each for its job's process group)
+        sweep.close_trial_runs()
     return sweep
