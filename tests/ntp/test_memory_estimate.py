@@ -59,33 +59,39 @@ def measured_and_estimated(
     propagation a step without a budget runs (tests/ntp/live_bytes.chunk_bytes; its output rows are the NN stage's
     on one rank), as a budget counts them."""
     from ntp.engine.distributed.dist import DistEnv
-    from ntp.engine.memory.parts import rank_resident_parts
-    from ntp.engine.train.loop import train_step
-    from ntp.engine.train.setup import setup
-    from tests.ntp.graphs import loader
     from tests.ntp.live_bytes import LiveBytes, chunk_bytes, held_bytes
 
     env = env or DistEnv(0, 1, 0, 1, torch.device("cpu"), None)
     cfg = TrainConfig(mode="tp", epochs=2, seed=1, **options)
     graph = _graph(DENSE if cfg.model == "gat" else 8, features)
+    peak, job, parts = _step_and_plan(cfg, env, graph, LiveBytes(), nn_on_device=True, device_type=device_type)
+    estimate = sum(parts.values()) - parts["topology"]  # the topology is the only part made before the step
+    return peak + held_bytes(job), estimate + chunk_bytes(job, width=0)
+
+
+def _step_and_plan(cfg: TrainConfig, env, graph: dict, counter, **plan) -> tuple:  # noqa: ANN001
+    """A second training step's peak as ``counter`` counts it (the first makes the optimiser's state), its job, and
+    the plan's parts of such a rank (ntp.engine.memory.parts.rank_resident_parts with ``plan``'s options)."""
+    from ntp.engine.memory.parts import rank_resident_parts
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
+    from tests.ntp.graphs import loader
+
     job = setup(cfg, env, loader(graph))
     train_step(job, 0)  # the optimizer's state exists from here on
-    live = LiveBytes()
-    with live:
+    with counter:
         train_step(job, 1)
     parts = rank_resident_parts(
         cfg,
         num_nodes=N,
         num_edges=graph["edge_index"].shape[1],
-        feature_dim=features,
+        feature_dim=graph["x"].shape[1],
         out_dim=CLASSES,
         world=env.world,
-        nn_on_device=True,
-        device_type=device_type,
         params=sum(p.numel() for p in job.model.parameters()),
+        **plan,
     )
-    estimate = sum(parts.values()) - parts["topology"]  # the topology is the only part made before the step
-    return live.peak + held_bytes(job), estimate + chunk_bytes(job, width=0)
+    return counter.peak, job, parts
 
 
 @pytest.mark.parametrize("options", CONFIGS[:3], ids=lambda o: "-".join(map(str, o.values())))
@@ -223,34 +229,14 @@ def _streamed_device_worker(options: dict) -> tuple[int, int]:
     parameters and the optimiser's state it starts from, and the plan's parts of such a rank but the topology, and
     one chunk."""
     from ntp.engine.distributed.dist import distributed
-    from ntp.engine.memory.parts import rank_resident_parts
-    from ntp.engine.train.loop import train_step
-    from ntp.engine.train.setup import setup
-    from tests.ntp.graphs import loader
     from tests.ntp.live_bytes import DeviceBytes, chunk_bytes, held_bytes
 
     with distributed(60, "cpu") as env:
         cfg = TrainConfig(mode="tp", epochs=2, seed=1, nn_device="stream", nn_block_rows=STREAM_BLOCK, **options)
-        graph = _graph(8)
-        job = setup(cfg, env, loader(graph))
-        train_step(job, 0)
-        device = DeviceBytes()
-        with device:
-            train_step(job, 1)
-        parts = rank_resident_parts(
-            cfg,
-            num_nodes=N,
-            num_edges=graph["edge_index"].shape[1],
-            feature_dim=FEATURES,
-            out_dim=CLASSES,
-            world=env.world,
-            params=sum(p.numel() for p in job.model.parameters()),
-            nn_on_device=False,
-            device_type="cpu",
-            row_block=STREAM_BLOCK,
-        )
+        plan = dict(nn_on_device=False, device_type="cpu", row_block=STREAM_BLOCK)
+        peak, job, parts = _step_and_plan(cfg, env, _graph(8), DeviceBytes(), **plan)
         state = held_bytes(job) - job.x.numel() * job.x.element_size()  # the features are in host memory
-        return device.peak + state, sum(parts.values()) - parts["topology"] + chunk_bytes(job)
+        return peak + state, sum(parts.values()) - parts["topology"] + chunk_bytes(job)
 
 
 @pytest.mark.parametrize("options", STREAMED_CONFIGS, ids=lambda o: "-".join(map(str, o.values())))

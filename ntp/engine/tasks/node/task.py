@@ -208,7 +208,9 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
     )
     resident = parts.rank_resident_parts(cfg, nn_on_device=True, **shape)
     reserved = {"NN stage": resident["NN stage"], **parts.attention_parts(cfg, data.num_nodes, data.num_edges)}
-    slice_width = ceil_div(parts.propagated_width(cfg.arch, cfg.hidden, data.out_dim), env.world)
+    slice_width = ceil_div(
+        max(parts.propagated_width(cfg.arch, cfg.hidden, data.out_dim), 1), env.world
+    )  # GraphContext's
     return placement.place_nn_stage(
         cfg,
         env.device,
