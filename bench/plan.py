@@ -10,6 +10,8 @@ No GPU and no graph are needed: every figure comes from the formulas ``--memory-
 host, from the bytes per edge ``bench/gpu.py`` measured last (bench/out/bytes_per_edge.json; design figures before
 any run). A GPU fits when its resident parts leave room for chunks; "chunks" is how many propagation needs then
 (each chunk a range of destination rows with all their edges: more chunks, more kernel launches, same bytes).
+Streamed, "resident_GB" is what a product holds beside its chunks and "segment_GB" what the NN stage's segments hold
+with their block, which is not alive in a product (ntp.engine.memory.phases); both must fit.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ntp.engine.memory.parts import (
     rank_resident_parts,
     stream_parts,
 )
+from ntp.engine.memory.phases import beside_chunks, segment_bytes
 from ntp.engine.nn.models import build_model
 
 #: The graphs: ogbn-papers100M, and a homogeneous graph of MAG240M's size (its papers' 768 features on every node).
@@ -82,11 +85,11 @@ def plan_row(
         block, parts = stream_parts(cfg, room=budget, **shape)
     else:
         block, parts = 0, rank_resident_parts(cfg, nn_on_device=True, **shape)
-    resident = sum(parts.values())
+    resident = beside_chunks(parts)  # a streamed NN block is not alive during a product (ntp.engine.memory.phases)
     eb = element_bytes(cfg.precision)
     slice_width = ceil_div(propagated_width(cfg.arch, hidden, classes), gpus)
     work = (e + n) * EDGE_BYTES + n * (slice_width * eb + ROW_BYTES)  # every chunk's working set, summed
-    room = budget - resident
+    room = budget - resident if segment_bytes(parts) <= budget else 0
     local = min(gpus, per_machine)
     if cfg.nn_device == "stream":  # the rows and their activations stay in host memory, the parameters on the GPU
         host_rank = stream_host_bytes(cfg, num_nodes=n, feature_dim=f, out_dim=classes, world=gpus)
@@ -100,6 +103,7 @@ def plan_row(
         "machines": ceil_div(gpus, per_machine),
         "mode": mode_name,
         "resident_GB": resident / 1e9,
+        "segment_GB": segment_bytes(parts) / 1e9 if block else None,  # a streamed NN stage's segments: the block
         "fits": room > 0,
         "chunks": ceil_div(work, room) if room > 0 else None,
         "nn_block_rows": block or None,

@@ -16,6 +16,10 @@ PLAN_SLACK = 1.1
 #: the encoder's working copies never live at once); measured on a CPU 1.04-1.33x (bfloat16 the most; 2026-11-28),
 #: not yet within PLAN_SLACK as a node step's plan is
 LINK_SLACK = 1.4
+#: how far above what a streamed step holds on its device its plan may be (ntp.engine.memory.phases.peak_bytes): a
+#: product's output is counted beside its chunks' output rows, the same tensor where one chunk runs, and a chunk's
+#: edges at a GPU's bytes; measured on two CPU ranks 1.16-1.48x (2026-12-02), not yet within PLAN_SLACK
+STREAM_SLACK = 1.6
 
 
 class LiveBytes(TorchDispatchMode):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -162,6 +163,26 @@ def test_a_budget_bounds_the_whole_rank_and_names_what_does_not_fit() -> None:
         "more ranks",
     ):
         assert part in message, message
+
+
+def test_a_streamed_nn_block_leaves_the_chunks_its_room_but_must_fit_beside_a_segment() -> None:
+    """A streamed NN block lives only in the NN stage's segments, a product's float32 copies only in the product
+    (ntp.engine.memory.phases): the chunks get the room beside all but the block, and a budget whose segment cannot
+    hold the block fails naming it and the smallest budget that works, which then plans."""
+    topo = _topology(DIRECTED)
+    deg = topo.in_degrees().numpy(), topo.out_degrees().numpy()
+    width, budget = 3, 10_000
+    stays = {"topology": 4_000, "parameters": 1_000}
+    with_copy = {**stays, "float32 product input": 1_000}
+    plan = make_plan(*deg, memory_budget=budget, width=width, resident={**with_copy, "NN block": 4_000})
+    assert plan.bounds == make_plan(*deg, memory_budget=budget, width=width, resident=with_copy).bounds
+    assert plan.num_chunks > 1, "the room is the chunks' limit, not the block"
+    make_plan(*deg, memory_budget=budget, width=width, resident={**with_copy, "NN block": budget - 5_000})
+    with pytest.raises(MemoryPlanError) as err:  # the product's copy is not alive beside the block
+        make_plan(*deg, memory_budget=budget, width=width, resident={**with_copy, "NN block": budget - 4_999})
+    assert "NN block" in str(err.value), err.value
+    minimum = re.search(r"at least ([0-9.]+[KMG]?B)", str(err.value)).group(1)
+    make_plan(*deg, memory_budget=parse_bytes(minimum), width=width, resident={**with_copy, "NN block": 5_001})
 
 
 def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:

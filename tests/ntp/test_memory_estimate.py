@@ -13,7 +13,7 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.kernels import native
 from tests.ntp.graphs import random_graph
-from tests.ntp.live_bytes import PLAN_SLACK
+from tests.ntp.live_bytes import PLAN_SLACK, STREAM_SLACK
 from tests.ntp.spawn import run_on_ranks
 
 N, FEATURES, CLASSES = 3_000, 150, 7
@@ -184,7 +184,7 @@ def _streamed_worker(options: dict) -> tuple[int, int]:
     memory."""
     from ntp.engine.distributed.dist import distributed
     from ntp.engine.memory.host import stream_host_bytes
-    from ntp.engine.memory.parts import stream_block_bytes, stream_row_bytes
+    from ntp.engine.memory.parts import PARAMETER_COPIES, stream_row_bytes
     from ntp.engine.train.loop import train_step
     from ntp.engine.train.setup import setup
     from tests.ntp.graphs import loader
@@ -200,9 +200,8 @@ def _streamed_worker(options: dict) -> tuple[int, int]:
         params = sum(p.numel() for p in job.model.parameters())
         shape = dict(num_nodes=N, feature_dim=FEATURES, out_dim=CLASSES, world=env.world)
         host = stream_host_bytes(cfg.replace(offload="all"), **shape)
-        device = stream_block_bytes(
-            stream_row_bytes(cfg, FEATURES, CLASSES, "cpu", world=env.world), STREAM_BLOCK, params
-        )
+        block = STREAM_BLOCK * stream_row_bytes(cfg, FEATURES, CLASSES, "cpu", world=env.world)
+        device = block + 4 * params * PARAMETER_COPIES
         scaled = 4 * N * job.ctx.slice_width  # a product's float32 copy of its input (a column block's on a GPU)
         return live.peak + held_bytes(job), host + device + scaled + chunk_bytes(job, width=0)
 
@@ -212,6 +211,8 @@ STREAMED_CONFIGS = [
     dict(arch="coupled", model="sage", hidden=32, nn_layers=3, dropout=0.5),
     dict(arch="decoupled", model="gcn", hidden=64, nn_layers=3, dropout=0.5),
     dict(arch="coupled", model="gcn", hidden=64, nn_layers=3, residual=True, norm="layer", input_proj=True),
+    dict(arch="coupled", model="gcn", hidden=64, nn_layers=3, jk="cat", dropout=0.5),
+    dict(arch="decoupled", model="appnp", hidden=64, dropout=0.5),  # its restart keeps the MLP's output
 ]
 
 
@@ -226,9 +227,10 @@ def test_the_host_figure_of_a_streamed_rank_covers_its_step(options: dict) -> No
 
 def _streamed_device_worker(options: dict) -> tuple[int, int]:
     """What a streamed step holds outside host memory on a CPU rank (tests/ntp/live_bytes.DeviceBytes), with the
-    parameters and the optimiser's state it starts from, and the plan's parts of such a rank but the topology, and
-    one chunk."""
+    parameters and the optimiser's state it starts from, and the plan's peak of such a rank but the topology, with
+    one chunk (ntp.engine.memory.phases.peak_bytes)."""
     from ntp.engine.distributed.dist import distributed
+    from ntp.engine.memory.phases import peak_bytes
     from tests.ntp.live_bytes import DeviceBytes, chunk_bytes, held_bytes
 
     with distributed(60, "cpu") as env:
@@ -236,14 +238,16 @@ def _streamed_device_worker(options: dict) -> tuple[int, int]:
         plan = dict(nn_on_device=False, device_type="cpu", row_block=STREAM_BLOCK)
         peak, job, parts = _step_and_plan(cfg, env, _graph(8), DeviceBytes(), **plan)
         state = held_bytes(job) - job.x.numel() * job.x.element_size()  # the features are in host memory
-        return peak + state, sum(parts.values()) - parts["topology"] + chunk_bytes(job)
+        parts.pop("topology")
+        return peak + state, peak_bytes(parts, chunk_bytes(job))
 
 
 @pytest.mark.parametrize("options", STREAMED_CONFIGS, ids=lambda o: "-".join(map(str, o.values())))
 def test_the_plan_of_a_streamed_rank_covers_what_its_step_holds_outside_host_memory(options: dict) -> None:
     """What a streamed step holds on two CPU ranks outside its host memory (the rows, the copies its backward keeps),
-    as a GPU rank would on its device, is at most the plan's parts (the NN block among them) and a chunk. The plan
-    adds the NN block to aggregation's parts, which never peak together: 2.2-2.4x a step here (2026-12-01)."""
+    as a GPU rank would on its device, is at most the plan's peak and within :data:`STREAM_SLACK` of it. The plan
+    added the NN block to aggregation's parts, which never peak together, at 2.2-2.4x a step (2026-12-01); by phase
+    (a product's parts and a chunk, or a segment's with the block) it is 1.16-1.48x."""
     for measured, planned in run_on_ranks(_streamed_device_worker, 2, options):
-        assert measured <= planned, f"the plan counts {planned} bytes, a streamed step holds {measured} beside the host"
+        assert measured <= planned <= STREAM_SLACK * measured, f"the plan's peak {planned} B, a step holds {measured} B"
         print(f"{options}: plan {planned}, step outside host memory {measured}, {planned / measured:.2f}x")

@@ -124,7 +124,12 @@ def test_streamed_features_stay_in_host_memory_unless_offload_all_plans_the_room
     assert placed.features.type == "cpu" and "features" not in placed.reserved
     cpu = torch.device("cpu")
     on_cpu = placement.place_nn_stage(
-        _config(offload="all"), cpu, {"NN stage": 10**6}, {}, report=True, streamed=lambda room: (64, {"NN block": 1})
+        _config(offload="all"),
+        cpu,
+        {"NN stage": 10**6},
+        {},
+        report=True,
+        streamed=lambda room: (64, {"NN block": 1, "parameters": 0}),
     )
     assert on_cpu.features == cpu and "features" not in on_cpu.reserved
     assert "features" not in capsys.readouterr().out

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ntp.engine.device.measure import budget_text, format_bytes, free_device_bytes
+from ntp.engine.memory.phases import beside_chunks, peak_bytes
 from ntp.errors import MemoryPlanError
 
 #: Bytes per edge of a chunk's working set: its int32 index (streamed when offloaded), its fp32 value (gathered
@@ -162,8 +163,9 @@ def make_plan(
     """The chunk plan of a run: explicit ``chunk_rows`` wins, then ``memory_budget``, then the device default.
 
     ``resident``: what stays in the rank's memory besides the chunks (topology, embeddings, NN stage), by name. A
-    budget bounds all of it: the chunks get what the resident parts leave, and a budget they do not leave room in
-    is a :class:`MemoryPlanError` that names every part. ``element_bytes``: of one activation element; ``ways_out``:
+    budget bounds all of it: the chunks get what a product's parts leave (ntp.engine.memory.phases: a streamed NN
+    block is not alive then, though it must fit beside a segment's), and a budget they do not leave room in is a
+    :class:`MemoryPlanError` that names every part. ``element_bytes``: of one activation element; ``ways_out``:
     the error's remedies besides a larger budget (default: the homogeneous models' offload options, more ranks);
     ``pipelined``: chunks receive their new source rows (ntp.engine.parallel.overlap); ``streamed``: the topology streams
     from host memory, in :data:`STREAMED_CHUNKS` chunks at least."""
@@ -171,7 +173,7 @@ def make_plan(
     if chunk_rows:
         return uniform_plan(num_nodes, chunk_rows)
     resident = resident or {}
-    kept = sum(resident.values())
+    kept = beside_chunks(resident)
     costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes, pipelined=pipelined)
     least = STREAMED_CHUNKS if streamed else 1
     if not memory_budget:
@@ -182,17 +184,15 @@ def make_plan(
             else ChunkPlan([0, num_nodes])
         )
         return _at_least(plan, costs, width, least)
-    try:
-        plan = plan_for_costs(costs, width, memory_budget - kept)
-    except MemoryPlanError:
+    largest = int(costs.max(initial=0))
+    if peak_bytes(resident, largest) > memory_budget or memory_budget <= kept:
         parts = ", ".join(f"{name} {format_bytes(b)}" for name, b in resident.items() if b)
-        need = kept + int(costs.max())
         raise MemoryPlanError(
             f"memory budget {format_bytes(memory_budget)} cannot hold this rank: {parts or 'nothing'} stay resident "
-            f"and the largest chunk (one vertex) needs {format_bytes(int(costs.max()))} more; raise --memory-budget "
-            f"to at least {budget_text(need)}, or {ways_out or DEFAULT_WAYS_OUT}"
-        ) from None
-    plan = _at_least(plan, costs, width, least)
+            f"and the largest chunk (one vertex) needs {format_bytes(largest)} more; raise --memory-budget "
+            f"to at least {budget_text(peak_bytes(resident, largest))}, or {ways_out or DEFAULT_WAYS_OUT}"
+        )
+    plan = _at_least(plan_for_costs(costs, width, memory_budget - kept), costs, width, least)
     return ChunkPlan(plan.bounds, f"{plan.reason} ({format_bytes(kept)} resident besides)" if kept else plan.reason)
 
 

@@ -15,6 +15,7 @@ from ntp.engine.graph.aggregate import scales_rows
 from ntp.engine.kernels.dropout import dropped_copy_bytes
 from ntp.engine.kernels.packed import packed_bytes
 from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS
+from ntp.engine.memory.phases import segment_bytes
 
 #: copies per activation element of a relational step (ntp.engine.tasks.hetero.memory): the activation, what backward
 #: keeps, its gradient, and one temporary
@@ -69,7 +70,7 @@ STREAM_BLOCK_BYTES = 1 << 30
 #: blocks of 298k rows sent it over the bus twice a product; tests/ntp/test_stream_placement.py)
 STREAM_BLOCK_ROWS = 1 << 17
 
-#: the share of what the budget leaves besides aggregation's resident parts that a streamed NN block may take
+#: the share of what the budget leaves beside a segment's other parts that a streamed NN block may take
 STREAM_BLOCK_SHARE = 0.5
 
 #: buffers of a pass of an exchange in passes as wide as the exchanged matrix's padded columns
@@ -215,12 +216,14 @@ def graph_resident_parts(
     topology_kept: bool = False,
     symmetric: bool = False,
     rows_counted: bool = False,
+    rows_streamed: bool = False,
 ) -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
     offloaded (or ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice
-    embeddings (input, output and their gradients; none where they are the NN stage's rows, counted there:
-    ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with ``offload == "all"`` on a GPU, what a
-    product streaming ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the
+    embeddings (input, output and their gradients; beside a streamed NN stage, ``rows_streamed``, a product's input
+    and output or a segment's exchange's, as its backward keeps nothing in the graph layout; none where they are the
+    NN stage's rows, counted there: ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with
+    ``offload == "all"`` on a GPU, what a product streaming ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the
     device; the default, one column, is the least before the plan has chosen). A product on the resident slice
     multiplies a float32 copy of its input where it makes one: a bfloat16 input's on a CPU, or rows scaled once
     (ntp.engine.graph.aggregate.scales_rows: on a GPU, float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product
@@ -235,7 +238,7 @@ def graph_resident_parts(
             if streamed
             else 0
             if rows_counted
-            else 4 * num_nodes * slice_width * eb
+            else (2 if rows_streamed else 4) * num_nodes * slice_width * eb
         ),
     }
     in_float32 = float32_products(device_type, precision)
@@ -394,13 +397,13 @@ def rank_resident_parts(
         device_type,
         symmetric=symmetric,
         rows_counted=slice_is_rows(world, nn_bytes),
+        rows_streamed=row_block > 0,
     )
     parts.update(attention_parts(cfg, num_nodes, num_edges))  # GAT's topology replaces the row blocks'
     parts["NN stage"] = nn_bytes
-    if row_block:
-        parts["NN block"] = stream_block_bytes(
-            stream_row_bytes(cfg, feature_dim, out_dim, device_type, output_copies, world), row_block, params
-        )
+    if row_block:  # the block lives only in the segments (ntp.engine.memory.phases), the parameters throughout
+        parts["NN block"] = row_block * stream_row_bytes(cfg, feature_dim, out_dim, device_type, output_copies, world)
+        parts["parameters"] = 4 * params * PARAMETER_COPIES
     return parts
 
 
@@ -444,16 +447,9 @@ def exchange_row_bytes(width: int, world: int, precision: str = "fp32") -> int:
     return EXCHANGE_COPIES * world * ceil_div(width, world) * element_bytes(precision) if world > 1 else 0
 
 
-def stream_block_bytes(row_bytes: int, row_block: int, params: int) -> int:
-    """Device bytes of the NN stage streamed in blocks of ``row_block`` rows of ``row_bytes``
-    (:func:`stream_row_bytes`): a block, and the parameters (with their gradients and optimiser state: they stay on
-    the device)."""
-    return row_block * row_bytes + 4 * params * PARAMETER_COPIES
-
-
 def stream_block_rows(row_bytes: int, rows: int, room: int) -> int:
     """Rows of a streamed NN block: as many as :data:`STREAM_BLOCK_SHARE` of ``room`` (what the budget leaves
-    besides aggregation's resident parts; 0: unknown, as on a CPU rank) holds, up to :data:`STREAM_BLOCK_BYTES` and
+    beside a segment's other parts; 0: unknown, as on a CPU rank) holds, up to :data:`STREAM_BLOCK_BYTES` and
     :data:`STREAM_BLOCK_ROWS`, and at least :data:`MIN_STREAM_ROWS` (a budget that cannot hold them fails in the
     plan, naming one that can)."""
     target = min(STREAM_BLOCK_BYTES, int(room * STREAM_BLOCK_SHARE)) if room > 0 else STREAM_BLOCK_BYTES
@@ -477,7 +473,8 @@ def stream_parts(
     """The rows of a streamed NN block, and a rank's resident parts (:func:`rank_resident_parts`) with its NN stage
     streamed in such blocks (``cfg``: a TrainConfig). The rows: ``--nn-block-rows``, or as many as
     :func:`stream_block_rows` gives from ``room`` (the budget, or the free device memory with its margin; 0: unknown)
-    less aggregation's parts and the parameters. The preflight and the ranks plan with it alike."""
+    less what a segment holds beside the block (ntp.engine.memory.phases.segment_bytes). The preflight and the ranks
+    plan with it alike."""
     shape = dict(
         num_nodes=num_nodes,
         num_edges=num_edges,
@@ -489,9 +486,9 @@ def stream_parts(
         symmetric=symmetric,
     )
     block = cfg.nn_block_rows
-    if not block:
-        graph = sum(rank_resident_parts(cfg, nn_on_device=False, **shape).values())
-        left = room - graph - 4 * params * PARAMETER_COPIES if room else 0
+    if not block:  # the block lives beside what a segment holds (ntp.engine.memory.phases)
+        beside = rank_resident_parts(cfg, nn_on_device=False, row_block=1, **shape)
+        left = room - segment_bytes(beside) + beside["NN block"] if room else 0
         block = stream_block_rows(
             stream_row_bytes(cfg, feature_dim, out_dim, device_type, world=world),
             ceil_div(num_nodes, world),

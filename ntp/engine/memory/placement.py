@@ -175,7 +175,7 @@ def place_nn_stage(
     if where == "stream":
         room = cfg.memory_budget_bytes or int(free * DEVICE_MARGIN)
         block, parts = streamed(room=room)
-        nn_part = {"NN stage": 0, "NN block": parts["NN block"]}
+        nn_part = {"NN stage": 0, "NN block": parts["NN block"], "parameters": parts["parameters"]}
         beside = room - sum({**reserved, **nn_part}.values())  # what aggregation gets (GraphContext's room)
         if features_stay(cfg, device, feature_bytes, beside, bus):
             nn_part["features"], features = feature_bytes, device

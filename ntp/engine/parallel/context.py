@@ -94,6 +94,7 @@ class GraphContext:
                 topology_kept=self._offloaded[1],
                 symmetric=topo.symmetric,
                 rows_counted=self.slice_is_rows,
+                rows_streamed=self.streams_rows,
             ),
             **self.reserved,
         }  # the model's parts win: GAT's topology is its attention pattern
@@ -147,7 +148,7 @@ class GraphContext:
         the model leaves (ntp.engine.memory.placement.offload_layout)."""
         if self.offload != "all" or self.device.type != "cuda" or self.slice_is_rows:
             return 0, False
-        reserved = sum(self.reserved.values())
+        reserved = sum(self.reserved.values())  # a streamed NN block's too: the layout must fit beside it
         room = (
             self.memory_budget - reserved if self.memory_budget else default_device_budget(self.device, reserved)
         )  # what the model leaves
