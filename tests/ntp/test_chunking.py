@@ -677,9 +677,9 @@ def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_
     csr = _csr(DIRECTED)
     width, n, e = 3, csr.num_nodes, csr.num_edges
     kept = graph_resident_parts(n, e, width, "all", column_block=width)
-    assert kept == {"topology": 0, "embeddings": 4 * n * width * 4}
+    assert kept == {"topology": 0, "column blocks": 4 * n * width * 4}
     ahead = graph_resident_parts(n, e, width, "all", column_block=width, topology_kept=True)
-    assert ahead["embeddings"] == 6 * n * width * 4, (
+    assert ahead["column blocks"] == 6 * n * width * 4, (
         "where the topology stays, blocks come one ahead: twice the buffers"
     )
     assert graph_resident_parts(n, e, width, "topology")["embeddings"] == 4 * n * width * 4
@@ -688,7 +688,7 @@ def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_
     assert on_cpu == graph_resident_parts(n, e, width, "topology", "fp32", "cpu"), "on a CPU nothing moves"
     in_deg, out_deg = np.diff(csr.indptr.numpy()), np.bincount(csr.indices.numpy(), minlength=n)
     for budget in (1_500, 4_000, 20_000):
-        total = budget + kept["embeddings"]
+        total = budget + kept["column blocks"]
         plan = make_plan(in_deg, out_deg, memory_budget=total, width=width, resident=kept)
         op = _gcn(_topology(DIRECTED), plan.bounds, "all")
         for blocks in (op.forward_blocks, op.backward_blocks):
@@ -696,8 +696,8 @@ def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_
                 edges = int(blocks.indptr[b] - blocks.indptr[a]) + (b - a)  # the diagonal: one more per row
                 working_set = edges * EDGE_BYTES + (b - a) * width * 4 + (b - a + 1) * ROW_BYTES
                 assert working_set <= budget, f"chunk [{a}, {b}) needs {working_set} B, {budget} B left"
-    with pytest.raises(MemoryPlanError, match="embeddings"):
-        make_plan(in_deg, out_deg, memory_budget=kept["embeddings"], width=width, resident=kept)
+    with pytest.raises(MemoryPlanError, match="column blocks"):
+        make_plan(in_deg, out_deg, memory_budget=kept["column blocks"], width=width, resident=kept)
 
 
 def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_holds() -> None:

@@ -19,11 +19,11 @@ from ntp.engine.distributed.partition import Partition
 from ntp.engine.memory import parts, placement
 from ntp.engine.memory.parts import (
     STREAM_BLOCK_ROWS,
-    STREAM_BLOCK_SHARE,
     offloaded_layout,
     stream_block_rows,
     stream_parts,
 )
+from ntp.engine.memory.phases import beside_chunks
 from ntp.engine.parallel.context import GraphContext
 
 N, E, FEATURES, CLASSES, HIDDEN = 2_449_029, 123_718_280, 100, 47, 64
@@ -45,20 +45,31 @@ def _config(**options) -> TrainConfig:
 
 
 def test_a_streamed_nn_block_leaves_offload_all_the_room_to_keep_the_topology() -> None:
-    """Under ``--offload all --memory-budget 2GB`` the NN block holds at most :data:`STREAM_BLOCK_ROWS` rows, so the
-    room it leaves keeps the topology on the device, where a block of its share of the room (298k rows in float32)
-    sent the topology over the bus once a column block."""
+    """Under ``--offload all --memory-budget 2GB`` the NN block holds at most :data:`STREAM_BLOCK_ROWS` rows and the
+    topology stays on the device beside it. The block is not alive in a product (ntp.engine.memory.phases), so the
+    product's column blocks take the room it leaves there: wider blocks than where the block's bytes were taken
+    from the product's room (18 columns in float32, 4 blocks a product; now 29, 3 blocks; bfloat16 has 32, two
+    blocks that overlap, either way)."""
     for precision in ("fp32", "bf16"):
         cfg = _config(offload="all", memory_budget="2GB", precision=precision)
         block, resident = stream_parts(cfg, **SHAPE, device_type="cuda", symmetric=True, room=cfg.memory_budget_bytes)
         assert block == STREAM_BLOCK_ROWS
-        room = cfg.memory_budget_bytes - resident["NN block"]
-        columns, kept = offloaded_layout(N, E, 64, room, precision, symmetric=True)
+        room, segment = cfg.memory_budget_bytes - resident["parameters"], resident["NN block"]
+        columns, kept = offloaded_layout(N, E, 64, room, precision, symmetric=True, segment=segment)
         assert kept and columns >= 8, (precision, columns)
-        beside = cfg.memory_budget_bytes - int(cfg.memory_budget_bytes * STREAM_BLOCK_SHARE)
-        assert not offloaded_layout(N, E, 64, beside, precision, symmetric=True)[1], precision
+        narrower = offloaded_layout(N, E, 64, room - segment, precision, symmetric=True)[0]
+        assert columns > narrower if precision == "fp32" else columns == narrower == 32, (precision, columns)
     assert stream_block_rows(100, 10 * STREAM_BLOCK_ROWS, 0) == STREAM_BLOCK_ROWS, "a CPU rank's blocks too"
     assert stream_block_rows(100, 5000, 0) == 5000 and stream_block_rows(10**6, 10**6, 10**6) == 1024
+
+
+def test_what_stays_on_the_device_leaves_a_segment_its_block() -> None:
+    """The topology stays beside a product's column blocks only where it also fits beside the NN block, which the
+    segments hold: the product's room alone does not decide it."""
+    room = int(2e9)
+    topology = parts.device_topology_bytes(N, E, symmetric=True)
+    assert offloaded_layout(N, E, 64, room, "fp32", symmetric=True, segment=room - topology)[1]
+    assert not offloaded_layout(N, E, 64, room, "fp32", symmetric=True, segment=room - topology + 1)[1]
 
 
 def _placed(cfg: TrainConfig, monkeypatch) -> placement.NNPlacement:
@@ -79,7 +90,7 @@ def _placed(cfg: TrainConfig, monkeypatch) -> placement.NNPlacement:
 @pytest.mark.parametrize(
     "precision, budget, stay",
     [
-        ("fp32", "3.5GB", True),  # beside the block, the topology and blocks of 31 columns
+        ("fp32", "3.5GB", True),  # beside them, the topology and blocks of 32 columns
         ("bf16", "2GB", True),  # 0.49 GB, the topology still kept
         ("fp32", "2GB", False),  # 0.98 GB: the topology would stream once a column block
         ("fp32", "6GB", False),  # the slice stays on the device without them, and would stream with them
@@ -108,12 +119,12 @@ def test_streamed_features_stay_on_the_gpu_only_where_aggregation_moves_no_more_
         precision=precision,
         row_block=placed.row_block,
     )
-    room = cfg.memory_budget_bytes - sum(placed.reserved.values())
-    assert (ctx.column_block, ctx.topology_offload == "none") == placement.offload_layout(TOPOLOGY, 64, precision, room)
+    room, segment = cfg.memory_budget_bytes - beside_chunks(placed.reserved), placed.reserved["NN block"]
+    layout = placement.offload_layout(TOPOLOGY, 64, precision, room, segment)
+    assert (ctx.column_block, ctx.topology_offload == "none") == layout
     without = room + (features if stay else 0)
-    assert placement.offload_bus_bytes(TOPOLOGY, 64, precision, room) <= placement.offload_bus_bytes(
-        TOPOLOGY, 64, precision, without
-    )
+    bus = partial(placement.offload_bus_bytes, TOPOLOGY, 64, precision, segment=segment)
+    assert bus(room) <= bus(without)
 
 
 def test_streamed_features_stay_in_host_memory_unless_offload_all_plans_the_room(monkeypatch, capsys) -> None:

@@ -66,8 +66,8 @@ ATTENTION_VERTEX_BYTES = 2 * 4 + 8
 STREAM_BLOCK_BYTES = 1 << 30
 
 #: the most rows of a streamed NN block (not measured): launches and a pass's collective are then a few percent of the
-#: hundreds of MB it moves; more rows take room that ``--offload all`` keeps the topology in (products under 2GB:
-#: blocks of 298k rows sent it over the bus twice a product; tests/ntp/test_stream_placement.py)
+#: hundreds of MB it moves; more rows take room that a segment shares with what stays on the device (under
+#: ``--offload all``, the topology where it stays; tests/ntp/test_stream_placement.py)
 STREAM_BLOCK_ROWS = 1 << 17
 
 #: the share of what the budget leaves beside a segment's other parts that a streamed NN block may take
@@ -223,24 +223,19 @@ def graph_resident_parts(
     embeddings (input, output and their gradients; beside a streamed NN stage, ``rows_streamed``, a product's input
     and output or a segment's exchange's, as its backward keeps nothing in the graph layout; none where they are the
     NN stage's rows, counted there: ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with
-    ``offload == "all"`` on a GPU, what a product streaming ``column_block`` columns at a time holds (:func:`streamed_bytes`; 0: the slice stays on the
-    device; the default, one column, is the least before the plan has chosen). A product on the resident slice
-    multiplies a float32 copy of its input where it makes one: a bfloat16 input's on a CPU, or rows scaled once
-    (ntp.engine.graph.aggregate.scales_rows: on a GPU, float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product
-    writes a float32 output first."""
+    ``offload == "all"`` on a GPU, the "column blocks" a product streaming ``column_block`` columns at a time holds
+    (:func:`streamed_bytes`, alive only in the product; 0: the slice stays on the device; the default, one column,
+    is the least before the plan has chosen). A product on the resident slice multiplies a float32 copy of its input
+    where it makes one: a bfloat16 input's on a CPU, or rows scaled once (ntp.engine.graph.aggregate.scales_rows: on
+    a GPU, float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product writes a float32 output first."""
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0 and not rows_counted
     on_device = offload == "none" or topology_kept
-    parts = {
-        "topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0,
-        "embeddings": (
-            streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept))
-            if streamed
-            else 0
-            if rows_counted
-            else (2 if rows_streamed else 4) * num_nodes * slice_width * eb
-        ),
-    }
+    parts = {"topology": device_topology_bytes(num_nodes, num_edges, symmetric) if on_device else 0}
+    if streamed:
+        parts["column blocks"] = streamed_bytes(num_nodes, column_block, eb, stream_depth(not topology_kept))
+    else:
+        parts["embeddings"] = 0 if rows_counted else (2 if rows_streamed else 4) * num_nodes * slice_width * eb
     in_float32 = float32_products(device_type, precision)
     if not streamed and (in_float32 or scales_rows(num_edges, num_nodes * slice_width, device_type, precision)):
         parts["float32 product input"] = 4 * num_nodes * slice_width
@@ -266,9 +261,12 @@ def offloaded_layout(
     precision: str = "fp32",
     max_degree: int = 0,
     symmetric: bool = False,
+    segment: int = 0,
 ) -> tuple[int, bool]:
-    """``--offload all`` on a GPU, given ``room`` (what the budget leaves besides the NN stage): how many columns of
-    the column slice a product holds on the device at once, and whether the topology stays there meanwhile.
+    """``--offload all`` on a GPU, given ``room`` (what the budget leaves a product besides the NN stage) and
+    ``segment`` (what only the NN stage's segments hold: a streamed NN block, which what stays on the device must
+    leave room for, and a product's blocks need not: ntp.engine.memory.phases): how many columns of the column slice
+    a product holds on the device at once, and whether the topology stays there meanwhile.
 
     0 columns when the slice's embeddings fit there as without offload (half the room; moving them through host
     memory would only add copies: products keep nothing for the backward, so the device holds the same either way).
@@ -278,15 +276,16 @@ def offloaded_layout(
     streamed a 120M-edge topology in about the time of a whole product). The blocks then come one ahead of the
     compute (:func:`streamed_bytes`), and number two at least where they stay a sector wide, so that copies overlap the
     products."""
-    eb = element_bytes(precision)
-    if 4 * num_nodes * slice_width * eb <= room // 2:
+    eb, staying = element_bytes(precision), room - segment  # what stays must fit beside a segment too
+    if 4 * num_nodes * slice_width * eb <= staying // 2:
         return 0, False
     widest = lambda kept: bisect.bisect_right(  # noqa: E731
         range(1, slice_width + 1),
         room,
         key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree, symmetric),
     )
-    beside, sector = widest(True), min(slice_width, SECTOR_BYTES // eb)
+    topology_fits = device_topology_bytes(num_nodes, num_edges, symmetric) <= staying
+    beside, sector = widest(True) if topology_fits else 0, min(slice_width, SECTOR_BYTES // eb)
     if beside >= sector:
         return min(beside, max(sector, ceil_div(slice_width, 2))), True
     return max(1, widest(False)), False

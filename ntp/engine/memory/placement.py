@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -33,6 +34,7 @@ from ntp.engine.memory.parts import (
     offloaded_layout,
     propagated_width,
 )
+from ntp.engine.memory.phases import beside_chunks
 
 
 def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
@@ -105,26 +107,27 @@ class NNPlacement:
     features: torch.device
 
 
-def offload_layout(topology, slice_width: int, precision: str, room: int) -> tuple[int, bool]:  # noqa: ANN001
-    """``--offload all``'s layout on a GPU for ``topology`` (a ntp.engine.graph.topology.Topology) in ``room``:
-    the columns of a block of the slice and whether the topology stays on the device
-    (ntp.engine.memory.parts.offloaded_layout, the rows of its largest degree a chunk at least)."""
+def offload_layout(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> tuple[int, bool]:  # noqa: ANN001
+    """``--offload all``'s layout on a GPU for ``topology`` (a ntp.engine.graph.topology.Topology) in ``room``
+    beside a ``segment``'s own parts: the columns of a block of the slice and whether the topology stays on the
+    device (ntp.engine.memory.parts.offloaded_layout, the rows of its largest degree a chunk at least)."""
     degrees = (topology.in_degrees(), topology.out_degrees())
     max_degree = max((int(d.max()) for d in degrees if d.numel()), default=0)
     n, e = topology.num_nodes, topology.num_edges
-    return offloaded_layout(n, e, slice_width, room, precision, max_degree, topology.symmetric)
+    return offloaded_layout(n, e, slice_width, room, precision, max_degree, topology.symmetric, segment)
 
 
-def offload_bus_bytes(topology, slice_width: int, precision: str, room: int) -> float:  # noqa: ANN001
-    """Bytes a product moves over the bus under ``--offload all`` in ``room`` (:func:`offload_layout`): where the
-    slice stays, the topology once; else the slice there and back, and the topology once a column block unless it
-    stays; infinite where even one column's blocks do not fit (the chunks' plan may still find a way)."""
-    columns, kept = offload_layout(topology, slice_width, precision, room)
+def offload_bus_bytes(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> float:  # noqa: ANN001
+    """Bytes a product moves over the bus under ``--offload all`` in ``room`` beside a ``segment``'s own parts
+    (:func:`offload_layout`): where the slice stays, the topology once; else the slice there and back, and the
+    topology once a column block unless it stays; infinite where even one column's blocks, or the segment's, do
+    not fit (the chunks' plan may still find a way)."""
+    columns, kept = offload_layout(topology, slice_width, precision, room, segment)
     n, e = topology.num_nodes, topology.num_edges
     one_direction = e * INDEX_BYTES + n * ROW_POINTER_BYTES
     if not columns:
         return one_direction
-    if offload_room(n, e, columns, precision, kept, symmetric=topology.symmetric) > room:
+    if room < segment or offload_room(n, e, columns, precision, kept, symmetric=topology.symmetric) > room:
         return math.inf
     passes = 0 if kept else len(even_blocks(slice_width, columns))
     return passes * one_direction + 2 * n * slice_width * element_bytes(precision)
@@ -137,10 +140,11 @@ def feature_bytes(num_nodes: int, feature_dim: int, world: int, precision: str) 
 
 def features_stay(cfg, device: torch.device, feature_bytes: int, room: int, bus: Callable[[int], float] | None) -> bool:
     """Whether a streamed NN stage's input features stay on the rank's GPU (``cfg``: a TrainConfig) in ``room``
-    (what the budget leaves beside the NN block): under ``--offload all``, where aggregation's products in the room
-    left move no more bytes over the bus (``bus(room)``: :func:`offload_bus_bytes`) than in the whole room. Their
-    blocks then cross the bus neither in the forward nor in the backward's recompute (products scale, float32:
-    2 GB an epoch). Elsewhere the room beside the resident slice is the chunks', which the plan sizes later."""
+    (what the budget leaves a product): under ``--offload all``, where aggregation's products in the room left move
+    no more bytes over the bus (``bus(room)``: :func:`offload_bus_bytes` beside the NN block) than in the whole
+    room. Their blocks then cross the bus neither in the forward nor in the backward's recompute (products scale,
+    float32: 2 GB an epoch). Elsewhere the room beside the resident slice is the chunks', which the plan sizes
+    later."""
     if bus is None or cfg.offload != "all" or device.type != "cuda" or not 0 < feature_bytes < room:
         return False
     return bus(room - feature_bytes) <= bus(room) < math.inf
@@ -176,8 +180,9 @@ def place_nn_stage(
         room = cfg.memory_budget_bytes or int(free * DEVICE_MARGIN)
         block, parts = streamed(room=room)
         nn_part = {"NN stage": 0, "NN block": parts["NN block"], "parameters": parts["parameters"]}
-        beside = room - sum({**reserved, **nn_part}.values())  # what aggregation gets (GraphContext's room)
-        if features_stay(cfg, device, feature_bytes, beside, bus):
+        beside = room - beside_chunks({**reserved, **nn_part})  # what a product gets (GraphContext's room)
+        segment = partial(bus, segment=parts["NN block"]) if bus else None
+        if features_stay(cfg, device, feature_bytes, beside, segment):
             nn_part["features"], features = feature_bytes, device
     if report and (free or block):
         stay = "features" in nn_part

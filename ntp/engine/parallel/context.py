@@ -16,6 +16,7 @@ from ntp.engine.graph.operators import CSR, scaling, with_self_loops
 from ntp.engine.graph.topology import Topology
 from ntp.engine.memory.chunks import ChunkPlan, default_device_budget, make_plan
 from ntp.engine.memory.parts import graph_resident_parts, slice_is_rows
+from ntp.engine.memory.phases import beside_chunks, segment_only
 from ntp.engine.memory.placement import offload_layout, ways_out
 from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.parallel.row_stream import Exchange, Graphed, stream_rows
@@ -148,11 +149,12 @@ class GraphContext:
         the model leaves (ntp.engine.memory.placement.offload_layout)."""
         if self.offload != "all" or self.device.type != "cuda" or self.slice_is_rows:
             return 0, False
-        reserved = sum(self.reserved.values())  # a streamed NN block's too: the layout must fit beside it
+        reserved = beside_chunks(self.reserved)  # a streamed NN block is not alive in a product
         room = (
             self.memory_budget - reserved if self.memory_budget else default_device_budget(self.device, reserved)
-        )  # what the model leaves
-        block, kept = offload_layout(self.topology, self.slice_width, self.precision, room)
+        )  # what the model leaves a product
+        segment = segment_only(self.reserved)  # what stays on the device must leave it room
+        block, kept = offload_layout(self.topology, self.slice_width, self.precision, room, segment)
         return (self.slice_width if block and self.pipelined else block), kept
 
     @property
