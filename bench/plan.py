@@ -27,8 +27,8 @@ from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES
 from ntp.engine.memory.host import stream_host_bytes
 from ntp.engine.memory.parts import (
     PARAMETER_COPIES,
-    propagated_width,
     rank_resident_parts,
+    rank_slice_width,
     stream_parts,
 )
 from ntp.engine.memory.phases import beside_chunks, segment_bytes
@@ -87,7 +87,7 @@ def plan_row(
         block, parts = 0, rank_resident_parts(cfg, nn_on_device=True, **shape)
     resident = beside_chunks(parts)  # a streamed NN block is not alive during a product (ntp.engine.memory.phases)
     eb = element_bytes(cfg.precision)
-    slice_width = ceil_div(propagated_width(cfg.arch, hidden, classes), gpus)
+    slice_width = rank_slice_width(cfg, classes, gpus)
     work = (e + n) * EDGE_BYTES + n * (slice_width * eb + ROW_BYTES)  # every chunk's working set, summed
     room = budget - resident if segment_bytes(parts) <= budget else 0
     local = min(gpus, per_machine)

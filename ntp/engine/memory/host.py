@@ -11,7 +11,7 @@ from ntp.engine.memory.parts import (
     inner_width,
     input_dropped_in_product,
     nn_stage_bytes,
-    propagated_width,
+    rank_slice_width,
     working_copies,
 )
 
@@ -52,6 +52,5 @@ def stream_host_bytes(
         0,  # no float32 copies of the output: the loss is the last segment's
         working_copies(cfg),
     )
-    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
-    slice_bytes = num_nodes * slice_width * element_bytes(cfg.precision)
+    slice_bytes = num_nodes * rank_slice_width(cfg, out_dim, world) * element_bytes(cfg.precision)
     return rows_bytes + (STREAMED_SLICE_COPIES * slice_bytes if cfg.offload == "all" else 0)

@@ -87,6 +87,11 @@ def propagated_width(arch: str, hidden: int, out_dim: int) -> int:
     return out_dim if arch == "decoupled" else max(hidden, out_dim)
 
 
+def rank_slice_width(cfg, out_dim: int, world: int) -> int:  # noqa: ANN001 (a TrainConfig)
+    """Columns of a rank's slice of the widest propagated matrix, one at least (GraphContext.slice_width)."""
+    return ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
+
+
 def nn_stage_bytes(
     rows: int,
     in_dim: int,
@@ -386,11 +391,10 @@ def rank_resident_parts(
         if nn_on_device and not row_block
         else 0
     )
-    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
     parts = graph_resident_parts(
         num_nodes,
         num_edges,
-        slice_width,
+        rank_slice_width(cfg, out_dim, world),
         cfg.offload,
         cfg.precision,
         device_type,

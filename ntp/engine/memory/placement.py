@@ -32,7 +32,7 @@ from ntp.engine.memory.parts import (
     ROW_POINTER_BYTES,
     offload_room,
     offloaded_layout,
-    propagated_width,
+    rank_slice_width,
 )
 from ntp.engine.memory.phases import beside_chunks
 
@@ -218,7 +218,7 @@ def describe(
 def store_plan(cfg, store, world: int, device: str, resident: dict[str, int], out_dim: int) -> ChunkPlan:
     """The budget's chunk plan every rank will compute (ntp.engine.memory.chunks.make_plan) from the store's degrees,
     with ``resident`` (by part) beside the chunks."""
-    slice_width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
+    slice_width = rank_slice_width(cfg, out_dim, world)
     return make_plan(
         store.in_degrees(),
         store.out_degrees(),

@@ -21,7 +21,7 @@ import numpy as np
 from ntp.config import TrainConfig
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import ChunkPlan, make_plan
-from ntp.engine.memory.parts import ACTIVATION_COPIES, PARAMETER_COPIES, nn_stage_bytes, propagated_width
+from ntp.engine.memory.parts import ACTIVATION_COPIES, PARAMETER_COPIES, nn_stage_bytes, rank_slice_width
 from ntp.engine.tasks.hetero.data import RelationData
 from ntp.engine.tasks.hetero.rgcn import parameter_sizes, stacks_relations
 
@@ -153,7 +153,7 @@ def plan_operators(
     one_hot = cfg.arch == "coupled" and not any(feature_dims.values()) and cfg.decomposition != "block"
     degrees = operator_degrees(relations, counts, one_hot)
     resident = resident_parts(cfg, relations, counts, feature_dims, out_dim, world, degrees)
-    width = ceil_div(max(propagated_width(cfg.arch, cfg.hidden, out_dim), 1), world)
+    width = rank_slice_width(cfg, out_dim, world)
     plans = {}
     for key in sorted(degrees, key=lambda k: -int(degrees[k].max(initial=0))):  # the costliest row first
         d = degrees[key]

@@ -14,7 +14,7 @@ from ntp.config import TrainConfig
 from ntp.engine.device import precision
 from ntp.engine.distributed.collectives import Comm, all_reduce_gradients, check_same_on_all_ranks
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.distributed.partition import Partition, ceil_div
+from ntp.engine.distributed.partition import Partition
 from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.graph.data import GraphData, load_shared
 from ntp.engine.memory import parts, placement
@@ -208,9 +208,7 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
     )
     resident = parts.rank_resident_parts(cfg, nn_on_device=True, **shape)
     reserved = {"NN stage": resident["NN stage"], **parts.attention_parts(cfg, data.num_nodes, data.num_edges)}
-    slice_width = ceil_div(
-        max(parts.propagated_width(cfg.arch, cfg.hidden, data.out_dim), 1), env.world
-    )  # GraphContext's
+    slice_width = parts.rank_slice_width(cfg, data.out_dim, env.world)  # GraphContext's
     return placement.place_nn_stage(
         cfg,
         env.device,
