@@ -184,7 +184,8 @@ def test_a_handed_trial_below_the_median_prunes_itself_through_the_storage(cora_
 def test_a_sweep_ends_the_runs_its_trials_left_running(cora_store, tmp_path):
     """A trial's job killed before it could end its MLflow run (SIGKILL after its grace, on a loaded machine) leaves
     the run RUNNING: `ntp sweep` ends such runs KILLED, tagged FAIL, once its trials have ended, and says so; here
-    when it resumes a study with no trial left to run."""
+    when it resumes a study with no trial left to run. A pruned trial's run, which its trial tagged PRUNED before
+    its job's grace passed, stays PRUNED (tagged FAIL, the interrupted sweep test once counted 4 of its 6 trials)."""
     import optuna
     from mlflow.tracking import MlflowClient
 
@@ -205,11 +206,16 @@ def test_a_sweep_ends_the_runs_its_trials_left_running(cora_store, tmp_path):
     client = MlflowClient()
     experiment = client.get_run(first.parent_run_id).info.experiment_id
     left = client.create_run(experiment, tags={"mlflow.parentRunId": first.parent_run_id}).info.run_id
+    pruned = client.create_run(
+        experiment, tags={"mlflow.parentRunId": first.parent_run_id, TAG_STATE: "PRUNED"}
+    ).info.run_id
     lines: list[str] = []
     sweep = optimize(settings, on_line=lines.append)
     run = client.get_run(left)
     assert run.info.status == "KILLED" and run.data.tags[TAG_STATE] == "FAIL", run.info.status
     assert any(left in line and "left RUNNING" in line for line in lines), lines
+    run = client.get_run(pruned)
+    assert run.info.status == "KILLED" and run.data.tags[TAG_STATE] == "PRUNED", (run.info.status, run.data.tags)
     client.set_terminated(sweep.parent_run_id)
 
 

@@ -283,15 +283,18 @@ class Sweep:
 
     def close_trial_runs(self) -> list[str]:
         """End KILLED the trials' MLflow runs still RUNNING once every trial has ended (a job killed before it
-        could end its run: SIGKILL after its grace, or a runner killed outright); returns their ids."""
+        could end its run: SIGKILL after its grace, or a runner killed outright); returns their ids. A run its
+        trial tagged already keeps its state: a pruned trial's job is stopped on purpose, and on a loaded machine
+        its grace may pass first."""
         c = self.client
         runs = c.search_runs(
             [experiment_id(self.experiment, c)],
             f"tags.mlflow.parentRunId = '{self.parent_run_id}' and attributes.status = 'RUNNING'",
         )
         for run in runs:
-            c.set_tag(run.info.run_id, TAG_ERROR, "its trial ended without ending this run (its job was killed)")
-            c.set_tag(run.info.run_id, TAG_STATE, "FAIL")
+            if TAG_STATE not in run.data.tags:
+                c.set_tag(run.info.run_id, TAG_ERROR, "its trial ended without ending this run (its job was killed)")
+                c.set_tag(run.info.run_id, TAG_STATE, "FAIL")
             c.set_terminated(run.info.run_id, "KILLED")
         if runs:
             self.on_line(
