@@ -489,12 +489,9 @@ def stream_parts(
         symmetric=symmetric,
     )
     block = cfg.nn_block_rows
-    if not block:  # the block lives beside what a segment holds (ntp.engine.memory.phases)
-        beside = rank_resident_parts(cfg, nn_on_device=False, row_block=1, **shape)
-        left = room - segment_bytes(beside) + beside["NN block"] if room else 0
-        block = stream_block_rows(
-            stream_row_bytes(cfg, feature_dim, out_dim, device_type, world=world),
-            ceil_div(num_nodes, world),
-            max(left, 1) if room else 0,
-        )
+    if not block:  # a one-row block's parts: a row's bytes, and what a segment holds beside the block
+        one_row = rank_resident_parts(cfg, nn_on_device=False, row_block=1, **shape)
+        row_bytes = one_row["NN block"]
+        left = room - segment_bytes(one_row) + row_bytes if room else 0
+        block = stream_block_rows(row_bytes, ceil_div(num_nodes, world), max(left, 1) if room else 0)
     return block, rank_resident_parts(cfg, nn_on_device=False, row_block=block, **shape)

@@ -181,8 +181,8 @@ def place_nn_stage(
         block, parts = streamed(room=room)
         nn_part = {"NN stage": 0, "NN block": parts["NN block"], "parameters": parts["parameters"]}
         beside = room - beside_chunks({**reserved, **nn_part})  # what a product gets (GraphContext's room)
-        segment = partial(bus, segment=parts["NN block"]) if bus else None
-        if features_stay(cfg, device, feature_bytes, beside, segment):
+        bus_beside_block = partial(bus, segment=parts["NN block"]) if bus else None
+        if features_stay(cfg, device, feature_bytes, beside, bus_beside_block):
             nn_part["features"], features = feature_bytes, device
     if report and (free or block):
         stay = "features" in nn_part
