@@ -401,6 +401,7 @@ class CoupledGNN(GraphModel):
             if following is None and self.head is None:
                 return ctx.rows(with_tail(segment, tail), p, a, params=params(layer, skip, norm))
             out = ctx.rows(segment, p, a, params=params(layer, skip, norm, following), to_graph=following is not None)
+            del p  # free before the next product: beside it only its input and output are planned
             if following is None:
                 break
             a, z = out
@@ -430,6 +431,7 @@ class CoupledGNN(GraphModel):
             if following is None:
                 return ctx.rows(with_tail(segment, tail), *inputs, params=params)
             out = ctx.rows(segment, *inputs, params=params, to_graph=True)
+            del p, inputs  # free before the next product: beside it only its input and output are planned
             x, z = out if following.reads_input_after else (None, out)
         return x
 
