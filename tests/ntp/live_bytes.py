@@ -16,10 +16,10 @@ PLAN_SLACK = 1.1
 #: the encoder's working copies never live at once); measured on a CPU 1.04-1.33x (bfloat16 the most; 2026-11-28),
 #: not yet within PLAN_SLACK as a node step's plan is
 LINK_SLACK = 1.4
-#: how far above what a streamed step holds on its device its plan may be (ntp.engine.memory.phases.peak_bytes): a
-#: product's output is counted beside its chunks' output rows, the same tensor where one chunk runs, and a chunk's
-#: edges at a GPU's bytes; measured on two CPU ranks 1.16-1.48x (2026-12-02), not yet within PLAN_SLACK
-STREAM_SLACK = 1.6
+#: how far above what a streamed step holds on its device its plan may be (ntp.engine.memory.phases.peak_bytes):
+#: measured on two CPU ranks 1.01-1.27x (2026-12-02; decoupled models' NN blocks the most, their block counting
+#: every layer), not yet within PLAN_SLACK
+STREAM_SLACK = 1.3
 
 
 class LiveBytes(TorchDispatchMode):
@@ -32,7 +32,7 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {_storage_address(t) for t in tree_flatten((args, kwargs))[0] if _dense(t)}
+        inputs = {_storage_address(m) for t in tree_flatten((args, kwargs))[0] for m in _members(t)}
         for t in tree_flatten(out)[0]:
             if _dense(t) and _storage_address(t) not in inputs:  # a view of an input (maybe made before) is not new
                 self._count(t.untyped_storage())
@@ -54,13 +54,14 @@ class LiveBytes(TorchDispatchMode):
 class DeviceBytes(LiveBytes):
     """:class:`LiveBytes` of what a GPU rank would hold on its device: every storage but those made for host memory
     (ntp.engine.device.transfer.host_empty: a streamed stage's rows and what its backward keeps), which a CPU rank
-    makes in the same memory. A GPU's copies of a block on its way up are views on a CPU, not counted."""
+    makes in the same memory, and what operators make of such tensors alone. A GPU's copies of a block on its way
+    up are views on a CPU, not counted."""
 
     def __enter__(self) -> "DeviceBytes":
         import ntp.engine.device.transfer as transfer
         import ntp.engine.parallel.row_stream as row_stream
 
-        original, self._hosting = transfer.host_empty, False
+        original, self._hosting, self._host = transfer.host_empty, False, set()
 
         def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
             self._hosting = True
@@ -79,13 +80,38 @@ class DeviceBytes(LiveBytes):
             module.host_empty = original
         return super().__exit__(*exc)
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # an operator on host tensors alone runs on a GPU rank's host too (autograd summing two rows' gradients)
+        dense = [_storage_address(m) for t in tree_flatten((args, kwargs))[0] for m in _members(t)]
+        hosted = bool(dense) and all(a in self._host for a in dense)
+        self._hosting, was = self._hosting or hosted, self._hosting
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._hosting = was
+
     def _count(self, storage: torch.UntypedStorage) -> None:
         if not self._hosting:
             super()._count(storage)
+        elif storage.nbytes() and storage.data_ptr() not in self._host:
+            self._host.add(storage.data_ptr())
+            weakref.finalize(storage, self._host.discard, storage.data_ptr())
 
 
 def _dense(t) -> bool:
     return isinstance(t, torch.Tensor) and t.layout == torch.strided
+
+
+def _members(t) -> list[torch.Tensor]:
+    """The dense tensors ``t`` holds: itself, or a sparse tensor's index and value tensors (what its accessors return
+    views of; a CSR made of the topology's columns does not make them new)."""
+    if not isinstance(t, torch.Tensor):
+        return []
+    if t.layout == torch.sparse_csr:
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    return [t] if t.layout == torch.strided else []
 
 
 def _storage_address(t: torch.Tensor) -> int:
@@ -115,13 +141,14 @@ def held_bytes(job) -> int:  # noqa: ANN001 (a ntp.engine.train.setup.Job)
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def chunk_bytes(job, width: int | None = None, element_bytes: int = 4) -> int:  # noqa: ANN001 (a Job)
-    """The working set of propagation's one chunk (ntp.engine.memory.chunks.degree_costs: its edges, and output rows
-    ``width`` wide, the slice's by default), every row's cost: what a plan without a budget makes."""
-    from ntp.engine.memory.chunks import degree_costs
+def chunk_bytes(job, width: int | None = None, element_bytes: int = 4, device_type: str | None = None) -> int:  # noqa: ANN001
+    """The working set of propagation's one chunk as the plan counts it for a ``device_type`` device
+    (ntp.engine.memory.chunks.one_chunk_bytes: its edges, and output rows ``width`` wide, the slice's by default,
+    where it makes its own), every row's cost: what a plan without a budget makes."""
+    from ntp.engine.memory.chunks import degree_costs, one_chunk_bytes
 
     topo = job.ctx.topology
     width = job.ctx.slice_width if width is None else width
-    return int(
-        degree_costs(topo.in_degrees().numpy(), topo.out_degrees().numpy(), width, element_bytes=element_bytes).sum()
-    )
+    degrees = topo.in_degrees().numpy(), topo.out_degrees().numpy()
+    costs = degree_costs(*degrees, width, element_bytes=element_bytes, device_type=device_type)
+    return one_chunk_bytes(costs, width, element_bytes, device_type, pipelined=False)

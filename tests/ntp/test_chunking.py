@@ -185,6 +185,39 @@ def test_a_streamed_nn_block_leaves_the_chunks_its_room_but_must_fit_beside_a_se
     make_plan(*deg, memory_budget=parse_bytes(minimum), width=width, resident={**with_copy, "NN block": 5_001})
 
 
+def test_a_chunk_is_planned_as_its_device_runs_it() -> None:
+    """A chunk's bytes per edge and output rows follow its kernel (ntp.engine.graph.aggregate.csr_matmul): a CPU's bag
+    sum reads the topology's indices and gathers a value per edge at most, and makes its own output rows, which in a
+    product of one chunk are the product's output (counted as embeddings); a GPU's float32 product writes into the
+    output's rows, its bfloat16 product and the pipelined loops make their own; an unknown kernel is bounded."""
+    from ntp.engine.memory.chunks import CPU_EDGE_BYTES, degree_costs, one_chunk_bytes
+
+    topo = _topology(DIRECTED)
+    in_deg, out_deg = topo.in_degrees().numpy(), topo.out_degrees().numpy()
+    edges = np.maximum(in_deg, out_deg).astype(np.int64) + 1
+    width, n = 3, len(in_deg)
+    expected = {
+        ("cpu", 4, False): edges * CPU_EDGE_BYTES + 4 * width + ROW_BYTES,
+        ("cuda", 4, False): edges * EDGE_BYTES + ROW_BYTES,
+        ("cuda", 2, False): edges * EDGE_BYTES + 2 * width + ROW_BYTES,
+        ("cuda", 4, True): edges * (EDGE_BYTES + 4 * width) + 4 * width + ROW_BYTES,
+        (None, 4, False): edges * EDGE_BYTES + 4 * width + ROW_BYTES,
+    }
+    for (device_type, eb, piped), costs in expected.items():
+        got = degree_costs(in_deg, out_deg, width, element_bytes=eb, pipelined=piped, device_type=device_type)
+        np.testing.assert_array_equal(got, costs, err_msg=str((device_type, eb, piped)))
+    cpu_costs = expected["cpu", 4, False]
+    alone = one_chunk_bytes(cpu_costs, width, 4, "cpu", pipelined=False)
+    assert alone == cpu_costs.sum() - n * 4 * width
+    assert one_chunk_bytes(cpu_costs, width, 4, "cpu", pipelined=True) == cpu_costs.sum()
+    cpu = torch.device("cpu")
+    assert make_plan(in_deg, out_deg, memory_budget=alone, width=width, device=cpu).num_chunks == 1
+    split = make_plan(in_deg, out_deg, memory_budget=alone - 1, width=width, device=cpu)
+    assert split.num_chunks > 1, "several chunks each make their output rows"
+    for a, b in split.ranges():
+        assert cpu_costs[a:b].sum() <= alone - 1
+
+
 def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:
     pattern = with_self_loops(_csr(random_graph(n=60, directed=True, seed=3)), keep_existing=False)
     plan = uniform_plan(pattern.num_nodes, 7)
@@ -702,8 +735,9 @@ def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_
 
 def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_holds() -> None:
     """A product streaming a block of columns holds their input and output and a slab of columns in transit; beside
-    them the chunks get an eighth of their working set (they number STREAMED_CHUNKS; the costliest row at least),
-    and the topology where it stays. The blocks are the widest that this leaves room for."""
+    them the chunks get an eighth of their working set (they number STREAMED_CHUNKS; the costliest row at least:
+    its edges and row pointer, and in bfloat16 its output row, which a float32 chunk writes into the block's), and
+    the topology where it stays. The blocks are the widest that this leaves room for."""
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
     from ntp.engine.memory.parts import device_topology_bytes, offload_room, offloaded_layout, streamed_bytes
 
@@ -712,9 +746,11 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
         slab = 10 if n == 1_000 else 4
         assert streamed_bytes(n, 10, 4) == n * 4 * (20 + 2 * slab)
         assert streamed_bytes(n, 10, 4, depth=2) == n * 4 * (40 + 2 * slab), "a block arriving, one leaving"
-        chunks = ((e + n) * EDGE_BYTES + n * (4 * 10 + ROW_BYTES)) // STREAMED_CHUNKS
+        chunks = ((e + n) * EDGE_BYTES + n * ROW_BYTES) // STREAMED_CHUNKS
         assert offload_room(n, e, 10) == streamed_bytes(n, 10, 4) + chunks
-        hub = (e + 1) * EDGE_BYTES + 4 * 10 + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
+        in_bf16 = ((e + n) * EDGE_BYTES + n * (2 * 10 + ROW_BYTES)) // STREAMED_CHUNKS
+        assert offload_room(n, e, 10, "bf16") == streamed_bytes(n, 10, 2) + in_bf16
+        hub = (e + 1) * EDGE_BYTES + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
         assert offload_room(n, e, 10, max_degree=e) == streamed_bytes(n, 10, 4) + hub
         assert offload_room(n, e, 10, topology_kept=True) == (
             offload_room(n, e, 10)

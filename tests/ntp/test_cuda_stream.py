@@ -12,7 +12,7 @@ from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.train.loop import fit, train_step
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph
-from tests.ntp.live_bytes import gpu_step_peak
+from tests.ntp.live_bytes import chunk_bytes, gpu_step_peak
 
 pytestmark = [
     pytest.mark.gpu,
@@ -82,7 +82,6 @@ def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None
     the topology, with a chunk (ntp.engine.memory.phases.peak_bytes); and well under the in-device stage's (the rows
     are on the host)."""
     from ntp.engine.device.precision import element_bytes
-    from ntp.engine.memory.chunks import degree_costs
     from ntp.engine.memory.parts import rank_resident_parts
     from ntp.engine.memory.phases import peak_bytes
 
@@ -105,14 +104,7 @@ def test_a_streamed_step_holds_about_one_block_on_the_gpu(options: dict) -> None
         symmetric=topo.symmetric,
         row_block=10_000,
     )
-    chunk = int(
-        degree_costs(
-            topo.in_degrees().numpy(),
-            topo.out_degrees().numpy(),
-            job.ctx.slice_width,
-            element_bytes=element_bytes(cfg.precision),
-        ).sum()
-    )
+    chunk = chunk_bytes(job, element_bytes=element_bytes(cfg.precision), device_type="cuda")
     parts.pop("topology")
     planned = peak_bytes(parts, chunk)
     print(

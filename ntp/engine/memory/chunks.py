@@ -5,10 +5,12 @@ A chunk is a contiguous range of destination vertices with ALL their in-edges: a
 Every rank derives the same plan from the same topology and options, so no rank waits for another. The chunk size
 comes either from ``chunk_rows`` (uniform ranges) or from a memory budget: the largest chunks whose working set fits,
 
-    working set of rows [a, b) = edges * (index + value + kernel scratch) + output rows * w * 4 + row pointers
+    working set of rows [a, b) = edges * (index + value + kernel scratch) + row pointers
+                                 (+ output rows * w * 4 where the chunk makes its own)
                                  (+ received source rows * w * 4 when pipelined),
 
-where ``w`` is the (padded) column-slice width. The sparse kernels read their input where it lies, so only the
+where ``w`` is the (padded) column-slice width; the device decides the bytes of an edge and whether a chunk makes its
+own output rows (:func:`edge_bytes`, :func:`copies_output_rows`). The sparse kernels read their input where it lies, so only the
 pipelined loops (ntp.engine.parallel.overlap), which receive each chunk's new source rows, hold rows per edge; those are
 bounded by the chunk's edge count.
 The same boundaries cut ``A^T`` (source ranges) for the backward, so a row's cost is the larger of its in- and
@@ -30,9 +32,13 @@ from ntp.engine.device.measure import budget_text, format_bytes, free_device_byt
 from ntp.engine.memory.phases import beside_chunks, peak_bytes
 from ntp.errors import MemoryPlanError
 
-#: Bytes per edge of a chunk's working set: its int32 index (streamed when offloaded), its fp32 value (gathered
-#: when the chunk runs) and kernel scratch (torch's CPU CSR kernel converts indices; measured ~8 B/edge transient).
+#: Bytes per edge of a GPU chunk's working set: its int32 index (streamed when offloaded), its fp32 value (cuSPARSE
+#: reads one per edge: gathered, or ones) and the kernel's scratch (not measured on a GPU yet: a bound).
 EDGE_BYTES = 4 + 4 + 8
+#: Bytes per edge of a CPU chunk's: a float32 value gathered per edge at most (the bag sum reads the topology's own
+#: indices, and one value for every edge where the rows are scaled once: ntp.engine.graph.aggregate._bag_sum; the
+#: 8 B/edge of scratch once counted here were MKL's CSR product's, which the bag sum replaced).
+CPU_EDGE_BYTES = 4
 #: Bytes per row of a chunk besides its values: the row pointer.
 ROW_BYTES = 8
 #: Share of free device memory the default CUDA budget may use.
@@ -76,6 +82,25 @@ def uniform_plan(num_nodes: int, chunk_rows: int) -> ChunkPlan:
     return ChunkPlan(list(range(0, num_nodes, chunk_rows)) + [num_nodes], f"chunk_rows={chunk_rows}")
 
 
+def edge_bytes(device_type: str | None) -> int:
+    """Bytes per edge of a chunk's working set on a ``device_type`` device (None: any, a GPU's bound)."""
+    return CPU_EDGE_BYTES if device_type == "cpu" else EDGE_BYTES
+
+
+def copies_output_rows(device_type: str | None, element_bytes: int = 4, pipelined: bool = False) -> bool:
+    """Whether a chunk makes its output rows in a block of its own: a CPU's bag sum and a GPU's bfloat16 product copy
+    them into the product's output, and the pipelined loops send them (ntp.engine.parallel.overlap), where a GPU's
+    float32 product writes into the output's rows (ntp.engine.graph.aggregate.csr_matmul). A product in one chunk
+    on a CPU but not pipelined makes the output itself, which the embeddings count (:func:`make_plan`).
+    ``device_type`` None: a kernel that may (R-GCN's typed operators concatenate their chunks' rows)."""
+    return device_type != "cuda" or element_bytes < 4 or pipelined
+
+
+def output_row_bytes(width: int, element_bytes: int, device_type: str | None, pipelined: bool = False) -> int:
+    """Bytes a chunk holds per output row of its own (:func:`copies_output_rows`; 0 where it writes in place)."""
+    return element_bytes * width if copies_output_rows(device_type, element_bytes, pipelined) else 0
+
+
 def row_costs(
     indptr: torch.Tensor,
     indices: torch.Tensor,
@@ -100,12 +125,15 @@ def degree_costs(
     extra_edges_per_row: int = 1,
     element_bytes: int = 4,
     pipelined: bool = False,
+    device_type: str | None = None,
 ) -> np.ndarray:
-    """:func:`row_costs` from the degrees alone (what a store keeps beside its topology); ``element_bytes``: of one
-    activation element (ntp.engine.device.precision)."""
+    """:func:`row_costs` from the degrees alone (what a store keeps beside its topology) for a chunk of the
+    homogeneous product on a ``device_type`` device (None: any kernel, bounded); ``element_bytes``: of one activation
+    element (ntp.engine.device.precision)."""
     deg = np.maximum(in_deg.astype(np.int64), out_deg.astype(np.int64)) + extra_edges_per_row
-    per_edge = EDGE_BYTES + (element_bytes * width if pipelined else 0)  # a received source row per edge, at most
-    return deg * per_edge + element_bytes * width + ROW_BYTES  # and the output row with its pointer
+    per_edge = edge_bytes(device_type) + (element_bytes * width if pipelined else 0)  # a received source row per edge
+    output = output_row_bytes(width, element_bytes, device_type, pipelined)
+    return deg * per_edge + output + ROW_BYTES  # and the output row where the chunk makes its own, the row pointer
 
 
 def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int) -> ChunkPlan:
@@ -113,10 +141,13 @@ def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, wid
     return plan_for_costs(row_costs(indptr, indices, num_nodes, width), width, budget)
 
 
-def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:
-    """Greedy chunks over per-row working-set ``costs``; :class:`MemoryPlanError` when one row alone exceeds
-    ``budget``."""
+def plan_for_costs(costs: np.ndarray, width: int, budget: int, alone: int | None = None) -> ChunkPlan:
+    """Greedy chunks over per-row working-set ``costs``, or one chunk where ``alone`` (the product's working set in
+    one chunk; default: the costs' sum) fits ``budget``; :class:`MemoryPlanError` when neither that nor one row
+    alone does."""
     num_nodes = len(costs)
+    if num_nodes and budget > 0 and (int(costs.sum()) if alone is None else alone) <= budget:
+        return ChunkPlan([0, num_nodes], f"budget {format_bytes(budget)}: fits in one chunk")
     worst = int(costs.argmax()) if num_nodes else 0
     if num_nodes and costs[worst] > budget or budget <= 0:
         raise MemoryPlanError(
@@ -126,8 +157,6 @@ def plan_for_costs(costs: np.ndarray, width: int, budget: int) -> ChunkPlan:
         )
     cum = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(costs, out=cum[1:])
-    if cum[-1] <= budget:
-        return ChunkPlan([0, num_nodes], f"budget {format_bytes(budget)}: fits in one chunk")
     bounds = [0]
     while bounds[-1] < num_nodes:
         a = bounds[-1]
@@ -168,32 +197,47 @@ def make_plan(
     :class:`MemoryPlanError` that names every part. ``element_bytes``: of one activation element; ``ways_out``:
     the error's remedies besides a larger budget (default: the homogeneous models' offload options, more ranks);
     ``pipelined``: chunks receive their new source rows (ntp.engine.parallel.overlap); ``streamed``: the topology streams
-    from host memory, in :data:`STREAMED_CHUNKS` chunks at least."""
+    from host memory, in :data:`STREAMED_CHUNKS` chunks at least; ``device``: where the homogeneous product's
+    chunks run, which decides their bytes per edge and whether they make their own output rows (None: unknown, or
+    another kernel: bounded; its default budget is a CPU's)."""
     num_nodes = len(in_deg)
     if chunk_rows:
         return uniform_plan(num_nodes, chunk_rows)
-    resident = resident or {}
+    resident, device_type = resident or {}, device.type if device else None
     kept = beside_chunks(resident)
-    costs = degree_costs(in_deg, out_deg, width, element_bytes=element_bytes, pipelined=pipelined)
+    costs = degree_costs(
+        in_deg, out_deg, width, element_bytes=element_bytes, pipelined=pipelined, device_type=device_type
+    )
+    alone = one_chunk_bytes(costs, width, element_bytes, device_type, pipelined)
     least = STREAMED_CHUNKS if streamed else 1
     if not memory_budget:
         budget = default_device_budget(device or torch.device("cpu"), kept)
         plan = (
-            plan_for_costs(costs, width, max(budget, int(costs.max(initial=0))))
+            plan_for_costs(costs, width, max(budget, int(costs.max(initial=0))), alone)
             if budget
             else ChunkPlan([0, num_nodes])
         )
         return _at_least(plan, costs, width, least)
-    largest = int(costs.max(initial=0))
-    if peak_bytes(resident, largest) > memory_budget or memory_budget <= kept:
+    smallest = min(int(costs.max(initial=0)), alone)  # a chunk of one vertex, or of all of them
+    if peak_bytes(resident, smallest) > memory_budget or memory_budget <= kept:
         parts = ", ".join(f"{name} {format_bytes(b)}" for name, b in resident.items() if b)
         raise MemoryPlanError(
             f"memory budget {format_bytes(memory_budget)} cannot hold this rank: {parts or 'nothing'} stay resident "
-            f"and the largest chunk (one vertex) needs {format_bytes(largest)} more; raise --memory-budget "
-            f"to at least {budget_text(peak_bytes(resident, largest))}, or {ways_out or DEFAULT_WAYS_OUT}"
+            f"and the smallest chunk needs {format_bytes(smallest)} more; raise --memory-budget "
+            f"to at least {budget_text(peak_bytes(resident, smallest))}, or {ways_out or DEFAULT_WAYS_OUT}"
         )
-    plan = _at_least(plan_for_costs(costs, width, memory_budget - kept), costs, width, least)
+    plan = _at_least(plan_for_costs(costs, width, memory_budget - kept, alone), costs, width, least)
     return ChunkPlan(plan.bounds, f"{plan.reason} ({format_bytes(kept)} resident besides)" if kept else plan.reason)
+
+
+def one_chunk_bytes(costs: np.ndarray, width: int, element_bytes: int, device_type: str | None, pipelined: bool) -> int:
+    """The working set of a product in one chunk: its rows' costs, less the output rows where these are the
+    product's own output: on a CPU, not pipelined (the bag sum's result is returned; a GPU's bfloat16 chunk copies
+    into an output given it, as ``--offload all``'s blocks do, and its float32 chunk makes no rows of its own)."""
+    total = int(costs.sum())
+    if device_type != "cpu" or pipelined:
+        return total
+    return total - len(costs) * element_bytes * width
 
 
 def _at_least(plan: ChunkPlan, costs: np.ndarray, width: int, chunks: int) -> ChunkPlan:

@@ -14,7 +14,7 @@ from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.graph.aggregate import scales_rows
 from ntp.engine.kernels.dropout import dropped_copy_bytes
 from ntp.engine.kernels.packed import packed_bytes
-from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS
+from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, output_row_bytes
 from ntp.engine.memory.phases import segment_bytes
 
 #: copies per activation element of a relational step (ntp.engine.tasks.hetero.memory): the activation, what backward
@@ -310,7 +310,7 @@ def offload_room(
     :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
     and the topology where it stays."""
     eb = element_bytes(precision)
-    row = eb * columns + ROW_BYTES
+    row = output_row_bytes(columns, eb, "cuda") + ROW_BYTES
     chunks = max(
         ((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS, (max_degree + 1) * EDGE_BYTES + row
     )
@@ -420,8 +420,8 @@ def stream_row_bytes(
 ) -> int:
     """Device bytes of one row of the NN stage streamed in row blocks (``cfg``: a TrainConfig;
     ntp.engine.parallel.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
-    layer counted, though a segment holds one or two), the blocks on their way: two of the input coming, two of
-    the widest output leaving, and a row of an exchange's pass (:func:`exchange_row_bytes`: a segment next to
+    layer counted, though a segment holds one or two), on a GPU the blocks on their way (on a CPU they are views of
+    the rows): two of the input coming, two of the widest output leaving, and a row of an exchange's pass (:func:`exchange_row_bytes`: a segment next to
     propagation gathers its input and splits its output in its own passes)."""
     exchange = exchange_row_bytes(propagated_width(cfg.arch, cfg.hidden, out_dim), world, cfg.precision)
     per_row = nn_stage_bytes(
@@ -440,7 +440,8 @@ def stream_row_bytes(
         output_copies,
         working_copies(cfg, device_type),
     )
-    return per_row + 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim) + exchange
+    in_flight = 4 * element_bytes(cfg.precision) * max(in_dim, cfg.hidden, out_dim) if device_type == "cuda" else 0
+    return per_row + in_flight + exchange
 
 
 def exchange_row_bytes(width: int, world: int, precision: str = "fp32") -> int:

@@ -224,6 +224,7 @@ def store_plan(cfg, store, world: int, device: str, resident: dict[str, int], ou
         store.out_degrees(),
         memory_budget=cfg.memory_budget_bytes,
         width=slice_width,
+        device=torch.device(device),
         resident=resident,
         element_bytes=element_bytes(cfg.precision),
         ways_out=ways_out(resident),
