@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten
 #: how far above a step's measured bytes the memory plan may be (issue 47: within 10 %, and never below)
 PLAN_SLACK = 1.1
 #: how far above a link step its plan may be: its parts are bounds that do not all peak together (the pair chunk and
-#: the encoder's working copies never live at once); measured on a CPU 1.04-1.33x (bfloat16 the most; 2026-11-28),
+#: the encoder's working copies never live at once); measured on a CPU 1.03-1.32x (bfloat16 the most; 2026-12-02),
 #: not yet within PLAN_SLACK as a node step's plan is
 LINK_SLACK = 1.4
 #: how far above what a streamed step holds on its device its plan may be (ntp.engine.memory.phases.peak_bytes):
