@@ -10,9 +10,9 @@ comes either from ``chunk_rows`` (uniform ranges) or from a memory budget: the l
                                  (+ received source rows * w * 4 when pipelined),
 
 where ``w`` is the (padded) column-slice width; the device decides the bytes of an edge and whether a chunk makes its
-own output rows (:func:`edge_bytes`, :func:`copies_output_rows`). The sparse kernels read their input where it lies, so only the
-pipelined loops (ntp.engine.parallel.overlap), which receive each chunk's new source rows, hold rows per edge; those are
-bounded by the chunk's edge count.
+own output rows (:func:`edge_bytes`, :func:`copies_output_rows`). The sparse kernels read their input where it lies,
+so only the pipelined loops (ntp.engine.parallel.overlap), which receive each chunk's new source rows, hold rows per
+edge; those are bounded by the chunk's edge count.
 The same boundaries cut ``A^T`` (source ranges) for the backward, so a row's cost is the larger of its in- and
 out-edge costs: the plan bounds the forward and the backward.
 

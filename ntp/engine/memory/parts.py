@@ -421,8 +421,9 @@ def stream_row_bytes(
     """Device bytes of one row of the NN stage streamed in row blocks (``cfg``: a TrainConfig;
     ntp.engine.parallel.row_stream): its activations in the backward's recompute (:func:`nn_stage_bytes` of one row, every
     layer counted, though a segment holds one or two), on a GPU the blocks on their way (on a CPU they are views of
-    the rows): two of the input coming, two of the widest output leaving, and a row of an exchange's pass (:func:`exchange_row_bytes`: a segment next to
-    propagation gathers its input and splits its output in its own passes)."""
+    the rows): two of the input coming, two of the widest output leaving, and a row of an exchange's pass
+    (:func:`exchange_row_bytes`: a segment next to propagation gathers its input and splits its output in its own
+    passes)."""
     exchange = exchange_row_bytes(propagated_width(cfg.arch, cfg.hidden, out_dim), world, cfg.precision)
     per_row = nn_stage_bytes(
         1,
