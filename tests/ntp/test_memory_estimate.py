@@ -3,7 +3,8 @@ column-slice embeddings and the products' float32 copies) is at least what a tra
 tensor by tensor, for every architecture, with and without dropout, in float32 and bfloat16, on one rank and on two,
 and for GAT's edge tensors (on a denser graph, where they outweigh the rest). An estimate below it would let a budget
 admit a run that then runs out of device memory; the tests/ntp/live_bytes.py count matched the H200's measured peak
-at products scale within 4 %."""
+at products scale within 4 % (2026-11-25, when it also counted the topology's columns read in a step, a few % of
+it: corrected on 2026-12-02)."""
 
 from __future__ import annotations
 
