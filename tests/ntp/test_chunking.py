@@ -187,9 +187,10 @@ def test_a_streamed_nn_block_leaves_the_chunks_its_room_but_must_fit_beside_a_se
 
 def test_a_chunk_is_planned_as_its_device_runs_it() -> None:
     """A chunk's bytes per edge and output rows follow its kernel (ntp.engine.graph.aggregate.csr_matmul): a CPU's bag
-    sum reads the topology's indices and gathers a value per edge at most, and makes its own output rows, which in a
-    product of one chunk are the product's output (counted as embeddings); a GPU's float32 product writes into the
-    output's rows, its bfloat16 product and the pipelined loops make their own; an unknown kernel is bounded."""
+    sum reads the topology's indices and gathers a value per edge (and the bag's index of it) at most, and makes its
+    own output rows, which in a product of one chunk are the product's output (counted as embeddings); a GPU's
+    float32 product writes into the output's rows, its bfloat16 product and the pipelined loops make their own; an
+    unknown kernel is bounded."""
     from ntp.engine.memory.chunks import CPU_EDGE_BYTES, degree_costs, one_chunk_bytes
 
     topo = _topology(DIRECTED)
@@ -216,6 +217,36 @@ def test_a_chunk_is_planned_as_its_device_runs_it() -> None:
     assert split.num_chunks > 1, "several chunks each make their output rows"
     for a, b in split.ranges():
         assert cpu_costs[a:b].sum() <= alone - 1
+
+
+@pytest.mark.parametrize("avg_degree", [2, 40], ids=["values-gathered", "rows-scaled"])
+def test_a_cpu_product_holds_at_most_its_planned_chunk(avg_degree: int) -> None:
+    """What a CPU product makes beyond its output and its float32 scaled input (parts of their own) is at most the
+    plan's largest chunk (``make_plan`` on a CPU, 4 B an edge), in one chunk and in several: the bag sum reads the
+    topology's indices, gathers a value per edge where it does not scale the rows once, and in several chunks makes
+    each chunk's rows before copying them into the output."""
+    from ntp.engine.memory.chunks import degree_costs, one_chunk_bytes
+    from tests.ntp.live_bytes import LiveBytes
+
+    topo = _topology(random_graph(n=2_000, avg_degree=avg_degree, directed=True, seed=5))
+    deg, width, cpu = (topo.in_degrees().numpy(), topo.out_degrees().numpy()), 16, torch.device("cpu")
+    h = torch.randn(topo.num_nodes, width)
+    alone = one_chunk_bytes(degree_costs(*deg, width, device_type="cpu"), width, 4, "cpu", pipelined=False)
+    for budget in (alone, alone // 4):
+        plan = make_plan(*deg, memory_budget=budget, width=width, device=cpu)
+        assert (plan.num_chunks == 1) == (budget == alone), plan.bounds
+        blocks = RowBlocks(topo.indptr, topo.indices, plan.bounds, cpu)
+        ops = scaling(topo, "gcn")
+        scaled = prescaled(h, ops, topo.num_edges) is not None
+        live = LiveBytes()
+        with live:
+            out = blocks.matmul(h, ops)
+        beyond = live.peak - out.numel() * 4 - (h.numel() * 4 if scaled else 0)
+        assert 0 <= beyond <= budget, (plan.num_chunks, beyond, budget)
+        print(
+            f"{plan.num_chunks} chunks, rows scaled {scaled}: {beyond / topo.num_edges:.2f} B an edge beyond the output"
+        )
+        assert scaled == (avg_degree == 40)
 
 
 def test_source_schedule_sends_every_vertex_once_and_in_time() -> None:

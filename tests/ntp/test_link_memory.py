@@ -66,7 +66,7 @@ def measured_and_planned(options: dict, features: bool, env: DistEnv = SINGLE) -
     pairs = [job.task.taken, *job.task.pos.values(), *(q for q in job.task.neg.values() if q is not None)]
     parts = link_memory.resident_parts(job.cfg, **memory_shape(job.data, job.model, env.world, "cpu"))
     peak = max(live.peak, evaluation.peak) + held_bytes(job)  # the features, the parameters (embeddings too), Adam's
-    planned = sum(parts.values()) - parts["topology"] + chunk_bytes(job, width=0, device_type="cpu")  # a chunk's edges
+    planned = sum(parts.values()) - parts["topology"] + chunk_bytes(job, device_type="cpu")  # a chunk's edges
     return peak + sum(t.numel() * t.element_size() for t in pairs), planned
 
 

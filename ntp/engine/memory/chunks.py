@@ -35,10 +35,11 @@ from ntp.errors import MemoryPlanError
 #: Bytes per edge of a GPU chunk's working set: its int32 index (streamed when offloaded), its fp32 value (cuSPARSE
 #: reads one per edge: gathered, or ones) and the kernel's scratch (not measured on a GPU yet: a bound).
 EDGE_BYTES = 4 + 4 + 8
-#: Bytes per edge of a CPU chunk's: a float32 value gathered per edge at most (the bag sum reads the topology's own
-#: indices, and one value for every edge where the rows are scaled once: ntp.engine.graph.aggregate._bag_sum; the
-#: 8 B/edge of scratch once counted here were MKL's CSR product's, which the bag sum replaced).
-CPU_EDGE_BYTES = 4
+#: Bytes per edge of a CPU chunk's, at most: a float32 value gathered per edge and the bag's index of it
+#: (``embedding_bag`` with per-sample weights); the bag sum reads the topology's own indices, and where it scales the
+#: rows once, one value for every edge and no index (ntp.engine.graph.aggregate._bag_sum: then about nothing an edge).
+#: The 8 B/edge of scratch once counted here were MKL's CSR product's, which the bag sum replaced.
+CPU_EDGE_BYTES = 4 + 4
 #: Bytes per row of a chunk besides its values: the row pointer.
 ROW_BYTES = 8
 #: Share of free device memory the default CUDA budget may use.

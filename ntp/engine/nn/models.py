@@ -394,6 +394,7 @@ class CoupledGNN(GraphModel):
         outputs = []
         for i, layer in enumerate(self.layers):
             p = ctx.propagated(layer.operator, z)
+            z = None  # the product's input: free before the segment, which holds only its own input and output
             following = self.layers[i + 1] if i + 1 < n else None
             skip = self.skips[i] if self.skips is not None else None
             norm = self.norms[i] if i < len(self.norms) else None
@@ -405,6 +406,7 @@ class CoupledGNN(GraphModel):
             if following is None:
                 break
             a, z = out
+            out = None  # else it keeps z alive past its product
             outputs.append(a)
         return ctx.rows(with_tail(partial(jk_head, self), tail), *outputs, out, params=params(self.head))
 
@@ -424,6 +426,7 @@ class CoupledGNN(GraphModel):
         z = ctx.rows(partial(first_before, layers[0], drops[0]), x, params=layers[0].parameters(), to_graph=True)
         for i, layer in enumerate(layers):
             p = ctx.propagated(layer.operator, z)
+            z = None  # the product's input: free before the segment, which holds only its own input and output
             inputs = (p, x) if layer.reads_input_after else (p,)
             following = layers[i + 1] if i + 1 < len(layers) else None
             params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
@@ -433,6 +436,7 @@ class CoupledGNN(GraphModel):
             out = ctx.rows(segment, *inputs, params=params, to_graph=True)
             del p, inputs  # free before the next product: beside it only its input and output are planned
             x, z = out if following.reads_input_after else (None, out)
+            del out  # else it keeps z alive past its product
         return x
 
 
