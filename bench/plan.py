@@ -23,7 +23,7 @@ from common import OUT, base_parser, report
 from ntp.config import TrainConfig
 from ntp.engine.device.precision import element_bytes
 from ntp.engine.distributed.partition import ceil_div
-from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, ROW_BYTES, output_row_bytes
+from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, chunk_row_bytes
 from ntp.engine.memory.host import stream_host_bytes
 from ntp.engine.memory.parts import (
     PARAMETER_COPIES,
@@ -88,8 +88,7 @@ def plan_row(
     resident = beside_chunks(parts)  # a streamed NN block is not alive during a product (ntp.engine.memory.phases)
     eb = element_bytes(cfg.precision)
     slice_width = rank_slice_width(cfg, classes, gpus)
-    row = output_row_bytes(slice_width, eb, "cuda") + ROW_BYTES
-    work = (e + n) * EDGE_BYTES + n * row  # every chunk's working set, summed
+    work = (e + n) * EDGE_BYTES + n * chunk_row_bytes(slice_width, eb, "cuda")  # every chunk's working set, summed
     room = budget - resident if segment_bytes(parts) <= budget else 0
     local = min(gpus, per_machine)
     if cfg.nn_device == "stream":  # the rows and their activations stay in host memory, the parameters on the GPU

@@ -33,11 +33,13 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {_storage_address(m) for t in tree_flatten((args, kwargs))[0] for m in _members(t)}
+        self._record(out, {_storage_address(m) for t in tree_flatten((args, kwargs))[0] for m in _members(t)})
+        return out
+
+    def _record(self, out, inputs: set[int]) -> None:  # noqa: ANN001 (an operator's outputs)
         for t in tree_flatten(out)[0]:
             if _dense(t) and _storage_address(t) not in inputs:  # a view of an input (maybe made before) is not new
                 self._count(t.untyped_storage())
-        return out
 
     def _count(self, storage: torch.UntypedStorage) -> None:
         key, size = id(storage), storage.nbytes()
@@ -81,13 +83,11 @@ class DeviceBytes(LiveBytes):
             module.host_empty = original
         return super().__exit__(*exc)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def _record(self, out, inputs: set[int]) -> None:  # noqa: ANN001 (an operator's outputs)
         # an operator on host tensors alone runs on a GPU rank's host too (autograd summing two rows' gradients)
-        dense = [_storage_address(m) for t in tree_flatten((args, kwargs))[0] for m in _members(t)]
-        hosted = bool(dense) and all(a in self._host for a in dense)
-        self._hosting, was = self._hosting or hosted, self._hosting
+        self._hosting, was = self._hosting or bool(inputs) and inputs <= self._host, self._hosting
         try:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            super()._record(out, inputs)
         finally:
             self._hosting = was
 

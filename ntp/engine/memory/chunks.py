@@ -97,9 +97,11 @@ def copies_output_rows(device_type: str | None, element_bytes: int = 4, pipeline
     return device_type != "cuda" or element_bytes < 4 or pipelined
 
 
-def output_row_bytes(width: int, element_bytes: int, device_type: str | None, pipelined: bool = False) -> int:
-    """Bytes a chunk holds per output row of its own (:func:`copies_output_rows`; 0 where it writes in place)."""
-    return element_bytes * width if copies_output_rows(device_type, element_bytes, pipelined) else 0
+def chunk_row_bytes(width: int, element_bytes: int, device_type: str | None, pipelined: bool = False) -> int:
+    """Bytes a chunk holds per row besides its edges: the row pointer, and the output row where it makes its own
+    (:func:`copies_output_rows`; none where it writes in place)."""
+    output = element_bytes * width if copies_output_rows(device_type, element_bytes, pipelined) else 0
+    return output + ROW_BYTES
 
 
 def row_costs(
@@ -133,8 +135,7 @@ def degree_costs(
     element (ntp.engine.device.precision)."""
     deg = np.maximum(in_deg.astype(np.int64), out_deg.astype(np.int64)) + extra_edges_per_row
     per_edge = edge_bytes(device_type) + (element_bytes * width if pipelined else 0)  # a received source row per edge
-    output = output_row_bytes(width, element_bytes, device_type, pipelined)
-    return deg * per_edge + output + ROW_BYTES  # and the output row where the chunk makes its own, the row pointer
+    return deg * per_edge + chunk_row_bytes(width, element_bytes, device_type, pipelined)
 
 
 def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, width: int, budget: int) -> ChunkPlan:

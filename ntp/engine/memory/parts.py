@@ -14,7 +14,7 @@ from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.graph.aggregate import scales_rows
 from ntp.engine.kernels.dropout import dropped_copy_bytes
 from ntp.engine.kernels.packed import packed_bytes
-from ntp.engine.memory.chunks import EDGE_BYTES, ROW_BYTES, STREAMED_CHUNKS, output_row_bytes
+from ntp.engine.memory.chunks import EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes
 from ntp.engine.memory.phases import segment_bytes
 
 #: copies per activation element of a relational step (ntp.engine.tasks.hetero.memory): the activation, what backward
@@ -310,7 +310,7 @@ def offload_room(
     :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
     and the topology where it stays."""
     eb = element_bytes(precision)
-    row = output_row_bytes(columns, eb, "cuda") + ROW_BYTES
+    row = chunk_row_bytes(columns, eb, "cuda")
     chunks = max(
         ((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS, (max_degree + 1) * EDGE_BYTES + row
     )
