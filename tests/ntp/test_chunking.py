@@ -770,7 +770,8 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
     its edges and row pointer, and in bfloat16 its output row, which a float32 chunk writes into the block's), and
     the topology where it stays. The blocks are the widest that this leaves room for."""
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
-    from ntp.engine.memory.parts import device_topology_bytes, offload_room, offloaded_layout, streamed_bytes
+    from ntp.engine.memory.offload import offload_room, offloaded_layout
+    from ntp.engine.memory.parts import device_topology_bytes, streamed_bytes
 
     for n in (1_000, 1_000_000):  # a slab holds all the columns of the small graph, 4 of the large one
         e, width = 20 * n, 64
@@ -803,8 +804,7 @@ def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_
     """A streamed slice's blocks read the topology once each: from device memory if it stays there, over the bus
     if it streams. It stays when the room it leaves holds blocks a memory sector wide (8 float32 columns, 16
     bfloat16) or the whole slice, if narrower; otherwise it streams as before, in wider blocks."""
-    from ntp.engine.memory.parts import offload_room, offloaded_layout
-    from ntp.engine.memory.placement import describe_streaming
+    from ntp.engine.memory.offload import describe_streaming, offload_room, offloaded_layout
 
     n, e, width = 10_000, 50_000, 64
     room = lambda columns, precision="fp32", e=e: offload_room(n, e, columns, precision, True)  # noqa: E731
@@ -995,7 +995,8 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     from ntp.engine.distributed.collectives import Comm
     from ntp.engine.distributed.partition import Partition
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
-    from ntp.engine.memory.parts import device_topology_bytes, offload_room, streamed_bytes
+    from ntp.engine.memory.offload import offload_room
+    from ntp.engine.memory.parts import device_topology_bytes, streamed_bytes
     from ntp.engine.parallel.context import GraphContext
 
     topo = _topology(DIRECTED)
@@ -1027,7 +1028,7 @@ def test_one_rank_counts_its_slice_once_with_the_nn_stage_that_holds_it() -> Non
     it runs on the host or the ranks are two. Planned only: nothing runs on a device."""
     from ntp.engine.distributed.collectives import Comm
     from ntp.engine.distributed.partition import Partition
-    from ntp.engine.memory.parts import offload_room
+    from ntp.engine.memory.offload import offload_room
     from ntp.engine.parallel.context import GraphContext
 
     topo = _topology(DIRECTED)

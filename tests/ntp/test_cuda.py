@@ -11,7 +11,7 @@ import torch
 
 from ntp.config import TrainConfig
 from ntp.engine.distributed.dist import DistEnv
-from ntp.engine.memory.parts import offload_room
+from ntp.engine.memory.offload import offload_room
 from ntp.engine.train.loop import fit
 from ntp.engine.train.setup import setup
 from tests.ntp.graphs import loader, random_graph

@@ -59,7 +59,7 @@ def test_cuda_ranks_sharing_a_gpu_train_as_one_cpu_process(world: int) -> None:
 
 
 #: 100k rows on 2 ranks, 128 columns wide: a rank's rows are 25.6 MB a matrix; streamed in blocks of 1000 rows, the
-#: column slice in blocks of about 6 of its 64 columns under a 14 MB budget (ntp.engine.memory.parts.offloaded_layout;
+#: column slice in blocks of about 6 of its 64 columns under a 14 MB budget (ntp.engine.memory.offload.offloaded_layout;
 #: 3 before the products took the room the NN block leaves them: ntp.engine.memory.phases)
 WIDE = dict(mode="tp", model="gcn", arch="coupled", hidden=128, dropout=0.5, epochs=2, seed=1)
 STREAMED_WIDE = dict(WIDE, nn_device="stream", nn_block_rows=1000, offload="all", memory_budget="14MB")

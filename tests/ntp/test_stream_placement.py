@@ -16,13 +16,9 @@ import torch
 from ntp.config import TrainConfig
 from ntp.engine.distributed.collectives import Comm
 from ntp.engine.distributed.partition import Partition
-from ntp.engine.memory import parts, placement
-from ntp.engine.memory.parts import (
-    STREAM_BLOCK_ROWS,
-    offloaded_layout,
-    stream_block_rows,
-    stream_parts,
-)
+from ntp.engine.memory import offload, parts, placement
+from ntp.engine.memory.offload import offloaded_layout
+from ntp.engine.memory.parts import STREAM_BLOCK_ROWS, stream_block_rows, stream_parts
 from ntp.engine.memory.phases import beside_chunks
 from ntp.engine.parallel.context import GraphContext
 
@@ -83,7 +79,7 @@ def _placed(cfg: TrainConfig, monkeypatch) -> placement.NNPlacement:
         report=True,
         streamed=partial(stream_parts, cfg, device_type="cuda", symmetric=True, **SHAPE),
         feature_bytes=placement.feature_bytes(N, FEATURES, 1, cfg.precision),
-        bus=partial(placement.offload_bus_bytes, TOPOLOGY, 64, cfg.precision),
+        bus=partial(offload.offload_bus_bytes, TOPOLOGY, 64, cfg.precision),
     )
 
 
@@ -120,10 +116,10 @@ def test_streamed_features_stay_on_the_gpu_only_where_aggregation_moves_no_more_
         row_block=placed.row_block,
     )
     room, segment = cfg.memory_budget_bytes - beside_chunks(placed.reserved), placed.reserved["NN block"]
-    layout = placement.offload_layout(TOPOLOGY, 64, precision, room, segment)
+    layout = offload.offload_layout(TOPOLOGY, 64, precision, room, segment)
     assert (ctx.column_block, ctx.topology_offload == "none") == layout
     without = room + (features if stay else 0)
-    bus = partial(placement.offload_bus_bytes, TOPOLOGY, 64, precision, segment=segment)
+    bus = partial(offload.offload_bus_bytes, TOPOLOGY, 64, precision, segment=segment)
     assert bus(room) <= bus(without)
 
 
@@ -149,5 +145,5 @@ def test_streamed_features_stay_in_host_memory_unless_offload_all_plans_the_room
     assert not placement.features_stay(cfg, GPU, 10, 10**9, None)
     assert not placement.features_stay(cfg, GPU, 10**9, 10**9, lambda room: 0), "they must fit"
     assert placement.features_stay(cfg, GPU, 10, 10**9, lambda room: 0)
-    assert placement.offload_bus_bytes(TOPOLOGY, 64, "fp32", 10**8) == math.inf, "not even a column's blocks fit"
+    assert offload.offload_bus_bytes(TOPOLOGY, 64, "fp32", 10**8) == math.inf, "not even a column's blocks fit"
     assert not placement.features_stay(cfg, GPU, 10, 10**9, lambda room: math.inf), "nor beside them"

@@ -6,15 +6,12 @@ tests/ntp/test_memory_estimate.py and the GPU tests compare these figures with m
 
 from __future__ import annotations
 
-import bisect
-
 from ntp.engine.device.precision import dtype, element_bytes
 from ntp.engine.device.transfer import slab_columns, stream_depth
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.graph.aggregate import scales_rows
 from ntp.engine.kernels.dropout import dropped_copy_bytes
 from ntp.engine.kernels.packed import packed_bytes
-from ntp.engine.memory.chunks import EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes
 from ntp.engine.memory.phases import segment_bytes
 
 #: copies per activation element of a relational step (ntp.engine.tasks.hetero.memory): the activation, what backward
@@ -37,10 +34,6 @@ ROW_POINTER_BYTES = 4
 
 #: Device bytes per vertex of an operator's three scaling vectors.
 SCALING_BYTES = 3 * 4
-
-#: Bytes of a row of a streamed column block, at least, beside a topology kept on the device: one memory sector of a
-#: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
-SECTOR_BYTES = 32
 
 #: copies per activation element of the coupled layers' classic options (ntp.engine.memory.parts.classic_width):
 #: the value the backward keeps and its gradient (tests/ntp/test_memory_estimate.py: steps with them allocate 1.1 to
@@ -224,7 +217,7 @@ def graph_resident_parts(
     rows_streamed: bool = False,
 ) -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
-    offloaded (or ``topology_kept`` there by ``--offload all``: :func:`offloaded_layout`), and the column-slice
+    offloaded (or ``topology_kept`` there by ``--offload all``: ntp.engine.memory.offload.offloaded_layout), and the column-slice
     embeddings (input, output and their gradients; beside a streamed NN stage, ``rows_streamed``, a product's input
     and output or a segment's exchange's, as its backward keeps nothing in the graph layout; none where they are the
     NN stage's rows, counted there: ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with
@@ -256,66 +249,6 @@ def slice_is_rows(world: int, nn_stage_bytes: int) -> bool:
     such a slice on the device and streams the topology, which holds less and is faster (an H100 at products scale:
     1.12x the in-device epoch at 4.24 GB, where streaming the slice took 3.83x at 5.02 GB)."""
     return world == 1 and nn_stage_bytes > 0
-
-
-def offloaded_layout(
-    num_nodes: int,
-    num_edges: int,
-    slice_width: int,
-    room: int,
-    precision: str = "fp32",
-    max_degree: int = 0,
-    symmetric: bool = False,
-    segment: int = 0,
-) -> tuple[int, bool]:
-    """``--offload all`` on a GPU, given ``room`` (what the budget leaves a product besides the NN stage) and
-    ``segment`` (what only the NN stage's segments hold: a streamed NN block, which what stays on the device must
-    leave room for, and a product's blocks need not: ntp.engine.memory.phases): how many columns of the column slice
-    a product holds on the device at once, and whether the topology stays there meanwhile.
-
-    0 columns when the slice's embeddings fit there as without offload (half the room; moving them through host
-    memory would only add copies: products keep nothing for the backward, so the device holds the same either way).
-    Else the slice streams, in the widest blocks the room holds (:func:`offload_room`), at least one column. The
-    topology stays when blocks a memory sector wide (:data:`SECTOR_BYTES`; or the whole slice, if narrower) fit
-    beside it: each block then reads it from device memory instead of streaming it over the bus once more (an H200
-    streamed a 120M-edge topology in about the time of a whole product). The blocks then come one ahead of the
-    compute (:func:`streamed_bytes`), and number two at least where they stay a sector wide, so that copies overlap the
-    products."""
-    eb, staying = element_bytes(precision), room - segment  # what stays must fit beside a segment too
-    if 4 * num_nodes * slice_width * eb <= staying // 2:
-        return 0, False
-    widest = lambda kept: bisect.bisect_right(  # noqa: E731
-        range(1, slice_width + 1),
-        room,
-        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree, symmetric),
-    )
-    topology_fits = device_topology_bytes(num_nodes, num_edges, symmetric) <= staying
-    beside, sector = widest(True) if topology_fits else 0, min(slice_width, SECTOR_BYTES // eb)
-    if beside >= sector:
-        return min(beside, max(sector, ceil_div(slice_width, 2))), True
-    return max(1, widest(False)), False
-
-
-def offload_room(
-    num_nodes: int,
-    num_edges: int,
-    columns: int,
-    precision: str = "fp32",
-    topology_kept: bool = False,
-    max_degree: int = 0,
-    symmetric: bool = False,
-) -> int:
-    """Device bytes ``--offload all`` needs besides the NN stage to stream ``columns`` columns at a time: the
-    product's (:func:`streamed_bytes`), a chunk (about an eighth of the chunks' working set, as they number
-    :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
-    and the topology where it stays."""
-    eb = element_bytes(precision)
-    row = chunk_row_bytes(columns, eb, "cuda")
-    chunks = max(
-        ((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS, (max_degree + 1) * EDGE_BYTES + row
-    )
-    topology = device_topology_bytes(num_nodes, num_edges, symmetric) if topology_kept else 0
-    return streamed_bytes(num_nodes, columns, eb, stream_depth(not topology_kept)) + chunks + topology
 
 
 def device_topology_bytes(num_nodes: int, num_edges: int, symmetric: bool = False) -> int:

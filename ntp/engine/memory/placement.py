@@ -4,7 +4,7 @@
   stays in host memory and streams to the device chunk by chunk (ntp.engine.graph.aggregate.RowBlocks); with "all" the
   column-slice embeddings live in host memory too when the device cannot hold them, and visit it one product at a
   time, a block of columns at a time, while the topology stays on the device if blocks of useful width fit beside
-  it (:func:`offloaded_layout` decides).
+  it (ntp.engine.memory.offload decides).
 - The NN stage (row layout: features, MLP activations, parameters) runs on the device, or on the CPU when its row
   block does not fit in device memory beside what aggregation keeps there (``nn_device="auto"``), or where the
   user says. Moving rows between the stages is a copy that autograd reverses in the backward.
@@ -24,37 +24,13 @@ import torch
 
 from ntp.engine.device.measure import format_bytes, free_device_bytes
 from ntp.engine.device.precision import element_bytes
-from ntp.engine.device.transfer import even_blocks, streams_topology
+from ntp.engine.device.transfer import streams_topology
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, ChunkPlan, make_plan
 from ntp.engine.memory.parts import (
-    INDEX_BYTES,
-    ROW_POINTER_BYTES,
-    offload_room,
-    offloaded_layout,
     rank_slice_width,
 )
 from ntp.engine.memory.phases import beside_chunks
-
-
-def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
-    """One line for the worker log: how ``--offload all`` moves the column slice through the device (``column_block``
-    0: it does not)."""
-    if not column_block:
-        return (
-            "--offload all: the column slice stays on the device (the budget holds it, or one rank's slice is its "
-            "NN stage's rows, there already); the topology streams from host memory"
-        )
-    blocks = ceil_div(slice_width, column_block)
-    where = (
-        "stays on the device, and each block arrives while the one before computes"
-        if topology_kept
-        else f"streams {blocks} time(s) a product"
-    )
-    return (
-        f"--offload all: the {slice_width}-column slice lives in host memory and passes through the device in "
-        f"{blocks} block(s) of up to {column_block} columns; the topology {where}"
-    )
 
 
 def ways_out(resident: dict[str, int]) -> str:
@@ -107,32 +83,6 @@ class NNPlacement:
     features: torch.device
 
 
-def offload_layout(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> tuple[int, bool]:  # noqa: ANN001
-    """``--offload all``'s layout on a GPU for ``topology`` (a ntp.engine.graph.topology.Topology) in ``room``
-    beside a ``segment``'s own parts: the columns of a block of the slice and whether the topology stays on the
-    device (ntp.engine.memory.parts.offloaded_layout, the rows of its largest degree a chunk at least)."""
-    degrees = (topology.in_degrees(), topology.out_degrees())
-    max_degree = max((int(d.max()) for d in degrees if d.numel()), default=0)
-    n, e = topology.num_nodes, topology.num_edges
-    return offloaded_layout(n, e, slice_width, room, precision, max_degree, topology.symmetric, segment)
-
-
-def offload_bus_bytes(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> float:  # noqa: ANN001
-    """Bytes a product moves over the bus under ``--offload all`` in ``room`` beside a ``segment``'s own parts
-    (:func:`offload_layout`): where the slice stays, the topology once; else the slice there and back, and the
-    topology once a column block unless it stays; infinite where even one column's blocks, or the segment's, do
-    not fit (the chunks' plan may still find a way)."""
-    columns, kept = offload_layout(topology, slice_width, precision, room, segment)
-    n, e = topology.num_nodes, topology.num_edges
-    one_direction = e * INDEX_BYTES + n * ROW_POINTER_BYTES
-    if not columns:
-        return one_direction
-    if room < segment or offload_room(n, e, columns, precision, kept, symmetric=topology.symmetric) > room:
-        return math.inf
-    passes = 0 if kept else len(even_blocks(slice_width, columns))
-    return passes * one_direction + 2 * n * slice_width * element_bytes(precision)
-
-
 def feature_bytes(num_nodes: int, feature_dim: int, world: int, precision: str) -> int:
     """Bytes of a rank's rows of the input features (the largest row block) in ``precision``."""
     return ceil_div(num_nodes, world) * feature_dim * element_bytes(precision)
@@ -141,7 +91,7 @@ def feature_bytes(num_nodes: int, feature_dim: int, world: int, precision: str) 
 def features_stay(cfg, device: torch.device, feature_bytes: int, room: int, bus: Callable[[int], float] | None) -> bool:
     """Whether a streamed NN stage's input features stay on the rank's GPU (``cfg``: a TrainConfig) in ``room``
     (what the budget leaves a product): under ``--offload all``, where aggregation's products in the room left move
-    no more bytes over the bus (``bus(room)``: :func:`offload_bus_bytes` beside the NN block) than in the whole
+    no more bytes over the bus (``bus(room)``: ntp.engine.memory.offload.offload_bus_bytes beside the NN block) than in the whole
     room. Their blocks then cross the bus neither in the forward nor in the backward's recompute (products scale,
     float32: 2 GB an epoch). Elsewhere the room beside the resident slice is the chunks', which the plan sizes
     later."""
@@ -166,7 +116,7 @@ def place_nn_stage(
     runs on the host, or a block's where it streams: ``streamed`` gives its rows and the parts then from the room
     (:func:`stream_parts`; None: the task does not stream, and ntp.config's checks refuse ``--nn-device stream``).
     Streamed, its input features (``feature_bytes``) stay on the device where :func:`features_stay` says so (``bus``:
-    aggregation's bus bytes by room, :func:`offload_bus_bytes`; None: never). ``report``: print where and why."""
+    aggregation's bus bytes by room, ntp.engine.memory.offload.offload_bus_bytes; None: never). ``report``: print where and why."""
     nn_bytes = resident["NN stage"]
     graph_bytes = sum(resident.values()) - nn_bytes
     free = free_device_bytes(device)

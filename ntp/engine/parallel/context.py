@@ -15,9 +15,10 @@ from ntp.engine.graph.aggregate import EdgeWeightedTopology, RowBlocks, SparseOp
 from ntp.engine.graph.operators import CSR, scaling, with_self_loops
 from ntp.engine.graph.topology import Topology
 from ntp.engine.memory.chunks import ChunkPlan, default_device_budget, make_plan
+from ntp.engine.memory.offload import offload_layout
 from ntp.engine.memory.parts import graph_resident_parts, slice_is_rows
 from ntp.engine.memory.phases import beside_chunks, segment_only
-from ntp.engine.memory.placement import offload_layout, ways_out
+from ntp.engine.memory.placement import ways_out
 from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
 from ntp.engine.parallel.row_stream import Exchange, Graphed, stream_rows
 
@@ -146,7 +147,7 @@ class GraphContext:
     @cached_property
     def _offloaded(self) -> tuple[int, bool]:
         """``--offload all`` on a GPU: the column block and whether the topology stays on the device, from the room
-        the model leaves (ntp.engine.memory.placement.offload_layout)."""
+        the model leaves (ntp.engine.memory.offload.offload_layout)."""
         if self.offload != "all" or self.device.type != "cuda" or self.slice_is_rows:
             return 0, False
         reserved = beside_chunks(self.reserved)  # a streamed NN block is not alive in a product

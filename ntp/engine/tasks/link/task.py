@@ -27,7 +27,7 @@ from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition, ceil_div
 from ntp.engine.graph.data import GraphData, load_shared
 from ntp.engine.kernels import streams
-from ntp.engine.memory import parts, placement
+from ntp.engine.memory import offload, parts, placement
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.parallel.context import GraphContext
 from ntp.engine.tasks.base import (
@@ -173,7 +173,7 @@ class LinkTask:
             report=env.is_main,
             streamed=streamed,
             feature_bytes=placement.feature_bytes(n, data.feature_dim, env.world, cfg.precision),
-            bus=partial(placement.offload_bus_bytes, _topology(data), ceil_div(cfg.hidden, env.world), cfg.precision),
+            bus=partial(offload.offload_bus_bytes, _topology(data), ceil_div(cfg.hidden, env.world), cfg.precision),
         )
         # the decoder and the embeddings' slice: the graph layout's device; the encoder where its rows are, or
         # there too where its rows stream through it

@@ -17,7 +17,7 @@ from ntp.engine.distributed.dist import DistEnv
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.distributed.traffic import ALLREDUCE
 from ntp.engine.graph.data import GraphData, load_shared
-from ntp.engine.memory import parts, placement
+from ntp.engine.memory import offload, parts, placement
 from ntp.engine.memory.chunks import ChunkPlan
 from ntp.engine.nn.layers import class_losses
 from ntp.engine.nn.models import build_model
@@ -90,7 +90,7 @@ class NodeTask:
         )
         if env.is_main and cfg.offload == "all" and ctx.device.type == "cuda":
             print(
-                f"[ntp] {placement.describe_streaming(ctx.column_block, ctx.slice_width, ctx.topology_offload == 'none')}",
+                f"[ntp] {offload.describe_streaming(ctx.column_block, ctx.slice_width, ctx.topology_offload == 'none')}",
                 flush=True,
             )
         model = model.to(env.device if placed.row_block else nn_device)  # streamed: the parameters stay on the device
@@ -217,7 +217,7 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
         report=env.is_main,
         streamed=partial(parts.stream_parts, cfg, **shape) if cfg.nn_streams else None,
         feature_bytes=placement.feature_bytes(data.num_nodes, data.feature_dim, env.world, cfg.precision),
-        bus=partial(placement.offload_bus_bytes, data.topology, slice_width, cfg.precision),
+        bus=partial(offload.offload_bus_bytes, data.topology, slice_width, cfg.precision),
     )
 
 

@@ -1,0 +1,127 @@
+"""``--offload all`` on a GPU: how a product meets the column slice when the device cannot hold it beside the rest.
+The slice then lives in host memory and visits the device one product at a time, a block of columns at a time
+(ntp.engine.device.transfer.stream_columns), while the topology stays on the device if blocks of useful width fit
+beside it. This module sizes those blocks from the room a budget leaves (:func:`offloaded_layout`), counts what
+they need (:func:`offload_room`) and the bytes a product then moves over the bus (:func:`offload_bus_bytes`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from ntp.engine.device.precision import element_bytes
+from ntp.engine.device.transfer import even_blocks, stream_depth
+from ntp.engine.distributed.partition import ceil_div
+from ntp.engine.memory.chunks import EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes
+from ntp.engine.memory.parts import INDEX_BYTES, ROW_POINTER_BYTES, device_topology_bytes, streamed_bytes
+
+#: Bytes of a row of a streamed column block, at least, beside a topology kept on the device: one memory sector of a
+#: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
+SECTOR_BYTES = 32
+
+
+def offloaded_layout(
+    num_nodes: int,
+    num_edges: int,
+    slice_width: int,
+    room: int,
+    precision: str = "fp32",
+    max_degree: int = 0,
+    symmetric: bool = False,
+    segment: int = 0,
+) -> tuple[int, bool]:
+    """``--offload all`` on a GPU, given ``room`` (what the budget leaves a product besides the NN stage) and
+    ``segment`` (what only the NN stage's segments hold: a streamed NN block, which what stays on the device must
+    leave room for, and a product's blocks need not: ntp.engine.memory.phases): how many columns of the column slice
+    a product holds on the device at once, and whether the topology stays there meanwhile.
+
+    0 columns when the slice's embeddings fit there as without offload (half the room; moving them through host
+    memory would only add copies: products keep nothing for the backward, so the device holds the same either way).
+    Else the slice streams, in the widest blocks the room holds (:func:`offload_room`), at least one column. The
+    topology stays when blocks a memory sector wide (:data:`SECTOR_BYTES`; or the whole slice, if narrower) fit
+    beside it: each block then reads it from device memory instead of streaming it over the bus once more (an H200
+    streamed a 120M-edge topology in about the time of a whole product). The blocks then come one ahead of the
+    compute (:func:`streamed_bytes`), and number two at least where they stay a sector wide, so that copies overlap the
+    products."""
+    eb, staying = element_bytes(precision), room - segment  # what stays must fit beside a segment too
+    if 4 * num_nodes * slice_width * eb <= staying // 2:
+        return 0, False
+    widest = lambda kept: bisect.bisect_right(  # noqa: E731
+        range(1, slice_width + 1),
+        room,
+        key=lambda c: offload_room(num_nodes, num_edges, c, precision, kept, max_degree, symmetric),
+    )
+    topology_fits = device_topology_bytes(num_nodes, num_edges, symmetric) <= staying
+    beside, sector = widest(True) if topology_fits else 0, min(slice_width, SECTOR_BYTES // eb)
+    if beside >= sector:
+        return min(beside, max(sector, ceil_div(slice_width, 2))), True
+    return max(1, widest(False)), False
+
+
+def offload_room(
+    num_nodes: int,
+    num_edges: int,
+    columns: int,
+    precision: str = "fp32",
+    topology_kept: bool = False,
+    max_degree: int = 0,
+    symmetric: bool = False,
+) -> int:
+    """Device bytes ``--offload all`` needs besides the NN stage to stream ``columns`` columns at a time: the
+    product's (:func:`streamed_bytes`), a chunk (about an eighth of the chunks' working set, as they number
+    :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
+    and the topology where it stays."""
+    eb = element_bytes(precision)
+    row = chunk_row_bytes(columns, eb, "cuda")
+    chunks = max(
+        ((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS, (max_degree + 1) * EDGE_BYTES + row
+    )
+    topology = device_topology_bytes(num_nodes, num_edges, symmetric) if topology_kept else 0
+    return streamed_bytes(num_nodes, columns, eb, stream_depth(not topology_kept)) + chunks + topology
+
+
+def offload_layout(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> tuple[int, bool]:  # noqa: ANN001
+    """``--offload all``'s layout on a GPU for ``topology`` (a ntp.engine.graph.topology.Topology) in ``room``
+    beside a ``segment``'s own parts: the columns of a block of the slice and whether the topology stays on the
+    device (ntp.engine.memory.parts.offloaded_layout, the rows of its largest degree a chunk at least)."""
+    degrees = (topology.in_degrees(), topology.out_degrees())
+    max_degree = max((int(d.max()) for d in degrees if d.numel()), default=0)
+    n, e = topology.num_nodes, topology.num_edges
+    return offloaded_layout(n, e, slice_width, room, precision, max_degree, topology.symmetric, segment)
+
+
+def offload_bus_bytes(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> float:  # noqa: ANN001
+    """Bytes a product moves over the bus under ``--offload all`` in ``room`` beside a ``segment``'s own parts
+    (:func:`offload_layout`): where the slice stays, the topology once; else the slice there and back, and the
+    topology once a column block unless it stays; infinite where even one column's blocks, or the segment's, do
+    not fit (the chunks' plan may still find a way)."""
+    columns, kept = offload_layout(topology, slice_width, precision, room, segment)
+    n, e = topology.num_nodes, topology.num_edges
+    one_direction = e * INDEX_BYTES + n * ROW_POINTER_BYTES
+    if not columns:
+        return one_direction
+    if room < segment or offload_room(n, e, columns, precision, kept, symmetric=topology.symmetric) > room:
+        return math.inf
+    passes = 0 if kept else len(even_blocks(slice_width, columns))
+    return passes * one_direction + 2 * n * slice_width * element_bytes(precision)
+
+
+def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
+    """One line for the worker log: how ``--offload all`` moves the column slice through the device (``column_block``
+    0: it does not)."""
+    if not column_block:
+        return (
+            "--offload all: the column slice stays on the device (the budget holds it, or one rank's slice is its "
+            "NN stage's rows, there already); the topology streams from host memory"
+        )
+    blocks = ceil_div(slice_width, column_block)
+    where = (
+        "stays on the device, and each block arrives while the one before computes"
+        if topology_kept
+        else f"streams {blocks} time(s) a product"
+    )
+    return (
+        f"--offload all: the {slice_width}-column slice lives in host memory and passes through the device in "
+        f"{blocks} block(s) of up to {column_block} columns; the topology {where}"
+    )
