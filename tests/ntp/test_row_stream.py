@@ -181,8 +181,9 @@ def test_a_streamed_coupled_model_exchanges_its_rows_in_its_segments_passes(opti
         assert out["calls"]["split"] == out["calls"]["gather"] == 2 * layers * out["passes"], out
 
 
-def _tail_rows_seen(options: dict) -> tuple[list[int], torch.Tensor, dict]:
-    """The rows each call of a model's tail sees, the tail's output, and the parameters' gradients of its sum."""
+def _tail_rows_seen(options: dict, scale: float = 1.0) -> tuple[list[int], torch.Tensor, dict]:
+    """The rows each call of a model's tail sees, the model's output (the sum of the tail's), and the parameters'
+    gradients of ``scale`` times it."""
     from ntp.engine.distributed.dist import DistEnv
     from ntp.engine.train.setup import setup
     from tests.ntp.graphs import loader
@@ -196,7 +197,7 @@ def _tail_rows_seen(options: dict) -> tuple[list[int], torch.Tensor, dict]:
         return (logits * torch.arange(logits.shape[1])).sum(dim=1, keepdim=True) + rows[:, None]
 
     out = job.model(job.x, job.ctx, tail)
-    out.sum().backward()
+    (out * scale).backward()
     return seen, out.detach(), {n: p.grad for n, p in job.model.named_parameters()}
 
 
@@ -206,18 +207,20 @@ GRAPH = GRAPHS["directed"]
 @pytest.mark.parametrize("options", [CONFIGS[5], CONFIGS[10], CONFIGS[0]], ids=["coupled", "classic", "decoupled"])
 def test_a_tail_runs_in_the_last_streamed_segment_block_by_block(options: dict) -> None:
     """A model's tail (training's per-row loss: ntp.engine.tasks.node.task.TrainLosses) runs in a streamed model's
-    last segment, on one block at a time (so the logits' rows never exist whole), seeing each block's first row (in
-    the forward, and again where the backward recomputes the block); its values and the gradients equal the
-    in-memory model's, where it sees all rows at once. A decoupled model's last segment is its propagation's gather,
-    a block at a time."""
+    last segment, on one block at a time (so the logits' rows never exist whole), seeing each block's first row, in
+    the forward only: the segment takes its gradients there, and the backward computes no block again. Its sum and
+    the gradients equal the in-memory model's, where it sees all rows at once, and scale with the gradient its sum
+    gets. A decoupled model's last segment is its propagation's gather, a block at a time."""
     whole, expected, expected_grads = _tail_rows_seen(options)
     seen, out, grads = _tail_rows_seen({**options, **STREAMED})
     assert whole == [100]
-    blocks = [7] * 14 + [2]  # in the forward, then again in the backward's recompute
-    assert seen == blocks + blocks, seen
+    assert seen == [7] * 14 + [2], seen
     torch.testing.assert_close(out, expected)
     for name, g in expected_grads.items():
         assert_close_to_scale(grads[name], g, f"gradient of {name}")
+    _, _, tripled = _tail_rows_seen({**options, **STREAMED}, scale=3.0)
+    for name, g in expected_grads.items():
+        assert_close_to_scale(tripled[name], 3 * g, f"gradient of {name}, its sum's gradient 3")
 
 
 @pytest.mark.parametrize(

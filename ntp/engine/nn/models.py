@@ -85,9 +85,10 @@ class GraphModel(nn.Module):
     """A model of the context's graph, run in the context's precision (ntp.engine.device.precision); outputs are float32."""
 
     def forward(self, x: torch.Tensor, ctx: GraphContext, tail: Tail | None = None) -> torch.Tensor:
-        """The output rows, or, given ``tail``, ``tail(ctx, output rows)``: a model whose last step streams fuses the
-        tail into it (:meth:`compute_tail`), so that the output's rows never exist whole (in training, the logits
-        and their gradient: 8 bytes a class a row)."""
+        """The output rows, or, given ``tail`` (a value a row: training's loss), the sum of ``tail(ctx, output
+        rows)`` over the rank's rows: a model whose last step streams fuses the tail into it (:meth:`compute_tail`),
+        so that the output's rows never exist whole (in training, the logits and their gradient: 8 bytes a class a
+        row), and takes its gradients in the forward (ntp.engine.parallel.row_stream: summed)."""
         with autocast(ctx.precision, x.device):
             return self.compute(x, ctx).float() if tail is None else self.compute_tail(x, ctx, tail)
 
@@ -95,7 +96,7 @@ class GraphModel(nn.Module):
         raise NotImplementedError
 
     def compute_tail(self, x: torch.Tensor, ctx: GraphContext, tail: Tail) -> torch.Tensor:
-        return tail(ctx, self.compute(x, ctx).float())
+        return tail(ctx, self.compute(x, ctx).float()).sum()
 
     def first_layer(self) -> nn.Module:
         """The layer that reads the features (what ``--weight-decay-layers first`` decays)."""
@@ -137,7 +138,7 @@ class DecoupledGNN(GraphModel):
         """Streamed, the tail runs on the propagated rows a block at a time as they are gathered."""
         if not ctx.streams_rows:
             return super().compute_tail(x, ctx, tail)
-        return ctx.rows(with_tail(as_gathered, tail), self._streamed(x, ctx))
+        return ctx.rows(with_tail(as_gathered, tail), self._streamed(x, ctx), summed=True)
 
     def first_layer(self) -> nn.Module:
         return self.mlp.linears[0]
@@ -400,7 +401,9 @@ class CoupledGNN(GraphModel):
             norm = self.norms[i] if i < len(self.norms) else None
             segment = partial(classic_segment, self, i)
             if following is None and self.head is None:
-                return ctx.rows(with_tail(segment, tail), p, a, params=params(layer, skip, norm))
+                return ctx.rows(
+                    with_tail(segment, tail), p, a, params=params(layer, skip, norm), summed=tail is not None
+                )
             out = ctx.rows(segment, p, a, params=params(layer, skip, norm, following), to_graph=following is not None)
             del p  # free before the next product: beside it only its input and output are planned
             if following is None:
@@ -408,7 +411,8 @@ class CoupledGNN(GraphModel):
             a, z = out
             out = None  # else it keeps z alive past its product
             outputs.append(a)
-        return ctx.rows(with_tail(partial(jk_head, self), tail), *outputs, out, params=params(self.head))
+        head = with_tail(partial(jk_head, self), tail)
+        return ctx.rows(head, *outputs, out, params=params(self.head), summed=tail is not None)
 
     def _dropped(self, dropout: RowDropout, x: torch.Tensor, ctx: GraphContext, activate: bool) -> torch.Tensor:
         """``dropout(activation(x))`` (``activate``), as a tensor: GAT's ELU, the others' ReLU (in the mask)."""
@@ -432,7 +436,7 @@ class CoupledGNN(GraphModel):
             params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
             segment = partial(after_then_before, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
             if following is None:
-                return ctx.rows(with_tail(segment, tail), *inputs, params=params)
+                return ctx.rows(with_tail(segment, tail), *inputs, params=params, summed=tail is not None)
             out = ctx.rows(segment, *inputs, params=params, to_graph=True)
             del p, inputs  # free before the next product: beside it only its input and output are planned
             x, z = out if following.reads_input_after else (None, out)

@@ -192,22 +192,28 @@ class GraphContext:
         """Whether row-wise segments stream through the device in row blocks (``--nn-device stream``)."""
         return self.row_block > 0
 
-    def rows(self, fn, *inputs, params=(), to_graph: bool = False):  # noqa: ANN001
+    def rows(self, fn, *inputs, params=(), to_graph: bool = False, summed: bool = False):  # noqa: ANN001
         """``fn(self, *inputs)`` for a row-wise segment ``fn`` (whole rows in, whole rows out; ``params``: the
         parameters it reads): where the rows are, or, when :attr:`streams_rows`, a block of rows at a time on the
         rank's device, recomputed in the backward (ntp.engine.parallel.row_stream). A first input in the graph layout
         (a :class:`Graphed`) reaches ``fn`` gathered into rows; ``to_graph``: ``fn``'s last output is returned in the
         graph layout (split), a :class:`Graphed`. Where the exchanges run in passes (:attr:`exchanges_in_passes`)
-        they run in the segment's own passes, so those rows never cross to host memory."""
+        they run in the segment's own passes, so those rows never cross to host memory. ``summed``: ``fn`` returns a
+        value a row (a loss), of which the sum over the rows is returned (streamed, its gradients are taken in the
+        forward: ntp.engine.parallel.row_stream)."""
         graphed = inputs[0] if inputs and isinstance(inputs[0], Graphed) else None
         ps = [p for p in params if p.requires_grad]
         if self.exchanges_in_passes:
             exchange = Exchange(self.comm, self.home, graphed.width if graphed else 0, to_graph)
             tensors = (graphed.cols, *inputs[1:]) if graphed else inputs
-            return stream_rows(fn, self, tensors, ps, **self._stream_options, exchange=exchange)
+            return stream_rows(fn, self, tensors, ps, **self._stream_options, exchange=exchange, summed=summed)
         if graphed is not None:
             inputs = (self.from_graph(*graphed), *inputs[1:])
-        out = stream_rows(fn, self, inputs, ps, **self._stream_options) if self.streams_rows else fn(self, *inputs)
+        if not self.streams_rows:
+            out = fn(self, *inputs)
+            out = out.sum() if summed else out
+        else:
+            out = stream_rows(fn, self, inputs, ps, **self._stream_options, summed=summed)
         if not to_graph:
             return out
         last = out[-1] if isinstance(out, tuple) else out

@@ -14,6 +14,11 @@ its first input arrives gathered a block at a time, and its last output leaves s
 rows, and their gradients in the backward, no longer go down to host memory and up again on either side of a
 propagation (a copy of the gathered rows goes down once, for the backward's recompute).
 
+A segment whose one output is a value a row of which only the sum is read (training's loss: a model's *tail*) is
+*summed*: it returns the sum, and takes its gradients in the forward, block by block, as it would in the backward's
+recompute. Its backward then only returns them: its inputs are neither kept for it nor copied up again (the logits'
+rows of a 2-layer GCN at products scale: 188 bytes a vertex each way).
+
 Input features that fit beside the rest stay on the device (ntp.engine.memory.placement.features_stay): their blocks
 are views there, and neither the forward nor the backward's recompute copies them up.
 
@@ -76,15 +81,19 @@ def stream_rows(
     block_rows: int,
     precision: str = "fp32",
     exchange: Exchange | None = None,
+    summed: bool = False,
 ):
     """``fn(ctx, *inputs)`` computed a block of ``block_rows`` rows at a time on ``device``, the inputs and outputs in
     host memory; ``params``: the tensors ``fn`` reads besides its inputs that want gradients (on ``device``). Returns
     what ``fn`` returns, differentiable with respect to ``inputs`` and ``params``. With ``exchange``, the first input
     is in the graph layout (``exchange.gathered``) and reaches ``fn`` in rows, and the last output is returned in it
-    as a :class:`Graphed` (``exchange.splits``), each a pass of rows at a time."""
+    as a :class:`Graphed` (``exchange.splits``), each a pass of rows at a time. ``summed``: ``fn`` returns one
+    column whose sum over the rows is returned, its gradients taken in the forward (never with ``exchange.splits``)."""
     keeps = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *params))  # a backward follows
-    runner = _Runner(fn, ctx, device, block_rows, precision, len(inputs), exchange, keeps)
+    runner = _Runner(fn, ctx, device, block_rows, precision, len(inputs), exchange, keeps, summed)
     outs = _Streamed.apply(runner, *inputs, *params)
+    if summed:
+        return outs
     if runner.splits:
         outs = (*outs[:-1], Graphed(outs[-1], runner.split_width))
     return outs if runner.returns_tuple else outs[0]
@@ -103,6 +112,7 @@ class _Runner:
         n_inputs: int,
         exchange: Exchange | None,
         keeps: bool,
+        summed: bool = False,
     ) -> None:
         self.fn, self.ctx, self.device, self.precision, self.n_inputs = fn, ctx, device, precision, n_inputs
         self.block_rows = max(1, block_rows)
@@ -113,6 +123,8 @@ class _Runner:
         self.split_width = 0  #: the columns of the rows that leave in the graph layout
         self.kept: torch.Tensor | None = None  #: the gathered input's rows, for the backward (host memory)
         self.keeps = keeps  #: whether a backward follows (not in evaluation), so the gathered rows are kept
+        self.summed = summed  #: the one output's sum is returned, its gradients taken in the forward
+        self.found: tuple[list, list] | None = None  #: those gradients (inputs', parameters'), until the backward
 
     def spans(self, rows: int) -> list[tuple[int, int]]:
         """The blocks: with an exchange, its passes (the same on every rank; the last may hold none of this rank's
@@ -130,6 +142,37 @@ class _Runner:
     def saved(self, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """The inputs the backward reads again: all but a gathered one, whose rows it keeps itself (:attr:`kept`)."""
         return inputs[1:] if self.gathered else inputs
+
+    def forward_summed(
+        self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], wants: Sequence[bool]
+    ) -> torch.Tensor:
+        """The sum of the segment's one output over the rows; where a backward follows, the gradients of that sum
+        with respect to the inputs and parameters that want them (``wants``) are taken as each block computes,
+        and kept in :attr:`found` (a gathered input's leaves in the graph layout, a pass at a time)."""
+        ex, n = self.exchange, len(inputs)
+        host_in = self.saved(inputs)
+        rows = ex.comm.part.num_rows() if ex else host_in[0].shape[0]
+        wants = list(wants) if self.keeps else [False] * (n + len(params))
+        grad_in, graph_grad_in, grad_param = self.grad_buffers(inputs, params, wants, rows)
+        total = torch.zeros((), device=self.device)
+        with Downloads(self.device) as downloads:
+            for (a, b), blocks in self.uploads(host_in, rows):
+                here = max(0, min(b, rows) - a)
+                if self.gathered:
+                    blocks = (ex.comm.gather_pass(inputs[0], a, b, self.gathered), *blocks)
+                found = None
+                if here and self.keeps:
+                    summed = lambda ys: [(ys[0].sum(), None)]  # noqa: E731 (its gradient: 1)
+                    ys, found = self._block_grads(a, blocks, summed, wants[:n], params, wants[n:])
+                elif here:
+                    ys = self.call(a, blocks)
+                if here:
+                    total += ys[0].detach().sum()
+                self.put_grads(found, blocks, (a, b, here), grad_in, graph_grad_in, grad_param, wants[:n], downloads)
+        if graph_grad_in is not None:
+            grad_in[0] = graph_grad_in
+        self.found = (grad_in, grad_param) if self.keeps else None
+        return total
 
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         ex = self.exchange
@@ -167,15 +210,8 @@ class _Runner:
         ex = self.exchange
         inputs = [self.kept, *saved] if self.gathered else list(saved)
         rows = ex.comm.part.num_rows() if ex else inputs[0].shape[0]
-        wants_in, wants_param = wants[: len(inputs)], wants[len(inputs) :]
-        graph_grad_in = None
-        if self.gathered and wants_in[0]:  # the gathered input's gradient leaves in the graph layout, a pass at a time
-            graph_grad_in = ex.comm.slice_empty(self.gathered, self.kept.dtype, ex.home)
-        grad_in = [
-            self.host(rows, x) if w and not (i == 0 and self.gathered) else None
-            for i, (x, w) in enumerate(zip(inputs, wants_in))
-        ]
-        grad_param = [torch.zeros_like(p) if w else None for p, w in zip(params, wants_param)]
+        n = len(inputs)
+        grad_in, graph_grad_in, grad_param = self.grad_buffers(inputs, params, wants, rows)
         graph_grad = grads[-1] if self.splits else None
         host_grads = grads[:-1] if self.splits else grads
         given = [i for i, g in enumerate(host_grads) if g is not None]
@@ -183,45 +219,66 @@ class _Runner:
             for (a, b), blocks in self.uploads([*inputs, *(host_grads[i] for i in given)], rows):
                 here = max(0, min(b, rows) - a)
                 arriving = ex.comm.gather_pass(graph_grad, a, b, self.split_width) if graph_grad is not None else None
-                found = self._block_grads(a, blocks, given, arriving, wants_in, params, wants_param) if here else None
-                leaving = None
-                for k, (out, w) in enumerate(zip(grad_in, wants_in)):
-                    if not w:
-                        continue
-                    g = found[k] if found is not None else None
-                    x = blocks[k]
-                    g = torch.zeros_like(x) if g is None else g  # None: the segment ignores this input
-                    if out is None:  # the gathered input's
-                        leaving = g
-                    elif here:
-                        downloads.copy(out[a:b], g)
-                if graph_grad_in is not None:
-                    ex.comm.split_pass(leaving, a, b, graph_grad_in, put=downloads.put_rows)
-                if found is not None:
-                    for acc, g in zip(grad_param, found[len(inputs) :]):
-                        if acc is not None and g is not None:
-                            acc.add_(g)
+
+                def pairs(ys, grads=blocks[n:], arriving=arriving):  # noqa: ANN001, ANN202
+                    last = [(ys[-1], arriving)] if arriving is not None else []
+                    return [(ys[i], g) for i, g in zip(given, grads)] + last
+
+                found = self._block_grads(a, blocks, pairs, wants[:n], params, wants[n:])[1] if here else None
+                self.put_grads(found, blocks, (a, b, here), grad_in, graph_grad_in, grad_param, wants[:n], downloads)
         if graph_grad_in is not None:
             grad_in[0] = graph_grad_in
         return grad_in, grad_param
 
-    def _block_grads(self, a: int, blocks, given, arriving, wants_in, params, wants_param) -> list | None:  # noqa: ANN001
-        """The gradients of one block's inputs (one per input, None where not wanted or unused) then of the
-        parameters (None where not wanted), from its recompute; None where nothing flows."""
+    def grad_buffers(self, inputs, params, wants: Sequence[bool], rows: int) -> tuple[list, torch.Tensor | None, list]:  # noqa: ANN001
+        """Where the gradients of the inputs and parameters that want them (``wants``) are summed: host rows, but a
+        gathered input's, which leaves in the graph layout, a pass at a time."""
+        n, ex = len(inputs), self.exchange
+        graph_grad_in = None
+        if self.gathered and wants[0]:
+            graph_grad_in = ex.comm.slice_empty(self.gathered, inputs[0].dtype, ex.home)
+        grad_in = [
+            self.host(rows, x) if w and not (i == 0 and self.gathered) else None
+            for i, (x, w) in enumerate(zip(inputs, wants[:n]))
+        ]
+        return grad_in, graph_grad_in, [torch.zeros_like(p) if w else None for p, w in zip(params, wants[n:])]
+
+    def put_grads(self, found, blocks, span, grad_in, graph_grad_in, grad_param, wants_in, downloads) -> None:  # noqa: ANN001
+        """One block's gradients (``found``: :meth:`_block_grads`'; None on a rank without rows in the pass) into
+        their buffers (:meth:`grad_buffers`): the inputs' copied down, a gathered input's split into the graph layout
+        (a collective: every rank takes part in every pass), the parameters' summed on the device."""
+        a, b, here = span
+        leaving = None
+        for k, (out, w) in enumerate(zip(grad_in, wants_in)):
+            if not w:
+                continue
+            g = found[k] if found is not None else None
+            g = torch.zeros_like(blocks[k]) if g is None else g  # None: the segment ignores this input
+            if out is None:  # the gathered input's
+                leaving = g
+            elif here:
+                downloads.copy(out[a:b], g)
+        if graph_grad_in is not None:
+            self.exchange.comm.split_pass(leaving, a, b, graph_grad_in, put=downloads.put_rows)
+        if found is not None:
+            for acc, g in zip(grad_param, found[len(wants_in) :]):
+                if acc is not None and g is not None:
+                    acc.add_(g)
+
+    def _block_grads(self, a: int, blocks, pairs, wants_in, params, wants_param) -> tuple:  # noqa: ANN001
+        """One block's outputs, computed again with autograd on, and the gradients of its inputs (one per input, None
+        where not wanted or unused) then of the parameters (None where not wanted); None where nothing flows.
+        ``pairs(outputs)``: the (output, its gradient) pairs to differentiate, a gradient None for a scalar's 1."""
         n = len(wants_in)
         xs = [x.detach().requires_grad_(w) for x, w in zip(blocks[:n], wants_in)]
         with torch.enable_grad():
             ys = self.call(a, xs)
-        outs = [(ys[i], g) for i, g in zip(given, blocks[n:]) if ys[i].requires_grad]
-        if arriving is not None and ys[-1].requires_grad:
-            outs.append((ys[-1], arriving))
+            outs = [(y, torch.ones_like(y) if g is None else g.to(y.dtype)) for y, g in pairs(ys) if y.requires_grad]
         wrt = [x for x, w in zip(xs, wants_in) if w] + [p for p, w in zip(params, wants_param) if w]
         if not outs or not wrt:
-            return None
-        found = iter(
-            torch.autograd.grad([y for y, _ in outs], wrt, [g.to(y.dtype) for y, g in outs], allow_unused=True)
-        )
-        return [next(found) if w else None for w in wants_in] + [next(found) if w else None for w in wants_param]
+            return ys, None
+        found = iter(torch.autograd.grad([y for y, _ in outs], wrt, [g for _, g in outs], allow_unused=True))
+        return ys, [next(found) if w else None for w in wants_in] + [next(found) if w else None for w in wants_param]
 
     def host(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         """A host tensor for ``rows`` rows of ``like``'s shape, pinned where a GPU writes it."""
@@ -257,12 +314,16 @@ class _Streamed(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an output that nothing used has no gradient to stream
         inputs, params = tensors[: runner.n_inputs], tensors[runner.n_inputs :]
         ctx.runner = runner
+        if runner.summed:  # the backward reads nothing but the gradients the forward took
+            return runner.forward_summed(inputs, params, ctx.needs_input_grad[1:])
         ctx.save_for_backward(*runner.saved(inputs), *params)
         return runner.forward(inputs)
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
         runner = ctx.runner
+        if runner.summed:
+            return (None, *_scaled(runner, grads[0], len(ctx.needs_input_grad) - 1))
         saved = ctx.saved_tensors
         n_saved = len(saved) - (len(ctx.needs_input_grad) - 1 - runner.n_inputs)
         inputs, params = saved[:n_saved], saved[n_saved:]
@@ -270,3 +331,15 @@ class _Streamed(torch.autograd.Function):
             return (None,) * len(ctx.needs_input_grad)
         grad_in, grad_param = runner.backward(inputs, params, grads, ctx.needs_input_grad[1:])
         return (None, *grad_in, *grad_param)
+
+
+def _scaled(runner: _Runner, grad: torch.Tensor | None, count: int) -> list:
+    """A summed segment's ``count`` gradients (:meth:`_Runner.forward_summed`) for ``grad``, the gradient of its sum:
+    as taken where it is 1 (a loss's own backward), else scaled by it."""
+    if grad is None or runner.found is None:
+        return [None] * count
+    found = [*runner.found[0], *runner.found[1]]
+    runner.found = None  # the step's only backward: free them with it
+    if bool(grad == 1):
+        return found
+    return [g * grad.to(g.device) if g is not None else None for g in found]

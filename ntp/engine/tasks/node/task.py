@@ -118,7 +118,7 @@ class NodeTask:
         job.model.train()
         job.ctx.step = epoch
         job.optimizer.zero_grad(set_to_none=True)
-        loss = job.model(job.x, job.ctx, TrainLosses(job)).sum() / job.global_train_count
+        loss = job.model(job.x, job.ctx, TrainLosses(job))  # this rank's part of the mean
         loss.backward()
         all_reduce_gradients(list(job.model.parameters()), job.comm)
         job.optimizer.step()
@@ -222,15 +222,17 @@ def _place_nn_stage(cfg: TrainConfig, env: DistEnv, data: GraphData, model: torc
 
 
 class TrainLosses:
-    """Each of a rank's rows' training loss, 0 off the training vertices, as a tail of the model
-    (ntp.engine.nn.models.GraphModel.forward): ``(position, logits) -> (rows, 1)`` for the rows from
-    ``position.row_offset`` on, all of the rank's or, where the model streams, one block's on the device (the logits'
-    rows are then never whole in host memory). Summed, the epoch's loss."""
+    """Each of a rank's rows' part of the training loss (its loss over the training vertices of all ranks; 0 off
+    them), as a tail of the model (ntp.engine.nn.models.GraphModel.forward): ``(position, logits) -> (rows, 1)`` for
+    the rows from ``position.row_offset`` on, all of the rank's or, where the model streams, one block's on the
+    device (the logits' rows are then never whole in host memory). Summed over all ranks, the epoch's mean loss: its
+    gradient is 1, so a streamed model's last segment returns the gradients it took in the forward as they are."""
 
     def __init__(self, job: Job) -> None:
         self.first = job.ctx.row_offset
         self.train = job.local_split["train"]  # sorted (_local_labeled): a block's are a contiguous run
         self.y, self.multiclass = job.y, job.data.task_type == "multiclass"
+        self.count = job.global_train_count
         self._copies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, position: Any, logits: torch.Tensor) -> torch.Tensor:
@@ -242,7 +244,7 @@ class TrainLosses:
         at = rows - a
         # picked with index_select: the backward of ``logits[rows]`` is an accumulating ``index_put_``, 10x slower on
         # two CPU threads
-        losses = row_losses(logits.index_select(0, at), y[rows], self.multiclass)
+        losses = row_losses(logits.index_select(0, at), y[rows], self.multiclass) / self.count
         return logits.new_zeros(logits.shape[0]).index_put((at,), losses)[:, None]
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
