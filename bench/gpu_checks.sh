@@ -12,7 +12,8 @@
 # topology on the device, and the features stay there at 3.5 GB and in bf16 at 2 GB; since 2026-12-02 the plan goes
 # by phase, so --offload topology plans under 2 GB too, where it was refused: its peak must stay under it; and a
 # float32 chunk is planned without output rows of its own, as cuSPARSE writes into the product's: the budget runs'
-# peaks and test_cuda_stream's "streamed step" ratios check it); 3. a
+# peaks and test_cuda_stream's "streamed step" ratios check it; and at the end of 2026-12-02 the loss's segment
+# takes its gradients in the forward, by count 1,312 bytes a vertex over the bus an epoch where it was 1,696); 3. a
 # profile of the streamed epoch at 2 GB with --offload all (the goal's budget): its copy/compute overlap.
 # Each step's output goes to $OUT/<step>.log (or /tmp), its last lines to stdout; bench/on_device.sh copies bench/out
 # to $OUT as well.

@@ -84,7 +84,7 @@ def offload_room(
 def offload_layout(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> tuple[int, bool]:  # noqa: ANN001
     """``--offload all``'s layout on a GPU for ``topology`` (a ntp.engine.graph.topology.Topology) in ``room``
     beside a ``segment``'s own parts: the columns of a block of the slice and whether the topology stays on the
-    device (ntp.engine.memory.parts.offloaded_layout, the rows of its largest degree a chunk at least)."""
+    device (:func:`offloaded_layout`, the rows of its largest degree a chunk at least)."""
     degrees = (topology.in_degrees(), topology.out_degrees())
     max_degree = max((int(d.max()) for d in degrees if d.numel()), default=0)
     n, e = topology.num_nodes, topology.num_edges
