@@ -266,9 +266,9 @@ class _Runner:
                     acc.add_(g)
 
     def _block_grads(self, a: int, blocks, pairs, wants_in, params, wants_param) -> tuple:  # noqa: ANN001
-        """One block's outputs, computed again with autograd on, and the gradients of its inputs (one per input, None
-        where not wanted or unused) then of the parameters (None where not wanted); None where nothing flows.
-        ``pairs(outputs)``: the (output, its gradient) pairs to differentiate, a gradient None for a scalar's 1."""
+        """One block's outputs, computed with autograd on (in the backward, again), and the gradients of its inputs
+        (one per input, None where not wanted or unused) then of the parameters (None where not wanted), or None where
+        nothing flows. ``pairs(outputs)``: the (output, its gradient) pairs to differentiate, None for a scalar's 1."""
         n = len(wants_in)
         xs = [x.detach().requires_grad_(w) for x, w in zip(blocks[:n], wants_in)]
         with torch.enable_grad():
