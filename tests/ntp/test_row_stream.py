@@ -223,6 +223,59 @@ def test_a_tail_runs_in_the_last_streamed_segment_block_by_block(options: dict) 
         assert_close_to_scale(tripled[name], 3 * g, f"gradient of {name}, its sum's gradient 3")
 
 
+def _bus_bytes_of_a_step(options: dict) -> tuple[int, int, int, int]:
+    """What a streamed training step on this rank would move between host and device memory on a GPU, counted on a
+    CPU: the blocks of host tensors its segments take (the feature rows, what ntp.engine.device.transfer.host_empty
+    makes: rows kept for the backward, a segment's outputs) and the copies into them; with the rank's rows, the
+    features' and the hidden layer's widths."""
+    import ntp.engine.parallel.row_stream as row_stream
+    from ntp.engine.device.transfer import Downloads
+    from ntp.engine.distributed.dist import distributed
+    from ntp.engine.train.loop import train_step
+    from ntp.engine.train.setup import setup
+    from tests.ntp.graphs import loader
+
+    with distributed(60, "cpu") as env:
+        job = setup(TrainConfig(mode="tp", epochs=2, **options, **STREAMED), env, loader(GRAPH))
+        train_step(job, 0)
+        host, moved = {job.x.untyped_storage().data_ptr()}, [0]
+        empty, uploads, copy = row_stream.host_empty, row_stream._Runner.uploads, Downloads.copy
+
+        def host_empty(*size: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+            t = empty(*size, dtype=dtype, pinned=pinned)
+            host.add(t.untyped_storage().data_ptr())
+            return t
+
+        def counted_uploads(runner, tensors, rows: int):  # noqa: ANN001, ANN202
+            hosted = [t.untyped_storage().data_ptr() in host for t in tensors]
+            for span, blocks in uploads(runner, tensors, rows):
+                moved[0] += sum(b.nbytes for b, h in zip(blocks, hosted) if h)
+                yield span, blocks
+
+        def counted_copy(downloads: Downloads, dst: torch.Tensor, src: torch.Tensor) -> None:
+            moved[0] += dst.nbytes if dst.untyped_storage().data_ptr() in host else 0
+            copy(downloads, dst, src)
+
+        row_stream.host_empty, row_stream._Runner.uploads, Downloads.copy = host_empty, counted_uploads, counted_copy
+        try:
+            train_step(job, 1)
+        finally:
+            row_stream.host_empty, row_stream._Runner.uploads, Downloads.copy = empty, uploads, copy
+        return moved[0], job.x.shape[0], job.x.shape[1], job.cfg.hidden
+
+
+@pytest.mark.parametrize(
+    "options, hidden_rows", [(CONFIGS[5], True), (CONFIGS[0], False)], ids=["coupled-gcn", "decoupled-gcn"]
+)
+def test_a_streamed_step_moves_no_row_of_the_logits(options: dict, hidden_rows: bool) -> None:
+    """On two ranks (whose segments exchange their rows in passes, as on a GPU) a streamed step moves, per row, the
+    features up twice (the forward, the backward's recompute) and a coupled model's hidden layer down once and up
+    once (its gathered rows kept for the recompute), and nothing of the logits: the loss's segment takes its
+    gradients in the forward, so it keeps no rows for the backward (they moved 8 bytes a class a row more)."""
+    for moved, rows, features, hidden in run_on_ranks(_bus_bytes_of_a_step, 2, options):
+        assert moved == rows * 4 * (2 * features + 2 * hidden * hidden_rows), (moved, rows, features, hidden)
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
