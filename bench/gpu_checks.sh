@@ -14,7 +14,8 @@
 # float32 chunk is planned without output rows of its own, as cuSPARSE writes into the product's: the budget runs'
 # peaks and test_cuda_stream's "streamed step" ratios check it; and at the end of 2026-12-02 the loss's segment
 # takes its gradients in the forward, by count 1,312 bytes a vertex over the bus an epoch where it was 1,696); 3. a
-# profile of the streamed epoch at 2 GB with --offload all (the goal's budget): its copy/compute overlap.
+# profile of the streamed epoch at 2 GB with --offload all (the goal's budget): its copy/compute overlap, and the GB
+# it copied each way with their rates ("copied an epoch"), beside the count of what the code moves.
 # Each step's output goes to $OUT/<step>.log (or /tmp), its last lines to stdout; bench/on_device.sh copies bench/out
 # to $OUT as well.
 set -uo pipefail

@@ -7,13 +7,18 @@
 timed first without the profiler (their median, synchronised), then profiled; the table lists the operators by their
 device time (CUDA) or CPU time (``--trace`` saves the profiled epochs' Chrome trace in bench/out). On CUDA a line
 follows: the device's time an epoch in copies up, copies down and kernels, their sum, the time the device was busy
-with any of them, and the difference: how much of them overlapped (``--offload``'s copies and products).
+with any of them, and the difference: how much of them overlapped (``--offload``'s copies and products); and one
+more: the bytes an epoch copied up and down, and the rate of each while copying (the trace's copies carry their
+bytes), beside which a count of what the code moves can be read (docs/memory.md).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from common import OUT, base_parser, synthetic_store
@@ -83,6 +88,11 @@ def main() -> None:
     if args.trace:
         OUT.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(OUT / f"profile-{args.size}.json"))
+    if cuda:
+        with tempfile.TemporaryDirectory() as scratch:
+            trace = Path(scratch) / "trace.json"
+            prof.export_chrome_trace(str(trace))
+            print(copied(json.loads(trace.read_text()), args.epochs), flush=True)
 
 
 def device_overlap(events, epochs: int) -> str:
@@ -100,6 +110,24 @@ def device_overlap(events, epochs: int) -> str:
     return (
         f"device ms an epoch: up {per['up']:.1f}, down {per['down']:.1f}, kernels {per['kernels']:.1f}; "
         f"sum {total:.1f}, busy {busy:.1f}, overlapped {total - busy:.1f}"
+    )
+
+
+def copied(trace: dict, epochs: int) -> str:
+    """One line: the GB an epoch a Chrome trace's copies moved up (host to device) and down, and each direction's
+    GB/s while copying (its bytes over its copies' time; copies that overlap each other count their time twice)."""
+    moved = {"HtoD": [0, 0.0], "DtoH": [0, 0.0]}
+    for event in trace.get("traceEvents", []):
+        name, args = event.get("name", ""), event.get("args", {})
+        kind = next((k for k in moved if name.startswith(f"Memcpy {k}")), None)
+        if kind and "bytes" in args:
+            moved[kind][0] += args["bytes"]
+            moved[kind][1] += event.get("dur", 0.0) / 1e6
+    (up, up_s), (down, down_s) = moved["HtoD"], moved["DtoH"]
+    rate = lambda b, s: f"{b / s / 1e9:.1f} GB/s" if s else "-"  # noqa: E731
+    return (
+        f"copied an epoch: up {up / 1e9 / epochs:.3f} GB ({rate(up, up_s)}), "
+        f"down {down / 1e9 / epochs:.3f} GB ({rate(down, down_s)})"
     )
 
 
