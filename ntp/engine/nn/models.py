@@ -31,16 +31,15 @@ from ntp.engine.kernels.linear import Linear, linear
 from ntp.engine.nn.layers import MLP, jk_width, jumping_knowledge, make_norm, skip_connection
 from ntp.engine.nn.segments import (
     NO_DROPOUT,
-    Tail,
     after_then_before,
     as_gathered,
     classic_first,
     classic_segment,
     first_before,
     jk_head,
-    with_tail,
 )
 from ntp.engine.parallel.context import GraphContext, Graphed
+from ntp.engine.parallel.row_stream import Tail
 
 #: Decoupled propagation operator of each model (see ntp.engine.graph.operators).
 
@@ -138,7 +137,7 @@ class DecoupledGNN(GraphModel):
         """Streamed, the tail runs on the propagated rows a block at a time as they are gathered."""
         if not ctx.streams_rows:
             return super().compute_tail(x, ctx, tail)
-        return ctx.rows(with_tail(as_gathered, tail), self._streamed(x, ctx), summed=True)
+        return ctx.rows(as_gathered, self._streamed(x, ctx), tail=tail)
 
     def first_layer(self) -> nn.Module:
         return self.mlp.linears[0]
@@ -401,9 +400,7 @@ class CoupledGNN(GraphModel):
             norm = self.norms[i] if i < len(self.norms) else None
             segment = partial(classic_segment, self, i)
             if following is None and self.head is None:
-                return ctx.rows(
-                    with_tail(segment, tail), p, a, params=params(layer, skip, norm), summed=tail is not None
-                )
+                return ctx.rows(segment, p, a, params=params(layer, skip, norm), tail=tail)
             out = ctx.rows(segment, p, a, params=params(layer, skip, norm, following), to_graph=following is not None)
             del p  # free before the next product: beside it only its input and output are planned
             if following is None:
@@ -411,8 +408,7 @@ class CoupledGNN(GraphModel):
             a, z = out
             out = None  # else it keeps z alive past its product
             outputs.append(a)
-        head = with_tail(partial(jk_head, self), tail)
-        return ctx.rows(head, *outputs, out, params=params(self.head), summed=tail is not None)
+        return ctx.rows(partial(jk_head, self), *outputs, out, params=params(self.head), tail=tail)
 
     def _dropped(self, dropout: RowDropout, x: torch.Tensor, ctx: GraphContext, activate: bool) -> torch.Tensor:
         """``dropout(activation(x))`` (``activate``), as a tensor: GAT's ELU, the others' ReLU (in the mask)."""
@@ -436,7 +432,7 @@ class CoupledGNN(GraphModel):
             params = [*layer.parameters(), *(following.parameters() if following is not None else ())]
             segment = partial(after_then_before, layer, drops[i], i > 0, following, drops[i + 1] if following else None)
             if following is None:
-                return ctx.rows(with_tail(segment, tail), *inputs, params=params, summed=tail is not None)
+                return ctx.rows(segment, *inputs, params=params, tail=tail)
             out = ctx.rows(segment, *inputs, params=params, to_graph=True)
             del p, inputs  # free before the next product: beside it only its input and output are planned
             x, z = out if following.reads_input_after else (None, out)

@@ -4,25 +4,12 @@ as the layers' in-memory forward. ``model``: a CoupledGNN (ntp.engine.nn.models)
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 
 from ntp.engine.kernels.dropout import RowDropout
 from ntp.engine.nn.layers import jumping_knowledge
 from ntp.engine.parallel.context import GraphContext
-
-#: ``tail(position, output_rows)``: a row-wise function of a model's float32 output rows (a loss per row), the rows
-#: from ``position.row_offset`` on
-Tail = Callable[..., torch.Tensor]
-
-
-def with_tail(segment, tail: Tail | None):  # noqa: ANN001, ANN202 (a row_stream Segment)
-    """``segment`` followed by ``tail`` on its float32 output, as one segment (``segment`` itself without a tail)."""
-    if tail is None:
-        return segment
-    return lambda position, *rows: tail(position, segment(position, *rows).float())
 
 
 def as_gathered(ctx: GraphContext, rows: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from ntp.engine.memory.parts import graph_resident_parts, slice_is_rows
 from ntp.engine.memory.phases import beside_chunks, segment_only
 from ntp.engine.memory.placement import ways_out
 from ntp.engine.parallel.overlap import OverlappedOperator, propagate_gather, split_propagate, split_propagate_gather
-from ntp.engine.parallel.row_stream import Exchange, Graphed, stream_rows
+from ntp.engine.parallel.row_stream import Exchange, Graphed, Tail, stream_rows, with_tail
 
 
 class GraphContext:
@@ -192,15 +192,16 @@ class GraphContext:
         """Whether row-wise segments stream through the device in row blocks (``--nn-device stream``)."""
         return self.row_block > 0
 
-    def rows(self, fn, *inputs, params=(), to_graph: bool = False, summed: bool = False):  # noqa: ANN001
+    def rows(self, fn, *inputs, params=(), to_graph: bool = False, tail: Tail | None = None):  # noqa: ANN001
         """``fn(self, *inputs)`` for a row-wise segment ``fn`` (whole rows in, whole rows out; ``params``: the
         parameters it reads): where the rows are, or, when :attr:`streams_rows`, a block of rows at a time on the
         rank's device, recomputed in the backward (ntp.engine.parallel.row_stream). A first input in the graph layout
         (a :class:`Graphed`) reaches ``fn`` gathered into rows; ``to_graph``: ``fn``'s last output is returned in the
         graph layout (split), a :class:`Graphed`. Where the exchanges run in passes (:attr:`exchanges_in_passes`)
-        they run in the segment's own passes, so those rows never cross to host memory. ``summed``: ``fn`` returns a
-        value a row (a loss), of which the sum over the rows is returned (streamed, its gradients are taken in the
-        forward: ntp.engine.parallel.row_stream)."""
+        they run in the segment's own passes, so those rows never cross to host memory. ``tail``: a value a row (a
+        loss) of ``fn``'s float32 output, whose sum over the rows is returned (streamed, its gradients are taken in
+        the forward: ntp.engine.parallel.row_stream, summed)."""
+        fn, summed = with_tail(fn, tail), tail is not None
         graphed = inputs[0] if inputs and isinstance(inputs[0], Graphed) else None
         ps = [p for p in params if p.requires_grad]
         if self.exchanges_in_passes:

@@ -38,6 +38,17 @@ from ntp.engine.distributed.collectives import Comm
 #: ``fn(position, *row_blocks)``: one tensor of the block's rows, or a tuple of them
 Segment = Callable[..., "torch.Tensor | tuple[torch.Tensor, ...]"]
 
+#: ``tail(position, output_rows)``: a row-wise function of a model's float32 output rows (a loss per row), the rows
+#: from ``position.row_offset`` on
+Tail = Callable[..., torch.Tensor]
+
+
+def with_tail(segment: Segment, tail: Tail | None) -> Segment:
+    """``segment`` followed by ``tail`` on its float32 output, as one segment (``segment`` itself without a tail)."""
+    if tail is None:
+        return segment
+    return lambda position, *rows: tail(position, segment(position, *rows).float())
+
 
 class Graphed(NamedTuple):
     """A matrix in the graph layout (tensor parallel: all rows, this rank's column slice), with the width of its
