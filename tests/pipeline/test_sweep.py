@@ -219,6 +219,32 @@ def test_a_sweep_ends_the_runs_its_trials_left_running(cora_store, tmp_path):
     client.set_terminated(sweep.parent_run_id)
 
 
+def test_the_parent_runs_best_value_is_the_best_in_whatever_order_trials_end(tmp_path):
+    """Two trials at once end out of their numbers' order: the parent run's ``best_valid_metric`` (the curve's last
+    point, which MLflow's runs table shows) is the best trial's value after each trial's report and after the
+    sweep's final one (stepped by trial number, a trial that ended before a lower-numbered best one had the last
+    word: a resumed sweep showed 0.41 for a best of 0.782)."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from ntp.run.sweep.report import log_report
+    from ntp.run.sweep.study import Sweep
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = client.create_run(client.create_experiment("order")).info.run_id
+    study = optuna.create_study(direction="maximize")
+    best, early = study.ask(), study.ask()  # trials 0 and 1; 1 ends first
+    sweep = Sweep(None, study, parent, "order", None, client, 0, on_line=lambda line: None)
+    for trial, value in ((early, 0.41), (best, 0.782)):
+        study.tell(trial, value)
+        sweep.report(study, study.trials[trial.number])
+    assert client.get_run(parent).data.metrics["best_valid_metric"] == 0.782
+    log_report(study, parent, client, warn=lambda message: None)
+    assert client.get_run(parent).data.metrics["best_valid_metric"] == 0.782
+    steps = [m.step for m in client.get_metric_history(parent, "best_valid_metric")]
+    assert steps == sorted(steps) == [1, 2, 2], steps
+
+
 def test_search_space_errors_name_the_entry_and_the_fix():
     with pytest.raises(ConfigError, match="'hiden' is no training option"):
         parse_space({"space": {"hiden": [16]}})

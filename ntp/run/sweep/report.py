@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ntp.run.sweep.study import ended_trials
 from ntp.run.sweep.trial import INTERRUPTED_ATTR, RUN_ID_ATTR
 
 PLOTS = {
@@ -73,7 +74,7 @@ def log_report(study: Any, run_id: str, c: Any, warn: Callable[[str], None] = pr
         return SweepResult(study.study_name, run_id, None, None, {}, None, table, counts)
     for key, value in best.params.items():
         c.log_param(run_id, f"best.{key}", str(value))
-    c.log_metric(run_id, "best_valid_metric", best.value, step=best.number)
+    c.log_metric(run_id, "best_valid_metric", best.value, step=ended_trials(study))  # the curve's last point
     if best.user_attrs.get("test_metric") is not None:
         c.log_metric(run_id, "best_test_metric", best.user_attrs["test_metric"])
     best_run = best.user_attrs.get(RUN_ID_ATTR)

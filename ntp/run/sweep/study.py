@@ -173,6 +173,12 @@ def _default(name: str) -> Any:
     return TrainConfig.__dataclass_fields__[name].default
 
 
+def ended_trials(study: Any) -> int:
+    """Trials that have ended, however (complete, pruned, failed): the step of the parent run's best-value curve,
+    which grows as trials end, in whatever order (two running at once end out of their numbers' order)."""
+    return sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+
+
 def finished_trials(study: Any) -> int:
     """Trials that count towards ``n_trials``: complete, pruned, or failed on their own (not by an interrupt)."""
     from optuna.trial import TrialState
@@ -266,14 +272,16 @@ class Sweep:
         return run_trial(trial, self.settings.space.suggest(trial), self.job, self.client)
 
     def report(self, study: Any, trial: Any) -> None:
-        """After each trial: a line, and the best value so far as the parent run's curve (step: trial number)."""
+        """After each trial: a line, and the best value so far as the parent run's curve (step: the trials ended, so
+        its last point is the best of all: by trial number, a trial that ended before a lower-numbered best one
+        would have the last word)."""
         value = "" if trial.value is None else f" valid {trial.value:.4f}"
         error = trial.user_attrs.get(ERROR_ATTR)
         self.on_line(
             f"[sweep] trial {trial.number} {trial.state.name}{value} {trial.params}" + (f": {error}" if error else "")
         )
         if any(t.value is not None for t in study.get_trials(deepcopy=False)):
-            self.client.log_metric(self.parent_run_id, "best_valid_metric", study.best_value, step=trial.number)
+            self.client.log_metric(self.parent_run_id, "best_valid_metric", study.best_value, step=ended_trials(study))
 
     def fail(self, exc: BaseException) -> None:
         """End the parent run KILLED (interrupt) or FAILED (error), and stop the running trials."""
