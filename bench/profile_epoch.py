@@ -85,14 +85,13 @@ def main() -> None:
     print(prof.key_averages().table(sort_by=key, row_limit=args.rows), flush=True)
     if cuda:
         print(device_overlap(prof.events(), args.epochs), flush=True)
-    if args.trace:
-        OUT.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(OUT / f"profile-{args.size}.json"))
-    if cuda:
+    if args.trace or cuda:  # the trace, exported once: saved (--trace), read for its copies (CUDA)
         with tempfile.TemporaryDirectory() as scratch:
-            trace = Path(scratch) / "trace.json"
+            trace = OUT / f"profile-{args.size}.json" if args.trace else Path(scratch) / "trace.json"
+            trace.parent.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(trace))
-            print(copied(json.loads(trace.read_text()), args.epochs), flush=True)
+            if cuda:
+                print(copied(json.loads(trace.read_text()), args.epochs), flush=True)
 
 
 def device_overlap(events, epochs: int) -> str:

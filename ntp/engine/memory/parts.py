@@ -217,15 +217,15 @@ def graph_resident_parts(
     rows_streamed: bool = False,
 ) -> dict[str, int]:
     """What aggregation keeps on the device besides one chunk: the topology (:func:`device_topology_bytes`) unless
-    offloaded (or ``topology_kept`` there by ``--offload all``: ntp.engine.memory.offload.offloaded_layout), and the column-slice
-    embeddings (input, output and their gradients; beside a streamed NN stage, ``rows_streamed``, a product's input
-    and output or a segment's exchange's, as its backward keeps nothing in the graph layout; none where they are the
-    NN stage's rows, counted there: ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with
+    offloaded (or ``topology_kept`` there by ``--offload all``: ntp.engine.memory.offload.offloaded_layout), and the
+    column-slice embeddings (input, output and their gradients; beside a streamed NN stage, ``rows_streamed``, a
+    product's input and output or a segment's exchange's, as its backward keeps nothing in the graph layout; none where
+    they are the NN stage's rows, counted there: ``rows_counted``, :func:`slice_is_rows`, which never streams), or, with
     ``offload == "all"`` on a GPU, the "column blocks" a product streaming ``column_block`` columns at a time holds
-    (:func:`streamed_bytes`, alive only in the product; 0: the slice stays on the device; the default, one column,
-    is the least before the plan has chosen). A product on the resident slice multiplies a float32 copy of its input
-    where it makes one: a bfloat16 input's on a CPU, or rows scaled once (ntp.engine.graph.aggregate.scales_rows: on
-    a GPU, float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product writes a float32 output first."""
+    (:func:`streamed_bytes`, alive only in the product; 0: the slice stays on the device; the default, one column, is
+    the least before the plan has chosen). A product on the resident slice multiplies a float32 copy of its input where
+    it makes one: a bfloat16 input's on a CPU, or rows scaled once (ntp.engine.graph.aggregate.scales_rows: on a GPU,
+    float32 inputs; on a CPU, dense graphs), and a CPU's bfloat16 product writes a float32 output first."""
     eb = element_bytes(precision)
     streamed = offload == "all" and device_type == "cuda" and column_block > 0 and not rows_counted
     on_device = offload == "none" or topology_kept

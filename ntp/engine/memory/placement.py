@@ -27,9 +27,7 @@ from ntp.engine.device.precision import element_bytes
 from ntp.engine.device.transfer import streams_topology
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, ChunkPlan, make_plan
-from ntp.engine.memory.parts import (
-    rank_slice_width,
-)
+from ntp.engine.memory.parts import rank_slice_width
 from ntp.engine.memory.phases import beside_chunks
 
 
@@ -89,12 +87,11 @@ def feature_bytes(num_nodes: int, feature_dim: int, world: int, precision: str) 
 
 
 def features_stay(cfg, device: torch.device, feature_bytes: int, room: int, bus: Callable[[int], float] | None) -> bool:
-    """Whether a streamed NN stage's input features stay on the rank's GPU (``cfg``: a TrainConfig) in ``room``
-    (what the budget leaves a product): under ``--offload all``, where aggregation's products in the room left move
-    no more bytes over the bus (``bus(room)``: ntp.engine.memory.offload.offload_bus_bytes beside the NN block) than in the whole
-    room. Their blocks then cross the bus neither in the forward nor in the backward's recompute (products scale,
-    float32: 2 GB an epoch). Elsewhere the room beside the resident slice is the chunks', which the plan sizes
-    later."""
+    """Whether a streamed NN stage's input features stay on the rank's GPU (``cfg``: a TrainConfig) in ``room`` (what
+    the budget leaves a product): under ``--offload all``, where aggregation's products in the room left move no more
+    bytes over the bus (``bus(room)``: ntp.engine.memory.offload.offload_bus_bytes beside the NN block) than in the
+    whole room. Their blocks then cross the bus neither in the forward nor in the backward's recompute (products scale,
+    float32: 2 GB an epoch). Elsewhere the room beside the resident slice is the chunks', which the plan sizes later."""
     if bus is None or cfg.offload != "all" or device.type != "cuda" or not 0 < feature_bytes < room:
         return False
     return bus(room - feature_bytes) <= bus(room) < math.inf
@@ -116,7 +113,8 @@ def place_nn_stage(
     runs on the host, or a block's where it streams: ``streamed`` gives its rows and the parts then from the room
     (:func:`stream_parts`; None: the task does not stream, and ntp.config's checks refuse ``--nn-device stream``).
     Streamed, its input features (``feature_bytes``) stay on the device where :func:`features_stay` says so (``bus``:
-    aggregation's bus bytes by room, ntp.engine.memory.offload.offload_bus_bytes; None: never). ``report``: print where and why."""
+    aggregation's bus bytes by room, ntp.engine.memory.offload.offload_bus_bytes; None: never). ``report``: print where
+    and why."""
     nn_bytes = resident["NN stage"]
     graph_bytes = sum(resident.values()) - nn_bytes
     free = free_device_bytes(device)

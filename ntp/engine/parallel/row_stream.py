@@ -150,6 +150,10 @@ class _Runner:
         self.returns_tuple = isinstance(out, tuple)
         return out if isinstance(out, tuple) else (out,)
 
+    def rows(self, row_inputs: Sequence[torch.Tensor]) -> int:
+        """This rank's rows: its part's, with an exchange; else those of the inputs in rows."""
+        return self.exchange.comm.part.num_rows() if self.exchange else row_inputs[0].shape[0]
+
     def saved(self, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """The inputs the backward reads again: all but a gathered one, whose rows it keeps itself (:attr:`kept`)."""
         return inputs[1:] if self.gathered else inputs
@@ -162,22 +166,22 @@ class _Runner:
         and kept in :attr:`found` (a gathered input's leaves in the graph layout, a pass at a time)."""
         ex, n = self.exchange, len(inputs)
         host_in = self.saved(inputs)
-        rows = ex.comm.part.num_rows() if ex else host_in[0].shape[0]
+        rows = self.rows(host_in)
         wants = list(wants) if self.keeps else [False] * (n + len(params))
         grad_in, graph_grad_in, grad_param = self.grad_buffers(inputs, params, wants, rows)
         total = torch.zeros((), device=self.device)
+        summed = lambda ys: [(ys[0].sum(), None)]  # noqa: E731 (the one output's sum, its gradient 1)
         with Downloads(self.device) as downloads:
             for (a, b), blocks in self.uploads(host_in, rows):
                 here = max(0, min(b, rows) - a)
                 if self.gathered:
                     blocks = (ex.comm.gather_pass(inputs[0], a, b, self.gathered), *blocks)
                 found = None
-                if here and self.keeps:
-                    summed = lambda ys: [(ys[0].sum(), None)]  # noqa: E731 (its gradient: 1)
-                    ys, found = self._block_grads(a, blocks, summed, wants[:n], params, wants[n:])
-                elif here:
-                    ys = self.call(a, blocks)
                 if here:
+                    if self.keeps:
+                        ys, found = self._block_grads(a, blocks, summed, wants[:n], params, wants[n:])
+                    else:
+                        ys = self.call(a, blocks)
                     total += ys[0].detach().sum()
                 self.put_grads(found, blocks, (a, b, here), grad_in, graph_grad_in, grad_param, wants[:n], downloads)
         if graph_grad_in is not None:
@@ -188,7 +192,7 @@ class _Runner:
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         ex = self.exchange
         host_in = self.saved(inputs)
-        rows = ex.comm.part.num_rows() if ex else host_in[0].shape[0]
+        rows = self.rows(host_in)
         if self.gathered and self.keeps:
             self.kept = host_empty(rows, self.gathered, dtype=inputs[0].dtype, pinned=self.device.type == "cuda")
         outs: list[torch.Tensor] | None = None  # allocated at the first block, which gives their shapes
@@ -220,7 +224,7 @@ class _Runner:
     ) -> tuple[list, list]:
         ex = self.exchange
         inputs = [self.kept, *saved] if self.gathered else list(saved)
-        rows = ex.comm.part.num_rows() if ex else inputs[0].shape[0]
+        rows = self.rows(inputs)
         n = len(inputs)
         grad_in, graph_grad_in, grad_param = self.grad_buffers(inputs, params, wants, rows)
         graph_grad = grads[-1] if self.splits else None
@@ -241,7 +245,7 @@ class _Runner:
             grad_in[0] = graph_grad_in
         return grad_in, grad_param
 
-    def grad_buffers(self, inputs, params, wants: Sequence[bool], rows: int) -> tuple[list, torch.Tensor | None, list]:  # noqa: ANN001
+    def grad_buffers(self, inputs, params, wants: Sequence[bool], rows: int) -> tuple:  # noqa: ANN001
         """Where the gradients of the inputs and parameters that want them (``wants``) are summed: host rows, but a
         gathered input's, which leaves in the graph layout, a pass at a time."""
         n, ex = len(inputs), self.exchange
@@ -254,7 +258,9 @@ class _Runner:
         ]
         return grad_in, graph_grad_in, [torch.zeros_like(p) if w else None for p, w in zip(params, wants[n:])]
 
-    def put_grads(self, found, blocks, span, grad_in, graph_grad_in, grad_param, wants_in, downloads) -> None:  # noqa: ANN001
+    def put_grads(  # noqa: ANN001
+        self, found, blocks, span, grad_in, graph_grad_in, grad_param, wants_in, downloads
+    ) -> None:
         """One block's gradients (``found``: :meth:`_block_grads`'; None on a rank without rows in the pass) into
         their buffers (:meth:`grad_buffers`): the inputs' copied down, a gathered input's split into the graph layout
         (a collective: every rank takes part in every pass), the parameters' summed on the device."""
