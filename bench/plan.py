@@ -11,7 +11,9 @@ host, from the bytes per edge ``bench/gpu.py`` measured last (bench/out/bytes_pe
 any run). A GPU fits when its resident parts leave room for chunks; "chunks" is how many propagation needs then
 (each chunk a range of destination rows with all their edges: more chunks, more kernel launches, same bytes).
 Streamed, "resident_GB" is what a product holds beside its chunks and "segment_GB" what the NN stage's segments hold
-with their block, which is not alive in a product (ntp.engine.memory.phases); both must fit.
+with their block, which is not alive in a product (ntp.engine.memory.phases); both must fit. Under --offload all a
+run keeps the column slice on the GPU where it fits (ntp.engine.memory.offload.offloaded_layout): such a row is
+planned as --offload topology ("slice_on_gpu").
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ntp.engine.device.precision import element_bytes
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, chunk_row_bytes
 from ntp.engine.memory.host import stream_host_bytes
+from ntp.engine.memory.offload import offloaded_layout
 from ntp.engine.memory.parts import (
     PARAMETER_COPIES,
     rank_resident_parts,
@@ -83,6 +86,9 @@ def plan_row(
     )
     if cfg.nn_device == "stream":
         block, parts = stream_parts(cfg, room=budget, **shape)
+        if cfg.offload == "all" and slice_stays_on_gpu(cfg, parts, n, e, rank_slice_width(cfg, classes, gpus), budget):
+            cfg = cfg.replace(offload="topology")  # the same layout, planned as such
+            block, parts = stream_parts(cfg, room=budget, **shape)
     else:
         block, parts = 0, rank_resident_parts(cfg, nn_on_device=True, **shape)
     resident = beside_chunks(parts)  # a streamed NN block is not alive during a product (ntp.engine.memory.phases)
@@ -102,6 +108,7 @@ def plan_row(
         "gpus": gpus,
         "machines": ceil_div(gpus, per_machine),
         "mode": mode_name,
+        "slice_on_gpu": cfg.offload != "all",
         "resident_GB": resident / 1e9,
         "segment_GB": segment_bytes(parts) / 1e9 if block else None,  # a streamed NN stage's segments: the block
         "fits": room > 0,
@@ -111,6 +118,14 @@ def plan_row(
         "host_GB_per_machine": host / 1e9,
         "host_fits_256GB": host <= 256e9,
     }
+
+
+def slice_stays_on_gpu(cfg, parts: dict[str, int], n: int, e: int, slice_width: int, budget: int) -> bool:  # noqa: ANN001
+    """Whether ``--offload all`` beside a streamed NN stage (``cfg``: a TrainConfig; ``parts``: its rank's) keeps the
+    column slice on the GPU, as a run decides it (ntp.engine.memory.offload.offloaded_layout: where it fits beside a
+    chunk and streaming it would move more bytes; the largest degree unknown here)."""
+    room, segment = budget - parts["parameters"], parts["NN block"]
+    return offloaded_layout(n, e, slice_width, room, cfg.precision, segment=segment)[0] == 0
 
 
 def plan(gpu_gbs, per_machine: int, host_b_per_edge: float, hidden: int, gpus=GPUS) -> list[dict]:

@@ -770,7 +770,7 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
     its edges and row pointer, and in bfloat16 its output row, which a float32 chunk writes into the block's), and
     the topology where it stays. The blocks are the widest that this leaves room for."""
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
-    from ntp.engine.memory.offload import offload_room, offloaded_layout
+    from ntp.engine.memory.offload import STAYING_CHUNKS, chunk_bytes, offload_room, offloaded_layout
     from ntp.engine.memory.parts import device_topology_bytes, streamed_bytes
 
     for n in (1_000, 1_000_000):  # a slab holds all the columns of the small graph, 4 of the large one
@@ -790,33 +790,39 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
             + streamed_bytes(n, 10, 4, 2)
             - streamed_bytes(n, 10, 4)
         )
-        assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4) == (0, False), "room as without offload: they stay"
-        assert offloaded_layout(n, e, width, 2 * 4 * n * width * 4 - 1) == (width // 2, True), "in two blocks at least"
+        stay = 5 * 4 * n * width + chunk_bytes(n, e, width, chunks=STAYING_CHUNKS)  # 4 copies, a float32 one, a chunk
+        assert offloaded_layout(n, e, width, stay) == (0, False), "the slice fits beside a chunk: it stays"
+        assert offloaded_layout(n, e, width, stay - 1) == (width // 2, True), "else it streams, in two blocks at least"
         streamed = [offloaded_layout(n, e, width, offload_room(n, e, 7) - k) for k in (0, 1)]
         assert streamed == [(7, False), (6, False)], "the widest blocks the room holds"
         assert offloaded_layout(n, e, width, offload_room(n, e, 10, "bf16"), "bf16") == (10, False)
         assert offloaded_layout(n, e, width, 1) == (1, False), (
             "at least one column (the plan then says what does not fit)"
         )
+        dense = 100 * n  # a narrow slice's trips cost less than the topology's: it streams even where it fits
+        assert offloaded_layout(n, dense, 4, 10**12) == (4, True)
+        assert offloaded_layout(n, dense, 4, 10**12, segment=1) == (4, True), "beside a streamed NN stage too"
 
 
 def test_offload_all_keeps_the_topology_on_the_device_when_blocks_a_sector_wide_fit_beside_it() -> None:
     """A streamed slice's blocks read the topology once each: from device memory if it stays there, over the bus
     if it streams. It stays when the room it leaves holds blocks a memory sector wide (8 float32 columns, 16
-    bfloat16) or the whole slice, if narrower; otherwise it streams as before, in wider blocks."""
-    from ntp.engine.memory.offload import describe_streaming, offload_room, offloaded_layout
+    bfloat16) or the whole slice, if narrower; otherwise it streams as before, in wider blocks. (In these rooms the
+    slice would stay on the device: ``offloaded_layout`` keeps it where it fits; this is the layout where it does
+    not.)"""
+    from ntp.engine.memory.offload import describe_streaming, offload_room, streamed_layout
 
     n, e, width = 10_000, 50_000, 64
     room = lambda columns, precision="fp32", e=e: offload_room(n, e, columns, precision, True)  # noqa: E731
-    assert offloaded_layout(n, e, width, room(width)) == (width // 2, True), "beside the topology, two blocks at least"
-    assert offloaded_layout(n, e, width, room(8)) == (8, True)
-    block, kept = offloaded_layout(n, e, width, room(8) - 1)
+    assert streamed_layout(n, e, width, room(width)) == (width // 2, True), "beside the topology, two blocks at least"
+    assert streamed_layout(n, e, width, room(8)) == (8, True)
+    block, kept = streamed_layout(n, e, width, room(8) - 1)
     assert not kept and block > 8, "wider blocks, each streaming the topology"
-    assert offloaded_layout(n, e, width, room(16, "bf16"), "bf16") == (16, True)
-    assert offloaded_layout(n, e, width, room(16, "bf16") - 1, "bf16")[1] is False
+    assert streamed_layout(n, e, width, room(16, "bf16"), "bf16") == (16, True)
+    assert streamed_layout(n, e, width, room(16, "bf16") - 1, "bf16")[1] is False
     sparse = n  # a slice narrower than a sector stays with the topology only whole, and in one block
-    assert offloaded_layout(n, sparse, 6, room(6, e=sparse)) == (6, True)
-    assert offloaded_layout(n, sparse, 6, room(6, e=sparse) - 1)[1] is False
+    assert streamed_layout(n, sparse, 6, room(6, e=sparse)) == (6, True)
+    assert streamed_layout(n, sparse, 6, room(6, e=sparse) - 1)[1] is False
     assert describe_streaming(8, 64, True).endswith(
         "in 8 block(s) of up to 8 columns; the topology stays on the "
         "device, and each block arrives while the one before computes"
@@ -988,9 +994,9 @@ def test_pipelined_bytes_dedup_and_unpipelined_cost_model(world: int) -> None:
 
 def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_short() -> None:
     """The plan of a CUDA rank (only planned here: nothing runs on a device) with ``--offload all``: the slice stays
-    on the device when the budget holds it, else streams in the widest blocks the room holds, over a topology that
-    stays on the device where blocks of 8 columns fit beside it; the chunks get what the blocks (and the topology,
-    where it stays) leave."""
+    on the device when the budget holds it beside a chunk, else streams in the widest blocks the room holds, over a
+    topology that stays on the device where blocks of 8 columns fit beside it; the chunks get what the blocks (and
+    the topology, where it stays) leave."""
     from ntp.engine.device.measure import format_bytes
     from ntp.engine.distributed.collectives import Comm
     from ntp.engine.distributed.partition import Partition
@@ -1008,7 +1014,7 @@ def test_a_gpu_plan_under_offload_all_streams_column_blocks_when_the_budget_is_s
     piped = GraphContext(topo, two, memory_budget=offload_room(n, e, 4), width=width, offload="all", overlap=True)
     alone = GraphContext(topo, comm, memory_budget=offload_room(n, e, 4), width=width, offload="all", overlap=True)
     wide = GraphContext(
-        topo, comm, memory_budget=offload_room(n, e, width, topology_kept=True), width=width, offload="all"
+        topo, comm, memory_budget=offload_room(n, e, width // 2, topology_kept=True), width=width, offload="all"
     )
     assert [c.column_block for c in (roomy, short, piped, alone, wide)] == [0, 4, width // 2, 4, width // 2]
     assert [c.topology_offload for c in (roomy, short, wide)] == ["all", "all", "none"]

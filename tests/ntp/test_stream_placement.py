@@ -40,21 +40,39 @@ def _config(**options) -> TrainConfig:
     return TrainConfig(model="gcn", arch="coupled", hidden=HIDDEN, nn_device="stream", **options)
 
 
-def test_a_streamed_nn_block_leaves_offload_all_the_room_to_keep_the_topology() -> None:
-    """Under ``--offload all --memory-budget 2GB`` the NN block holds at most :data:`STREAM_BLOCK_ROWS` rows and the
-    topology stays on the device beside it. The block is not alive in a product (ntp.engine.memory.phases), so the
-    product's column blocks take the room it leaves there: wider blocks than where the block's bytes were taken
-    from the product's room (18 columns in float32, 4 blocks a product; now 29, 3 blocks; bfloat16 has 32, two
-    blocks that overlap, either way)."""
-    for precision in ("fp32", "bf16"):
-        cfg = _config(offload="all", memory_budget="2GB", precision=precision)
-        block, resident = stream_parts(cfg, **SHAPE, device_type="cuda", symmetric=True, room=cfg.memory_budget_bytes)
-        assert block == STREAM_BLOCK_ROWS
-        room, segment = cfg.memory_budget_bytes - resident["parameters"], resident["NN block"]
-        columns, kept = offloaded_layout(N, E, 64, room, precision, symmetric=True, segment=segment)
-        assert kept and columns >= 8, (precision, columns)
-        narrower = offloaded_layout(N, E, 64, room - segment, precision, symmetric=True)[0]
-        assert columns > narrower if precision == "fp32" else columns == narrower == 32, (precision, columns)
+@pytest.mark.parametrize(
+    "precision, budget, layout",
+    [
+        ("fp32", "3.5GB", (0, False)),  # the slice stays, the topology streams
+        ("fp32", "2GB", (0, False)),  # its two copies and a product's float32 copy, 1.88 GB, beside 18 chunks
+        ("fp32", "1.5GB", (17, True)),  # it streams beside the topology
+        ("fp32", "1GB", (37, False)),  # both stream
+        ("bf16", "1GB", (0, False)),
+        ("bf16", "0.8GB", (49, False)),
+    ],
+)
+def test_offload_all_keeps_the_slice_on_the_gpu_where_it_fits_beside_a_streamed_topology(
+    precision: str, budget: str, layout: tuple[int, bool]
+) -> None:
+    """Beside a streamed NN stage (blocks of at most :data:`STREAM_BLOCK_ROWS` rows) ``--offload all`` keeps the
+    column slice on the device wherever it fits there with a chunk of the topology, which then streams: a product
+    moves the topology once (0.5 GB), where streaming the slice beside a topology kept on the device moved the slice
+    there and back (1.25 GB in float32), and the segments' exchanges crossed the bus as well. Before 2026-12-02's
+    last change the slice stayed only where four copies of it fit in half the room: under 2GB and 3.5GB it streamed.
+    Where it streams, the NN block, which is not alive in a product (ntp.engine.memory.phases), leaves the column
+    blocks its room: wider blocks than where its bytes were taken from the product's room."""
+    cfg = _config(offload="all", memory_budget=budget, precision=precision)
+    block, resident = stream_parts(cfg, **SHAPE, device_type="cuda", symmetric=True, room=cfg.memory_budget_bytes)
+    assert block == STREAM_BLOCK_ROWS
+    room, segment = cfg.memory_budget_bytes - resident["parameters"], resident["NN block"]
+    shape = (N, E, 64, room, precision, 17_000, True, segment)
+    assert offloaded_layout(*shape) == layout
+    streamed, bus = offload.streamed_layout(*shape), partial(offload.product_bus_bytes, N, E, 64, precision)
+    if layout[0]:
+        narrower = offloaded_layout(N, E, 64, room - segment, precision, 17_000, True)
+        assert layout == streamed and bus(*layout) < bus(*narrower), (layout, narrower)
+    else:
+        assert bus(*layout) < bus(*streamed), (layout, streamed)
     assert stream_block_rows(100, 10 * STREAM_BLOCK_ROWS, 0) == STREAM_BLOCK_ROWS, "a CPU rank's blocks too"
     assert stream_block_rows(100, 5000, 0) == 5000 and stream_block_rows(10**6, 10**6, 10**6) == 1024
 
@@ -86,10 +104,10 @@ def _placed(cfg: TrainConfig, monkeypatch) -> placement.NNPlacement:
 @pytest.mark.parametrize(
     "precision, budget, stay",
     [
-        ("fp32", "3.5GB", True),  # beside them, the topology and blocks of 32 columns
-        ("bf16", "2GB", True),  # 0.49 GB, the topology still kept
-        ("fp32", "2GB", False),  # 0.98 GB: the topology would stream once a column block
-        ("fp32", "6GB", False),  # the slice stays on the device without them, and would stream with them
+        ("fp32", "3.5GB", True),  # the column slice stays on the device beside them
+        ("bf16", "2GB", True),  # 0.49 GB, the slice still there
+        ("fp32", "2GB", False),  # 0.98 GB: the slice would stream
+        ("fp32", "6GB", True),
         ("fp32", "1GB", False),
     ],
 )

@@ -1,8 +1,11 @@
-"""``--offload all`` on a GPU: how a product meets the column slice when the device cannot hold it beside the rest.
-The slice then lives in host memory and visits the device one product at a time, a block of columns at a time
-(ntp.engine.device.transfer.stream_columns), while the topology stays on the device if blocks of useful width fit
-beside it. This module sizes those blocks from the room a budget leaves (:func:`offloaded_layout`), counts what
-they need (:func:`offload_room`) and the bytes a product then moves over the bus (:func:`offload_bus_bytes`).
+"""``--offload all`` on a GPU: where the column slice meets the products. It stays on the device where it fits there
+beside a chunk of the topology, which then streams (:func:`slice_stays`); else it lives in host memory and visits the
+device one product at a time, a block of columns at a time (ntp.engine.device.transfer.stream_columns), while the
+topology stays on the device if blocks of useful width fit beside it (:func:`streamed_layout`). A product moves the
+topology over the bus once where the slice stays, and the slice there and back where it streams (and the exchanges
+beside it cross too), so the slice stays unless streaming it moves fewer bytes (:func:`product_bus_bytes`). This
+module makes that choice from the room a budget leaves (:func:`offloaded_layout`) and counts what a streamed layout
+needs (:func:`offload_room`).
 """
 
 from __future__ import annotations
@@ -14,11 +17,21 @@ from ntp.engine.device.precision import element_bytes
 from ntp.engine.device.transfer import even_blocks, stream_depth
 from ntp.engine.distributed.partition import ceil_div
 from ntp.engine.memory.chunks import EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes
-from ntp.engine.memory.parts import INDEX_BYTES, ROW_POINTER_BYTES, device_topology_bytes, streamed_bytes
+from ntp.engine.memory.parts import (
+    INDEX_BYTES,
+    ROW_POINTER_BYTES,
+    device_topology_bytes,
+    graph_resident_parts,
+    streamed_bytes,
+)
 
 #: Bytes of a row of a streamed column block, at least, beside a topology kept on the device: one memory sector of a
 #: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
 SECTOR_BYTES = 32
+#: Chunks of a product at most, where the column slice stays on the device and the topology streams (a chunk's room
+#: is a share of their working set, :func:`chunk_bytes`): more chunks cost launches, a few microseconds each, where
+#: streaming the slice instead would move it over the bus (products scale: 1.25 GB a product in float32).
+STAYING_CHUNKS = 32
 
 
 def offloaded_layout(
@@ -36,17 +49,65 @@ def offloaded_layout(
     leave room for, and a product's blocks need not: ntp.engine.memory.phases): how many columns of the column slice
     a product holds on the device at once, and whether the topology stays there meanwhile.
 
-    0 columns when the slice's embeddings fit there as without offload (half the room; moving them through host
-    memory would only add copies: products keep nothing for the backward, so the device holds the same either way).
-    Else the slice streams, in the widest blocks the room holds (:func:`offload_room`), at least one column. The
-    topology stays when blocks a memory sector wide (:data:`SECTOR_BYTES`; or the whole slice, if narrower) fit
-    beside it: each block then reads it from device memory instead of streaming it over the bus once more (an H200
-    streamed a 120M-edge topology in about the time of a whole product). The blocks then come one ahead of the
-    compute (:func:`streamed_bytes`), and number two at least where they stay a sector wide, so that copies overlap the
-    products."""
+    0 columns (the slice stays on the device, the topology streams) where the slice fits there beside a chunk of
+    the streamed topology (:func:`slice_stays`) and streaming it would not move fewer bytes over the bus (a
+    product's, :func:`product_bus_bytes`; streamed, the exchanges beside the products cross too, so this favours
+    streaming). Else the slice streams (:func:`streamed_layout`)."""
+    streamed = streamed_layout(num_nodes, num_edges, slice_width, room, precision, max_degree, symmetric, segment)
+    if slice_stays(num_nodes, num_edges, slice_width, room, precision, max_degree, symmetric, segment):
+        stay = product_bus_bytes(num_nodes, num_edges, slice_width, precision, 0, False)
+        if stay <= product_bus_bytes(num_nodes, num_edges, slice_width, precision, *streamed):
+            return 0, False
+    return streamed
+
+
+def slice_stays(
+    num_nodes: int,
+    num_edges: int,
+    slice_width: int,
+    room: int,
+    precision: str = "fp32",
+    max_degree: int = 0,
+    symmetric: bool = False,
+    segment: int = 0,
+) -> bool:
+    """Whether the column slice fits on the device under ``--offload all`` (as ``--offload topology`` keeps it: its
+    copies and a product's float32 copy, ntp.engine.memory.parts.graph_resident_parts; two copies beside a streamed
+    NN stage, which ``segment`` > 0 means) with a chunk of the topology that then streams (:func:`chunk_bytes`, a
+    product in :data:`STAYING_CHUNKS` at most) in ``room``, and its copies beside a segment's block."""
+    kept = graph_resident_parts(
+        num_nodes,
+        num_edges,
+        slice_width,
+        "all",
+        precision,
+        "cuda",
+        column_block=0,
+        symmetric=symmetric,
+        rows_streamed=segment > 0,
+    )
+    chunk = chunk_bytes(num_nodes, num_edges, slice_width, precision, max_degree, STAYING_CHUNKS)
+    return kept["embeddings"] <= room - segment and sum(kept.values()) + chunk <= room
+
+
+def streamed_layout(
+    num_nodes: int,
+    num_edges: int,
+    slice_width: int,
+    room: int,
+    precision: str = "fp32",
+    max_degree: int = 0,
+    symmetric: bool = False,
+    segment: int = 0,
+) -> tuple[int, bool]:
+    """The columns of a block of a column slice that streams, and whether the topology stays on the device beside
+    the blocks, in ``room`` beside a ``segment``'s own parts (:func:`offloaded_layout`): the widest blocks the room
+    holds (:func:`offload_room`), at least one column. The topology stays when blocks a memory sector wide
+    (:data:`SECTOR_BYTES`; or the whole slice, if narrower) fit beside it: each block then reads it from device
+    memory instead of streaming it over the bus once more (an H200 streamed a 120M-edge topology in about the time
+    of a whole product). The blocks then come one ahead of the compute (:func:`streamed_bytes`), and number two at
+    least where they stay a sector wide, so that copies overlap the products."""
     eb, staying = element_bytes(precision), room - segment  # what stays must fit beside a segment too
-    if 4 * num_nodes * slice_width * eb <= staying // 2:
-        return 0, False
     widest = lambda kept: bisect.bisect_right(  # noqa: E731
         range(1, slice_width + 1),
         room,
@@ -69,16 +130,26 @@ def offload_room(
     symmetric: bool = False,
 ) -> int:
     """Device bytes ``--offload all`` needs besides the NN stage to stream ``columns`` columns at a time: the
-    product's (:func:`streamed_bytes`), a chunk (about an eighth of the chunks' working set, as they number
-    :data:`STREAMED_CHUNKS`; the plan makes more where rows cost more; at least the row of ``max_degree`` edges),
-    and the topology where it stays."""
+    product's (:func:`streamed_bytes`), a chunk (:func:`chunk_bytes`) and the topology where it stays."""
     eb = element_bytes(precision)
-    row = chunk_row_bytes(columns, eb, "cuda")
-    chunks = max(
-        ((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // STREAMED_CHUNKS, (max_degree + 1) * EDGE_BYTES + row
-    )
+    chunk = chunk_bytes(num_nodes, num_edges, columns, precision, max_degree)
     topology = device_topology_bytes(num_nodes, num_edges, symmetric) if topology_kept else 0
-    return streamed_bytes(num_nodes, columns, eb, stream_depth(not topology_kept)) + chunks + topology
+    return streamed_bytes(num_nodes, columns, eb, stream_depth(not topology_kept)) + chunk + topology
+
+
+def chunk_bytes(
+    num_nodes: int,
+    num_edges: int,
+    columns: int,
+    precision: str = "fp32",
+    max_degree: int = 0,
+    chunks: int = STREAMED_CHUNKS,
+) -> int:
+    """The room ``--offload all`` leaves a chunk of a product over ``columns`` columns on a GPU: the chunks' working
+    set shared by ``chunks`` (default :data:`STREAMED_CHUNKS`, the least a streamed topology has; the plan makes
+    more where rows cost more), and at least the row of ``max_degree`` edges."""
+    row = chunk_row_bytes(columns, element_bytes(precision), "cuda")
+    return max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // chunks, (max_degree + 1) * EDGE_BYTES + row)
 
 
 def offload_layout(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> tuple[int, bool]:  # noqa: ANN001
@@ -93,18 +164,28 @@ def offload_layout(topology, slice_width: int, precision: str, room: int, segmen
 
 def offload_bus_bytes(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> float:  # noqa: ANN001
     """Bytes a product moves over the bus under ``--offload all`` in ``room`` beside a ``segment``'s own parts
-    (:func:`offload_layout`): where the slice stays, the topology once; else the slice there and back, and the
-    topology once a column block unless it stays; infinite where even one column's blocks, or the segment's, do
+    (:func:`offload_layout`, :func:`product_bus_bytes`); infinite where even one column's blocks, or the segment's, do
     not fit (the chunks' plan may still find a way)."""
     columns, kept = offload_layout(topology, slice_width, precision, room, segment)
     n, e = topology.num_nodes, topology.num_edges
-    one_direction = e * INDEX_BYTES + n * ROW_POINTER_BYTES
+    if columns and (
+        room < segment or offload_room(n, e, columns, precision, kept, symmetric=topology.symmetric) > room
+    ):
+        return math.inf
+    return product_bus_bytes(n, e, slice_width, precision, columns, kept)
+
+
+def product_bus_bytes(
+    num_nodes: int, num_edges: int, slice_width: int, precision: str, columns: int, topology_kept: bool
+) -> int:
+    """Bytes a product moves over the bus in an ``--offload all`` layout (``columns`` of the slice a block, 0: it
+    stays on the device; ``topology_kept``): where the slice stays, the topology once; else the slice there and back,
+    and the topology once a column block unless it stays."""
+    one_direction = num_edges * INDEX_BYTES + num_nodes * ROW_POINTER_BYTES
     if not columns:
         return one_direction
-    if room < segment or offload_room(n, e, columns, precision, kept, symmetric=topology.symmetric) > room:
-        return math.inf
-    passes = 0 if kept else len(even_blocks(slice_width, columns))
-    return passes * one_direction + 2 * n * slice_width * element_bytes(precision)
+    passes = 0 if topology_kept else len(even_blocks(slice_width, columns))
+    return passes * one_direction + 2 * num_nodes * slice_width * element_bytes(precision)
 
 
 def describe_streaming(column_block: int, slice_width: int, topology_kept: bool) -> str:
