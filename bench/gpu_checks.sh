@@ -13,9 +13,12 @@
 # by phase, so --offload topology plans under 2 GB too, where it was refused: its peak must stay under it; and a
 # float32 chunk is planned without output rows of its own, as cuSPARSE writes into the product's: the budget runs'
 # peaks and test_cuda_stream's "streamed step" ratios check it; and at the end of 2026-12-02 the loss's segment
-# takes its gradients in the forward, by count 1,312 bytes a vertex over the bus an epoch where it was 1,696); 3. a
-# profile of the streamed epoch at 2 GB with --offload all (the goal's budget): its copy/compute overlap, and the GB
-# it copied each way with their rates ("copied an epoch"), beside the count of what the code moves.
+# takes its gradients in the forward, by count 1,312 bytes a vertex over the bus an epoch where it was 1,696; last,
+# --offload all keeps the column slice on the GPU where it fits beside a chunk of the streamed topology: in fp32
+# under 3.5 GB and 2 GB, in bf16 under 2 GB and 1 GB, where it streamed; fp32 1 GB still streams it); 3. a profile
+# of the streamed epoch at 2 GB with --offload all (the goal's budget): its copy/compute overlap, and the GB it
+# copied each way with their rates ("copied an epoch"), beside the count of what the code moves (about 5.2 GB: the
+# segments' 3.2 and the topology's 0.5 a product).
 # Each step's output goes to $OUT/<step>.log (or /tmp), its last lines to stdout; bench/on_device.sh copies bench/out
 # to $OUT as well.
 set -uo pipefail

@@ -308,10 +308,11 @@ class TrainConfig:
         "parallel",
         "none",
         "What aggregation keeps in host memory: none, topology (streamed to the device "
-        "chunk by chunk through pinned staging buffers; about 1.5x the in-device epoch on "
-        "an H200), or all (the column-slice embeddings too, in pinned memory, when the "
-        "budget cannot hold them on the device: each product copies them through the "
-        "device in column blocks; docs/benchmarks.md, section 8).",
+        "chunk by chunk, each chunk's copy beside the last one's compute; 1.12x the "
+        "in-device epoch on an H100 at 120M edges), or all (the topology, and the "
+        "column-slice embeddings too, in pinned memory, where the device cannot hold them "
+        "beside a chunk of the topology: each product then copies them through the device "
+        "in column blocks; docs/memory.md).",
     )
     nn_device: NNDevice = opt(
         "parallel",

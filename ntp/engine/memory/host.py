@@ -33,8 +33,8 @@ def stream_host_bytes(
     topology: its rows (:func:`nn_stage_bytes`, the features among them; the input's dropout runs on a block on the
     device, and a model's last segment computes the loss block by block, ntp.engine.nn.models.GraphModel.forward,
     so neither a dropped copy nor a float32 copy of the output is in host memory), and, under ``--offload all``, the
-    column slice's embeddings (:data:`STREAMED_SLICE_COPIES`; as where the device cannot hold them: the plan of the
-    largest graphs, whose slices never fit). The parameters and their optimiser state stay on the device."""
+    column slice's embeddings (:data:`STREAMED_SLICE_COPIES`; as where the device cannot hold them: bench/plan.py
+    plans a slice that fits as ``--offload topology``, ntp.engine.memory.offload.offloaded_layout). The parameters and their optimiser state stay on the device."""
     rows = ceil_div(num_nodes, world)
     rows_bytes = nn_stage_bytes(
         rows,
