@@ -29,7 +29,7 @@ from ntp.engine.memory.parts import (
 #: GPU (32 bytes); narrower rows waste most of each read of the products' gathers.
 SECTOR_BYTES = 32
 #: Chunks of a product at most, where the column slice stays on the device and the topology streams (a chunk's room
-#: is a share of their working set, :func:`chunk_bytes`): more chunks cost launches, a few microseconds each, where
+#: is a share of their working set, :func:`chunk_bytes`): more chunks cost launches, tens of microseconds each, where
 #: streaming the slice instead would move it over the bus (products scale: 1.25 GB a product in float32).
 STAYING_CHUNKS = 32
 
@@ -193,8 +193,8 @@ def describe_streaming(column_block: int, slice_width: int, topology_kept: bool)
     0: it does not)."""
     if not column_block:
         return (
-            "--offload all: the column slice stays on the device (the budget holds it, or one rank's slice is its "
-            "NN stage's rows, there already); the topology streams from host memory"
+            "--offload all: the column slice stays on the device (it fits there beside a chunk of the topology, or one "
+            "rank's slice is its NN stage's rows, there already); the topology streams from host memory"
         )
     blocks = ceil_div(slice_width, column_block)
     where = (
