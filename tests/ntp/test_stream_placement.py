@@ -10,6 +10,7 @@ import math
 from functools import partial
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +18,8 @@ from ntp.config import TrainConfig
 from ntp.engine.distributed.collectives import Comm
 from ntp.engine.distributed.partition import Partition
 from ntp.engine.memory import offload, parts, placement
-from ntp.engine.memory.offload import offloaded_layout
+from ntp.engine.memory.chunks import STREAMED_CHUNKS
+from ntp.engine.memory.offload import STAYING_CHUNKS, offloaded_layout
 from ntp.engine.memory.parts import STREAM_BLOCK_ROWS, stream_block_rows, stream_parts
 from ntp.engine.memory.phases import beside_chunks
 from ntp.engine.parallel.context import GraphContext
@@ -165,3 +167,37 @@ def test_streamed_features_stay_in_host_memory_unless_offload_all_plans_the_room
     assert placement.features_stay(cfg, GPU, 10, 10**9, lambda room: 0)
     assert offload.offload_bus_bytes(TOPOLOGY, 64, "fp32", 10**8) == math.inf, "not even a column's blocks fit"
     assert not placement.features_stay(cfg, GPU, 10, 10**9, lambda room: math.inf), "nor beside them"
+
+
+@pytest.mark.parametrize("precision, budget", [("fp32", "3.5GB"), ("fp32", "2GB"), ("bf16", "1GB")])
+def test_a_slice_kept_by_offload_all_leaves_the_rank_a_plan_of_few_chunks_under_the_budget(
+    precision: str, budget: str, monkeypatch
+) -> None:
+    """Where ``--offload all`` keeps the slice on the GPU, the rank's chunk plan (made after the layout, from the
+    same parts) accepts the budget, and the topology it streams comes in at least :data:`STREAMED_CHUNKS` chunks and
+    about :data:`STAYING_CHUNKS` at most (the chunk the layout left room for: a 32nd of their working set). Products'
+    degrees: about 50 a vertex, one of 17,000."""
+    degrees = torch.from_numpy(np.random.default_rng(0).poisson(E / N, N))
+    degrees[0] = 17_000
+    topology = SimpleNamespace(
+        num_nodes=N,
+        num_edges=int(degrees.sum()),
+        symmetric=True,
+        in_degrees=lambda: degrees,
+        out_degrees=lambda: degrees,
+    )
+    cfg = _config(offload="all", memory_budget=budget, precision=precision)
+    placed = _placed(cfg, monkeypatch)
+    ctx = GraphContext(
+        topology,
+        Comm(Partition(N, 1, 0), GPU),
+        memory_budget=cfg.memory_budget_bytes,
+        width=64,
+        offload="all",
+        reserved=placed.reserved,
+        precision=precision,
+        row_block=placed.row_block,
+    )
+    assert ctx.column_block == 0 and ctx.home == GPU and ctx.topology_offload == "all"
+    print(f"{precision} {budget}: {ctx.plan.num_chunks} chunks ({ctx.plan.reason})")
+    assert STREAMED_CHUNKS <= ctx.plan.num_chunks <= STAYING_CHUNKS + 1, ctx.plan.reason
