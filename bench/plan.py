@@ -84,16 +84,16 @@ def plan_row(
         device_type="cuda",
         symmetric=False,
     )
+    slice_width = rank_slice_width(cfg, classes, gpus)
     if cfg.nn_device == "stream":
         block, parts = stream_parts(cfg, room=budget, **shape)
-        if cfg.offload == "all" and slice_stays_on_gpu(cfg, parts, n, e, rank_slice_width(cfg, classes, gpus), budget):
+        if cfg.offload == "all" and slice_stays_on_gpu(cfg, parts, n, e, slice_width, budget):
             cfg = cfg.replace(offload="topology")  # the same layout, planned as such
             block, parts = stream_parts(cfg, room=budget, **shape)
     else:
         block, parts = 0, rank_resident_parts(cfg, nn_on_device=True, **shape)
     resident = beside_chunks(parts)  # a streamed NN block is not alive during a product (ntp.engine.memory.phases)
     eb = element_bytes(cfg.precision)
-    slice_width = rank_slice_width(cfg, classes, gpus)
     work = (e + n) * EDGE_BYTES + n * chunk_row_bytes(slice_width, eb, "cuda")  # every chunk's working set, summed
     room = budget - resident if segment_bytes(parts) <= budget else 0
     local = min(gpus, per_machine)
