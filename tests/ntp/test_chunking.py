@@ -774,8 +774,8 @@ def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_
 def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_holds() -> None:
     """A product streaming a block of columns holds their input and output and a slab of columns in transit; beside
     them the chunks get an eighth of their working set (they number STREAMED_CHUNKS; the costliest row at least:
-    its edges and row pointer, and in bfloat16 its output row, which a float32 chunk writes into the block's) and a
-    chunk's own bytes, and the topology where it stays. The blocks are the widest that this leaves room for."""
+    its edges and row pointer, and in bfloat16 its output row, which a float32 chunk writes into the block's), and
+    the topology where it stays. The blocks are the widest that this leaves room for."""
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
     from ntp.engine.memory.offload import STAYING_CHUNKS, chunk_bytes, offload_room, offloaded_layout
     from ntp.engine.memory.parts import device_topology_bytes, streamed_bytes
@@ -785,11 +785,11 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
         slab = 10 if n == 1_000 else 4
         assert streamed_bytes(n, 10, 4) == n * 4 * (20 + 2 * slab)
         assert streamed_bytes(n, 10, 4, depth=2) == n * 4 * (40 + 2 * slab), "a block arriving, one leaving"
-        chunks = ((e + n) * EDGE_BYTES + n * ROW_BYTES) // STREAMED_CHUNKS + CHUNK_BYTES
+        chunks = ((e + n) * EDGE_BYTES + n * ROW_BYTES) // STREAMED_CHUNKS
         assert offload_room(n, e, 10) == streamed_bytes(n, 10, 4) + chunks
-        in_bf16 = ((e + n) * EDGE_BYTES + n * (2 * 10 + ROW_BYTES)) // STREAMED_CHUNKS + CHUNK_BYTES
+        in_bf16 = ((e + n) * EDGE_BYTES + n * (2 * 10 + ROW_BYTES)) // STREAMED_CHUNKS
         assert offload_room(n, e, 10, "bf16") == streamed_bytes(n, 10, 2) + in_bf16
-        hub = (e + 1) * EDGE_BYTES + ROW_BYTES + CHUNK_BYTES  # a vertex with every edge: its row a chunk at least
+        hub = (e + 1) * EDGE_BYTES + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
         assert offload_room(n, e, 10, max_degree=e) == streamed_bytes(n, 10, 4) + hub
         assert offload_room(n, e, 10, topology_kept=True) == (
             offload_room(n, e, 10)

@@ -37,12 +37,13 @@ from ntp.errors import MemoryPlanError
 #: reads one per edge: gathered, or ones) and the kernel's scratch (not measured on a GPU yet: a bound).
 EDGE_BYTES = 4 + 4 + 8
 #: Bytes per edge of a CPU chunk's, at most: a float32 value gathered per edge and the bag's index of it
-#: (``embedding_bag`` with per-sample weights); the bag sum reads the topology's own indices. The 8 B/edge of scratch
-#: once counted here were MKL's CSR product's, which the bag sum replaced.
+#: (``embedding_bag`` with per-sample weights); the bag sum reads the topology's own indices, and where it scales the
+#: rows once, one value for every edge and no index (ntp.engine.graph.aggregate._bag_sum: then about nothing an edge).
+#: The 8 B/edge of scratch once counted here were MKL's CSR product's, which the bag sum replaced.
 CPU_EDGE_BYTES = 4 + 4
-#: Bytes per edge of a CPU chunk whose product scales its input's rows once, a bound: the bag sum then reads one
-#: value for all the edges and no index of them (ntp.engine.graph.aggregate._bag_sum); a step held 0.2-0.25 B an
-#: edge beyond its rows (tests/ntp/test_chunking.py, tests/ntp/test_memory_estimate.py, 2026-12-02).
+#: Bytes per edge of a CPU chunk whose product scales its input's rows once, a bound: the bag sum then reads the
+#: topology's indices and one value for all the edges; a step held 0.2-0.25 B an edge beyond its rows
+#: (tests/ntp/test_chunking.py, tests/ntp/test_memory_estimate.py, 2026-12-02).
 CPU_SCALED_EDGE_BYTES = 1
 #: Bytes per row of a chunk besides its values: the row pointer.
 ROW_BYTES = 8
