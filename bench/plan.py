@@ -25,7 +25,7 @@ from common import OUT, base_parser, report
 from ntp.config import TrainConfig
 from ntp.engine.device.precision import element_bytes
 from ntp.engine.distributed.partition import ceil_div
-from ntp.engine.memory.chunks import DEVICE_MARGIN, EDGE_BYTES, chunk_row_bytes
+from ntp.engine.memory.chunks import DEVICE_MARGIN, working_set_bytes
 from ntp.engine.memory.host import stream_host_bytes
 from ntp.engine.memory.offload import offloaded_layout
 from ntp.engine.memory.parts import (
@@ -94,7 +94,7 @@ def plan_row(
         block, parts = 0, rank_resident_parts(cfg, nn_on_device=True, **shape)
     resident = beside_chunks(parts)  # a streamed NN block is not alive during a product (ntp.engine.memory.phases)
     eb = element_bytes(cfg.precision)
-    work = (e + n) * EDGE_BYTES + n * chunk_row_bytes(slice_width, eb, "cuda")  # every chunk's working set, summed
+    work = working_set_bytes(n, e, slice_width, eb)
     room = budget - resident if segment_bytes(parts) <= budget else 0
     local = min(gpus, per_machine)
     if cfg.nn_device == "stream":  # the rows and their activations stay in host memory, the parameters on the GPU

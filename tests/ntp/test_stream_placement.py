@@ -103,6 +103,20 @@ def _placed(cfg: TrainConfig, monkeypatch) -> placement.NNPlacement:
     )
 
 
+def _rank_context(topology, cfg: TrainConfig, placed: placement.NNPlacement) -> GraphContext:  # noqa: ANN001
+    """The GPU rank's context of ``cfg`` with the NN stage ``placed``: what the layout is read from."""
+    return GraphContext(
+        topology,
+        Comm(Partition(N, 1, 0), GPU),
+        memory_budget=cfg.memory_budget_bytes,
+        width=64,
+        offload="all",
+        reserved=placed.reserved,
+        precision=cfg.precision,
+        row_block=placed.row_block,
+    )
+
+
 @pytest.mark.parametrize(
     "precision, budget, stay",
     [
@@ -125,16 +139,7 @@ def test_streamed_features_stay_on_the_gpu_only_where_aggregation_moves_no_more_
     assert (placed.features == GPU) is stay and (placed.reserved.get("features") == features) is stay
     assert ("its input features stay on the device" in capsys.readouterr().out) is stay
     assert placed.home.type == "cpu" and placed.row_block == STREAM_BLOCK_ROWS
-    ctx = GraphContext(
-        TOPOLOGY,
-        Comm(Partition(N, 1, 0), GPU),
-        memory_budget=cfg.memory_budget_bytes,
-        width=64,
-        offload="all",
-        reserved=placed.reserved,
-        precision=precision,
-        row_block=placed.row_block,
-    )
+    ctx = _rank_context(TOPOLOGY, cfg, placed)
     room, segment = cfg.memory_budget_bytes - beside_chunks(placed.reserved), placed.reserved["NN block"]
     layout = offload.offload_layout(TOPOLOGY, 64, precision, room, segment)
     assert (ctx.column_block, ctx.topology_offload == "none") == layout
@@ -188,16 +193,7 @@ def test_a_slice_kept_by_offload_all_leaves_the_rank_a_plan_of_few_chunks_under_
     )
     cfg = _config(offload="all", memory_budget=budget, precision=precision)
     placed = _placed(cfg, monkeypatch)
-    ctx = GraphContext(
-        topology,
-        Comm(Partition(N, 1, 0), GPU),
-        memory_budget=cfg.memory_budget_bytes,
-        width=64,
-        offload="all",
-        reserved=placed.reserved,
-        precision=precision,
-        row_block=placed.row_block,
-    )
+    ctx = _rank_context(topology, cfg, placed)
     assert ctx.column_block == 0 and ctx.home == GPU and ctx.topology_offload == "all"
     print(f"{precision} {budget}: {ctx.plan.num_chunks} chunks ({ctx.plan.reason})")
     assert STREAMED_CHUNKS <= ctx.plan.num_chunks <= STAYING_CHUNKS + 1, ctx.plan.reason

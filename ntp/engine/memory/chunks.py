@@ -104,6 +104,14 @@ def chunk_row_bytes(width: int, element_bytes: int, device_type: str | None, pip
     return output + ROW_BYTES
 
 
+def working_set_bytes(num_nodes: int, num_edges: int, width: int, element_bytes: int, device_type: str = "cuda") -> int:
+    """Every chunk's working set of a product over ``width`` columns summed, from the graph's size alone (its edges
+    and a self-loop a row, each row's pointer and output row where the chunk makes its own): what ``--offload all``
+    shares among its chunks (ntp.engine.memory.offload.chunk_bytes) and bench/plan.py divides by a GPU's room."""
+    edges = (num_edges + num_nodes) * edge_bytes(device_type)
+    return edges + num_nodes * chunk_row_bytes(width, element_bytes, device_type)
+
+
 def row_costs(
     indptr: torch.Tensor,
     indices: torch.Tensor,

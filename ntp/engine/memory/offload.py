@@ -16,7 +16,7 @@ import math
 from ntp.engine.device.precision import element_bytes
 from ntp.engine.device.transfer import even_blocks, stream_depth
 from ntp.engine.distributed.partition import ceil_div
-from ntp.engine.memory.chunks import EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes
+from ntp.engine.memory.chunks import EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes, working_set_bytes
 from ntp.engine.memory.parts import (
     INDEX_BYTES,
     ROW_POINTER_BYTES,
@@ -148,8 +148,9 @@ def chunk_bytes(
     """The room ``--offload all`` leaves a chunk of a product over ``columns`` columns on a GPU: the chunks' working
     set shared by ``chunks`` (default :data:`STREAMED_CHUNKS`, the least a streamed topology has; the plan makes
     more where rows cost more), and at least the row of ``max_degree`` edges."""
-    row = chunk_row_bytes(columns, element_bytes(precision), "cuda")
-    return max(((num_edges + num_nodes) * EDGE_BYTES + num_nodes * row) // chunks, (max_degree + 1) * EDGE_BYTES + row)
+    eb = element_bytes(precision)
+    share = working_set_bytes(num_nodes, num_edges, columns, eb) // chunks
+    return max(share, (max_degree + 1) * EDGE_BYTES + chunk_row_bytes(columns, eb, "cuda"))
 
 
 def offload_layout(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> tuple[int, bool]:  # noqa: ANN001
