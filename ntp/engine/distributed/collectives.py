@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ntp.engine.device.transfer import Downloads, layout_empty, put_rows, rows_on
 from ntp.engine.distributed.partition import Partition
+from ntp.engine.distributed.release import run_released
 from ntp.engine.distributed.traffic import ALLREDUCE, GATHER, SPLIT, CommStats
 
 #: ``put(dst, first_row, rows)``: writes rows into a matrix wherever it lies (ntp.engine.device.transfer.put_rows)
@@ -50,12 +51,13 @@ class _Done:
 
 def _collective(op, out: torch.Tensor, *inputs: torch.Tensor, **kwargs):
     """``op(out, *inputs, **kwargs)`` (``out`` written in place); in the shared-GPU test mode, on host copies of
-    CUDA tensors, copied back. An asynchronous call then runs at once and returns a finished handle."""
+    CUDA tensors, copied back. An asynchronous call then runs at once and returns a finished handle. Host tensors are
+    held by the caller alone once the call (or its handle's ``wait``) returns (ntp.engine.distributed.release)."""
     if not (_host_staged and out.is_cuda):
-        return op(out, *inputs, **kwargs)
+        return run_released(op, out, *inputs, **kwargs)
     host = out.cpu()
     asynchronous = kwargs.pop("async_op", False)
-    op(host, *(t.cpu() for t in inputs), **kwargs)
+    run_released(op, host, *(t.cpu() for t in inputs), **kwargs)
     out.copy_(host)
     return _Done() if asynchronous else None
 
