@@ -18,6 +18,7 @@ from ntp.engine.graph.aggregate import RowBlocks, SparseOperator, csr_matmul, pr
 from ntp.engine.graph.operators import CSR, OPERATORS, Scaling, operator_pattern, scaling, with_self_loops
 from ntp.engine.graph.topology import Topology, build, from_csr
 from ntp.engine.memory.chunks import (
+    CHUNK_BYTES,
     EDGE_BYTES,
     ROW_BYTES,
     budget_plan,
@@ -106,16 +107,17 @@ def test_budget_plan_chunks_are_the_largest_that_fit() -> None:
     csr = _csr(DIRECTED)
     width = 3
     costs = row_costs(csr.indptr, csr.indices, csr.num_nodes, width)
-    for budget in (int(costs.max()), 2_000, 10_000, int(costs.sum())):
+    for budget in (int(costs.max()) + CHUNK_BYTES, 2_000, 10_000, int(costs.sum()) + CHUNK_BYTES):
         plan = budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, budget)
         assert plan.bounds[0] == 0 and plan.bounds[-1] == csr.num_nodes
+        rows = budget - CHUNK_BYTES  # a chunk's own bytes besides its rows'
         for a, b in plan.ranges():
-            assert costs[a:b].sum() <= budget, f"chunk [{a}, {b}) exceeds {budget}"
+            assert costs[a:b].sum() <= rows, f"chunk [{a}, {b}) exceeds {budget}"
             if b < csr.num_nodes:
-                assert costs[a : b + 1].sum() > budget, "a chunk could have taken one more row"
-    assert budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.sum())).num_chunks == 1
+                assert costs[a : b + 1].sum() > rows, "a chunk could have taken one more row"
+    assert budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.sum()) + CHUNK_BYTES).num_chunks == 1
     with pytest.raises(MemoryPlanError, match="raise --memory-budget to at least"):
-        budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.max()) - 1)
+        budget_plan(csr.indptr, csr.indices, csr.num_nodes, width, int(costs.max()) + CHUNK_BYTES - 1)
 
 
 def test_only_pipelined_chunks_count_a_source_row_per_edge() -> None:
@@ -131,7 +133,7 @@ def test_only_pipelined_chunks_count_a_source_row_per_edge() -> None:
     assert np.array_equal(piped - plain, deg * 4 * width)
     topo = _topology(DIRECTED)
     comm = Comm(Partition(topo.num_nodes, 2, 0), torch.device("cpu"))
-    plans = [GraphContext(topo, comm, memory_budget=13_000, width=2 * width, overlap=o).plan for o in (False, True)]
+    plans = [GraphContext(topo, comm, memory_budget=12_600, width=2 * width, overlap=o).plan for o in (False, True)]
     assert plans[1].num_chunks > plans[0].num_chunks > 1
 
 
@@ -187,44 +189,48 @@ def test_a_streamed_nn_block_leaves_the_chunks_its_room_but_must_fit_beside_a_se
 
 def test_a_chunk_is_planned_as_its_device_runs_it() -> None:
     """A chunk's bytes per edge and output rows follow its kernel (ntp.engine.graph.aggregate.csr_matmul): a CPU's bag
-    sum reads the topology's indices and gathers a value per edge (and the bag's index of it) at most, and makes its
-    own output rows, which in a product of one chunk are the product's output (counted as embeddings); a GPU's
-    float32 product writes into the output's rows, its bfloat16 product and the pipelined loops make their own; an
-    unknown kernel is bounded."""
-    from ntp.engine.memory.chunks import CPU_EDGE_BYTES, degree_costs, one_chunk_bytes
+    sum reads the topology's indices and gathers a value per edge (and the bag's index of it) at most, about nothing
+    an edge where the product scales its rows once (a graph with as many edges as a quarter of the slice's elements:
+    aggregate.scales_rows), and makes its own output rows, which in a product of one chunk are the product's output
+    (counted as embeddings); a GPU's float32 product writes into the output's rows, its bfloat16 product and the
+    pipelined loops make their own; an unknown kernel is bounded. A chunk holds CHUNK_BYTES besides its rows'."""
+    from ntp.engine.memory.chunks import CPU_EDGE_BYTES, CPU_SCALED_EDGE_BYTES, degree_costs, one_chunk_bytes
 
     topo = _topology(DIRECTED)
     in_deg, out_deg = topo.in_degrees().numpy(), topo.out_degrees().numpy()
     edges = np.maximum(in_deg, out_deg).astype(np.int64) + 1
     width, n = 3, len(in_deg)
+    wide = 4 * int(in_deg.sum()) // n + 4  # rows scaled once at 3 columns, not at ``wide``
     expected = {
-        ("cpu", 4, False): edges * CPU_EDGE_BYTES + 4 * width + ROW_BYTES,
-        ("cuda", 4, False): edges * EDGE_BYTES + ROW_BYTES,
-        ("cuda", 2, False): edges * EDGE_BYTES + 2 * width + ROW_BYTES,
-        ("cuda", 4, True): edges * (EDGE_BYTES + 4 * width) + 4 * width + ROW_BYTES,
-        (None, 4, False): edges * EDGE_BYTES + 4 * width + ROW_BYTES,
+        ("cpu", 4, False, width): edges * CPU_SCALED_EDGE_BYTES + 4 * width + ROW_BYTES,
+        ("cpu", 4, False, wide): edges * CPU_EDGE_BYTES + 4 * wide + ROW_BYTES,
+        ("cpu", 4, True, width): edges * (CPU_EDGE_BYTES + 4 * width) + 4 * width + ROW_BYTES,
+        ("cuda", 4, False, width): edges * EDGE_BYTES + ROW_BYTES,
+        ("cuda", 2, False, width): edges * EDGE_BYTES + 2 * width + ROW_BYTES,
+        ("cuda", 4, True, width): edges * (EDGE_BYTES + 4 * width) + 4 * width + ROW_BYTES,
+        (None, 4, False, width): edges * EDGE_BYTES + 4 * width + ROW_BYTES,
     }
-    for (device_type, eb, piped), costs in expected.items():
-        got = degree_costs(in_deg, out_deg, width, element_bytes=eb, pipelined=piped, device_type=device_type)
-        np.testing.assert_array_equal(got, costs, err_msg=str((device_type, eb, piped)))
-    cpu_costs = expected["cpu", 4, False]
-    alone = one_chunk_bytes(cpu_costs, width, 4, "cpu", pipelined=False)
-    assert alone == cpu_costs.sum() - n * 4 * width
-    assert one_chunk_bytes(cpu_costs, width, 4, "cpu", pipelined=True) == cpu_costs.sum()
+    for (device_type, eb, piped, w), costs in expected.items():
+        got = degree_costs(in_deg, out_deg, w, element_bytes=eb, pipelined=piped, device_type=device_type)
+        np.testing.assert_array_equal(got, costs, err_msg=str((device_type, eb, piped, w)))
+    cpu_costs = expected["cpu", 4, False, wide]
+    alone = one_chunk_bytes(cpu_costs, wide, 4, "cpu", pipelined=False)
+    assert alone == cpu_costs.sum() - n * 4 * wide
+    assert one_chunk_bytes(cpu_costs, wide, 4, "cpu", pipelined=True) == cpu_costs.sum()
     cpu = torch.device("cpu")
-    assert make_plan(in_deg, out_deg, memory_budget=alone, width=width, device=cpu).num_chunks == 1
-    split = make_plan(in_deg, out_deg, memory_budget=alone - 1, width=width, device=cpu)
+    assert make_plan(in_deg, out_deg, memory_budget=alone + CHUNK_BYTES, width=wide, device=cpu).num_chunks == 1
+    split = make_plan(in_deg, out_deg, memory_budget=alone + CHUNK_BYTES - 1, width=wide, device=cpu)
     assert split.num_chunks > 1, "several chunks each make their output rows"
     for a, b in split.ranges():
-        assert cpu_costs[a:b].sum() <= alone - 1
+        assert cpu_costs[a:b].sum() + CHUNK_BYTES <= alone + CHUNK_BYTES - 1
 
 
 @pytest.mark.parametrize("avg_degree", [2, 40], ids=["values-gathered", "rows-scaled"])
 def test_a_cpu_product_holds_at_most_its_planned_chunk(avg_degree: int) -> None:
     """What a CPU product makes beyond its output and its float32 scaled input (parts of their own) is at most the
-    plan's largest chunk (``make_plan`` on a CPU, 4 B an edge), in one chunk and in several: the bag sum reads the
-    topology's indices, gathers a value per edge where it does not scale the rows once, and in several chunks makes
-    each chunk's rows before copying them into the output."""
+    plan's largest chunk (``make_plan`` on a CPU: 8 B an edge, 1 where it scales the rows once), in one chunk and
+    in several: the bag sum reads the topology's indices, gathers a value per edge where it does not scale the rows
+    once, and in several chunks makes each chunk's rows before copying them into the output."""
     from ntp.engine.memory.chunks import degree_costs, one_chunk_bytes
     from tests.ntp.live_bytes import LiveBytes
 
@@ -232,6 +238,7 @@ def test_a_cpu_product_holds_at_most_its_planned_chunk(avg_degree: int) -> None:
     deg, width, cpu = (topo.in_degrees().numpy(), topo.out_degrees().numpy()), 16, torch.device("cpu")
     h = torch.randn(topo.num_nodes, width)
     alone = one_chunk_bytes(degree_costs(*deg, width, device_type="cpu"), width, 4, "cpu", pipelined=False)
+    alone += CHUNK_BYTES  # the chunk's own: a row pointer more than its rows, its edges' one value, a few scalars
     for budget in (alone, alone // 4):
         plan = make_plan(*deg, memory_budget=budget, width=width, device=cpu)
         assert (plan.num_chunks == 1) == (budget == alone), plan.bounds
@@ -767,8 +774,8 @@ def test_offloaded_embeddings_leave_the_gradients_in_host_memory_and_the_budget_
 def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_holds() -> None:
     """A product streaming a block of columns holds their input and output and a slab of columns in transit; beside
     them the chunks get an eighth of their working set (they number STREAMED_CHUNKS; the costliest row at least:
-    its edges and row pointer, and in bfloat16 its output row, which a float32 chunk writes into the block's), and
-    the topology where it stays. The blocks are the widest that this leaves room for."""
+    its edges and row pointer, and in bfloat16 its output row, which a float32 chunk writes into the block's) and a
+    chunk's own bytes, and the topology where it stays. The blocks are the widest that this leaves room for."""
     from ntp.engine.memory.chunks import STREAMED_CHUNKS
     from ntp.engine.memory.offload import STAYING_CHUNKS, chunk_bytes, offload_room, offloaded_layout
     from ntp.engine.memory.parts import device_topology_bytes, streamed_bytes
@@ -778,11 +785,11 @@ def test_offloaded_embeddings_visit_the_device_in_the_widest_blocks_the_room_hol
         slab = 10 if n == 1_000 else 4
         assert streamed_bytes(n, 10, 4) == n * 4 * (20 + 2 * slab)
         assert streamed_bytes(n, 10, 4, depth=2) == n * 4 * (40 + 2 * slab), "a block arriving, one leaving"
-        chunks = ((e + n) * EDGE_BYTES + n * ROW_BYTES) // STREAMED_CHUNKS
+        chunks = ((e + n) * EDGE_BYTES + n * ROW_BYTES) // STREAMED_CHUNKS + CHUNK_BYTES
         assert offload_room(n, e, 10) == streamed_bytes(n, 10, 4) + chunks
-        in_bf16 = ((e + n) * EDGE_BYTES + n * (2 * 10 + ROW_BYTES)) // STREAMED_CHUNKS
+        in_bf16 = ((e + n) * EDGE_BYTES + n * (2 * 10 + ROW_BYTES)) // STREAMED_CHUNKS + CHUNK_BYTES
         assert offload_room(n, e, 10, "bf16") == streamed_bytes(n, 10, 2) + in_bf16
-        hub = (e + 1) * EDGE_BYTES + ROW_BYTES  # a vertex with every edge: its row is one chunk at least
+        hub = (e + 1) * EDGE_BYTES + ROW_BYTES + CHUNK_BYTES  # a vertex with every edge: its row a chunk at least
         assert offload_room(n, e, 10, max_degree=e) == streamed_bytes(n, 10, 4) + hub
         assert offload_room(n, e, 10, topology_kept=True) == (
             offload_room(n, e, 10)

@@ -165,7 +165,8 @@ def link_store(tmp_path_factory: pytest.TempPathFactory):
 
 def test_the_launcher_plans_a_link_job_as_its_ranks_do(link_store) -> None:
     """The preflight reads the splits' shapes from the store (not their pairs) and counts the model the ranks build."""
-    cfg = TrainConfig(store=str(link_store), model="gcn", hidden=32, link_batch=512, mode="tp")
+    # 256 columns: its products gather a value an edge (they do not scale the rows once), so the least budget chunks
+    cfg = TrainConfig(store=str(link_store), model="gcn", hidden=256, link_batch=512, mode="tp")
     with pytest.raises(MemoryPlanError, match="pair chunk") as err:
         check_launch(resolve(cfg.replace(memory_budget="100KB"), nproc=1, device="cpu"))
     minimum = re.search(r"at least ([0-9.]+[KMG]B)", str(err.value)).group(1)

@@ -249,7 +249,8 @@ def test_the_plan_of_a_streamed_rank_covers_what_its_step_holds_outside_host_mem
     as a GPU rank would on its device, is at most the plan's peak and within :data:`STREAM_SLACK` of it. The plan
     added the NN block to aggregation's parts, which never peak together, at 2.2-2.4x a step (2026-12-01); by phase
     (a product's parts and a chunk, or a segment's with the block) it was 1.16-1.48x, with the topology's columns
-    counted in the step; counted apart, and a CPU chunk planned as its kernel runs, 1.17-1.45x."""
+    counted in the step; counted apart, and a CPU chunk planned as its kernel runs, 1.17-1.45x; with a byte an edge,
+    not 8, for a CPU chunk whose product scales its rows once, 1.02-1.27x."""
     for measured, planned in run_on_ranks(_streamed_device_worker, 2, options):
         assert measured <= planned <= STREAM_SLACK * measured, f"the plan's peak {planned} B, a step holds {measured} B"
         print(f"{options}: plan {planned}, step outside host memory {measured}, {planned / measured:.2f}x")

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ntp.engine.device.measure import budget_text, format_bytes, free_device_bytes
+from ntp.engine.graph.aggregate import scales_rows
 from ntp.engine.memory.phases import beside_chunks, peak_bytes
 from ntp.errors import MemoryPlanError
 
@@ -36,12 +37,19 @@ from ntp.errors import MemoryPlanError
 #: reads one per edge: gathered, or ones) and the kernel's scratch (not measured on a GPU yet: a bound).
 EDGE_BYTES = 4 + 4 + 8
 #: Bytes per edge of a CPU chunk's, at most: a float32 value gathered per edge and the bag's index of it
-#: (``embedding_bag`` with per-sample weights); the bag sum reads the topology's own indices, and where it scales the
-#: rows once, one value for every edge and no index (ntp.engine.graph.aggregate._bag_sum: then about nothing an edge).
-#: The 8 B/edge of scratch once counted here were MKL's CSR product's, which the bag sum replaced.
+#: (``embedding_bag`` with per-sample weights); the bag sum reads the topology's own indices. The 8 B/edge of scratch
+#: once counted here were MKL's CSR product's, which the bag sum replaced.
 CPU_EDGE_BYTES = 4 + 4
+#: Bytes per edge of a CPU chunk whose product scales its input's rows once, a bound: the bag sum then reads one
+#: value for all the edges and no index of them (ntp.engine.graph.aggregate._bag_sum); a step held 0.2-0.25 B an
+#: edge beyond its rows (tests/ntp/test_chunking.py, tests/ntp/test_memory_estimate.py, 2026-12-02).
+CPU_SCALED_EDGE_BYTES = 1
 #: Bytes per row of a chunk besides its values: the row pointer.
 ROW_BYTES = 8
+#: Bytes a chunk holds besides its rows' costs, a bound: its row pointers number one more than its rows, its edges'
+#: one value where they share it (a CPU's bag sum over rows scaled once, :func:`edge_bytes`), and a few scalars (a
+#: streamed CPU step held 36 bytes beyond its rows' costs: tests/ntp/test_memory_estimate.py).
+CHUNK_BYTES = 64
 #: Share of free device memory the default CUDA budget may use.
 DEVICE_MARGIN = 0.8
 #: How else an impossible budget can be met (homogeneous models).
@@ -83,9 +91,14 @@ def uniform_plan(num_nodes: int, chunk_rows: int) -> ChunkPlan:
     return ChunkPlan(list(range(0, num_nodes, chunk_rows)) + [num_nodes], f"chunk_rows={chunk_rows}")
 
 
-def edge_bytes(device_type: str | None) -> int:
-    """Bytes per edge of a chunk's working set on a ``device_type`` device (None: any, a GPU's bound)."""
-    return CPU_EDGE_BYTES if device_type == "cpu" else EDGE_BYTES
+def edge_bytes(device_type: str | None, scaled: bool = False) -> int:
+    """Bytes per edge of a chunk's working set on a ``device_type`` device (None: any, a GPU's bound); ``scaled``:
+    its product scales the input's rows once (ntp.engine.graph.aggregate.scales_rows), so a CPU's bag sum reads the
+    topology's indices and one value for all the edges, about nothing an edge (a GPU's kernel still reads one per
+    edge)."""
+    if device_type != "cpu":
+        return EDGE_BYTES
+    return CPU_SCALED_EDGE_BYTES if scaled else CPU_EDGE_BYTES
 
 
 def copies_output_rows(device_type: str | None, element_bytes: int = 4, pipelined: bool = False) -> bool:
@@ -142,7 +155,8 @@ def degree_costs(
     homogeneous product on a ``device_type`` device (None: any kernel, bounded); ``element_bytes``: of one activation
     element (ntp.engine.device.precision)."""
     deg = np.maximum(in_deg.astype(np.int64), out_deg.astype(np.int64)) + extra_edges_per_row
-    per_edge = edge_bytes(device_type) + (element_bytes * width if pipelined else 0)  # a received source row per edge
+    scaled = device_type == "cpu" and not pipelined and scales_rows(int(in_deg.sum()), len(in_deg) * width)
+    per_edge = edge_bytes(device_type, scaled) + (element_bytes * width if pipelined else 0)  # a source row an edge
     return deg * per_edge + chunk_row_bytes(width, element_bytes, device_type, pipelined)
 
 
@@ -154,23 +168,24 @@ def budget_plan(indptr: torch.Tensor, indices: torch.Tensor, num_nodes: int, wid
 def plan_for_costs(costs: np.ndarray, width: int, budget: int, alone: int | None = None) -> ChunkPlan:
     """Greedy chunks over per-row working-set ``costs``, or one chunk where ``alone`` (the product's working set in
     one chunk; default: the costs' sum) fits ``budget``; :class:`MemoryPlanError` when neither that nor one row
-    alone does."""
-    num_nodes = len(costs)
-    if num_nodes and budget > 0 and (int(costs.sum()) if alone is None else alone) <= budget:
+    alone does. Each chunk holds :data:`CHUNK_BYTES` besides its rows' costs."""
+    num_nodes, rows = len(costs), budget - CHUNK_BYTES  # what a chunk's rows get
+    if num_nodes and budget > 0 and (int(costs.sum()) if alone is None else alone) <= rows:
         return ChunkPlan([0, num_nodes], f"budget {format_bytes(budget)}: fits in one chunk")
     worst = int(costs.argmax()) if num_nodes else 0
-    if num_nodes and costs[worst] > budget or budget <= 0:
+    if num_nodes and costs[worst] > rows or rows <= 0:
+        least = int(costs[worst]) + CHUNK_BYTES if num_nodes else CHUNK_BYTES
         raise MemoryPlanError(
             f"memory budget {format_bytes(budget)} cannot hold the aggregation of vertex {worst} alone "
-            f"({format_bytes(int(costs[worst]))} for its edges and {width}-wide rows); raise --memory-budget "
-            f"to at least {budget_text(int(costs[worst]))} or use more ranks (narrower column slices)"
+            f"({format_bytes(least)} for its edges and {width}-wide rows); raise --memory-budget "
+            f"to at least {budget_text(least)} or use more ranks (narrower column slices)"
         )
     cum = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(costs, out=cum[1:])
     bounds = [0]
     while bounds[-1] < num_nodes:
         a = bounds[-1]
-        b = int(np.searchsorted(cum, cum[a] + budget, side="right")) - 1
+        b = int(np.searchsorted(cum, cum[a] + rows, side="right")) - 1
         bounds.append(min(max(b, a + 1), num_nodes))
     return ChunkPlan(bounds, f"budget {format_bytes(budget)}")
 
@@ -223,12 +238,12 @@ def make_plan(
     if not memory_budget:
         budget = default_device_budget(device or torch.device("cpu"), kept)
         plan = (
-            plan_for_costs(costs, width, max(budget, int(costs.max(initial=0))), alone)
+            plan_for_costs(costs, width, max(budget, int(costs.max(initial=0)) + CHUNK_BYTES), alone)
             if budget
             else ChunkPlan([0, num_nodes])
         )
         return _at_least(plan, costs, width, least)
-    smallest = min(int(costs.max(initial=0)), alone)  # a chunk of one vertex, or of all of them
+    smallest = min(int(costs.max(initial=0)), alone) + CHUNK_BYTES  # a chunk of one vertex, or of all of them
     if peak_bytes(resident, smallest) > memory_budget or memory_budget <= kept:
         parts = ", ".join(f"{name} {format_bytes(b)}" for name, b in resident.items() if b)
         raise MemoryPlanError(
@@ -255,7 +270,7 @@ def _at_least(plan: ChunkPlan, costs: np.ndarray, width: int, chunks: int) -> Ch
     (no fewer than asked unless the rows are fewer; one costly row may make one more)."""
     if plan.num_chunks >= chunks or len(costs) <= plan.num_chunks:
         return plan
-    share = max(int(costs.sum()) // chunks, int(costs.max(initial=0)), 1)
+    share = max(int(costs.sum()) // chunks, int(costs.max(initial=0)), 1) + CHUNK_BYTES
     return ChunkPlan(
         plan_for_costs(costs, width, share).bounds, f"{plan.reason}; {chunks} chunks: the topology streams"
     )

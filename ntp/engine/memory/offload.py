@@ -16,7 +16,7 @@ import math
 from ntp.engine.device.precision import element_bytes
 from ntp.engine.device.transfer import even_blocks, stream_depth
 from ntp.engine.distributed.partition import ceil_div
-from ntp.engine.memory.chunks import EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes, working_set_bytes
+from ntp.engine.memory.chunks import CHUNK_BYTES, EDGE_BYTES, STREAMED_CHUNKS, chunk_row_bytes, working_set_bytes
 from ntp.engine.memory.parts import (
     INDEX_BYTES,
     ROW_POINTER_BYTES,
@@ -147,10 +147,11 @@ def chunk_bytes(
 ) -> int:
     """The room ``--offload all`` leaves a chunk of a product over ``columns`` columns on a GPU: the chunks' working
     set shared by ``chunks`` (default :data:`STREAMED_CHUNKS`, the least a streamed topology has; the plan makes
-    more where rows cost more), and at least the row of ``max_degree`` edges."""
+    more where rows cost more), and at least the row of ``max_degree`` edges, with a chunk's own bytes
+    (ntp.engine.memory.chunks.CHUNK_BYTES)."""
     eb = element_bytes(precision)
     share = working_set_bytes(num_nodes, num_edges, columns, eb) // chunks
-    return max(share, (max_degree + 1) * EDGE_BYTES + chunk_row_bytes(columns, eb, "cuda"))
+    return max(share, (max_degree + 1) * EDGE_BYTES + chunk_row_bytes(columns, eb, "cuda")) + CHUNK_BYTES
 
 
 def offload_layout(topology, slice_width: int, precision: str, room: int, segment: int = 0) -> tuple[int, bool]:  # noqa: ANN001
