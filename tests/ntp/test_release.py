@@ -16,6 +16,9 @@ from ntp.engine.distributed.release import run_released
 from tests.ntp.spawn import run_on_ranks
 
 ROUNDS = 300
+#: rounds an asynchronous call may still leave late: a reference the worker holds for a moment at ``wait()`` can pass
+#: for the caller's (ntp.engine.distributed.release.ReleasedWork); seen 0-1 of 300, against 38-101 unreleased
+ASYNC_LATE = 3
 
 
 def _left_allocated(async_op: bool) -> int:
@@ -36,4 +39,6 @@ def _left_allocated(async_op: bool) -> int:
 @pytest.mark.parametrize("async_op", [False, True], ids=["waited-inside", "waited-by-caller"])
 def test_a_collectives_buffers_are_freed_when_the_caller_drops_them(async_op: bool) -> None:
     for rank, late in enumerate(run_on_ranks(_left_allocated, 2, async_op)):
-        assert late == 0, f"rank {rank}: {late} of {ROUNDS} all-to-alls left their buffers to gloo's worker thread"
+        assert late <= (ASYNC_LATE if async_op else 0), (
+            f"rank {rank}: {late} of {ROUNDS} all-to-alls left their buffers to gloo's worker thread"
+        )
